@@ -1,0 +1,31 @@
+// Element types of the core and PyTorch's type-promotion rules over them.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace txc {
+
+// Codes are shared with Python (torch_xla_core/_dtypes.py); keep them in sync.
+enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, kCount };
+
+const char* mlir_name(DType t);   // "i1", "f32", ...
+const char* dtype_name(DType t);  // "bool", "float32", ... (for errors)
+int bit_width(DType t);
+inline bool is_bool(DType t) { return t == DType::Bool; }
+inline bool is_unsigned(DType t) { return t == DType::U8; }
+inline bool is_integral(DType t) { return t >= DType::U8 && t <= DType::I64; }
+inline bool is_floating(DType t) { return t >= DType::F16 && t <= DType::F64; }
+inline bool is_complex(DType t) { return t == DType::C64; }
+
+// torch.promote_types for two dtypes.
+DType promote_types(DType a, DType b);
+
+// torch.result_type over operands of three priority classes: tensors with
+// dims, zero-dim tensors, and wrapped Python numbers.
+struct ResultType {
+  int dim = -1, zero = -1, wrapped = -1;  // -1: no operand of that class yet
+  void add(DType t, int rank, bool wrapped_number);
+  DType result() const;
+};
+
+}  // namespace txc

@@ -1,0 +1,69 @@
+// The IR: a Node is one core op applied to operand nodes, with attributes,
+// an output shape and dtype, and a structural hash computed once when it is
+// built (op, operand hashes, attributes, shape, dtype). Every node has one
+// output. Data and Scalar nodes are the graph's parameters: their payload
+// (a device buffer, a Python number) is not part of the hash, so new data
+// never changes a graph's identity.
+#pragma once
+#include <pybind11/pybind11.h>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+#include "ir/dtype.h"
+
+namespace txc {
+
+using Dims = std::vector<int64_t>;
+using Attr = std::variant<int64_t, double, std::string, Dims>;
+using Attrs = std::vector<Attr>;
+
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+struct Node {
+  uint16_t op = 0;        // index into the op registry
+  DType dtype = DType::F32;
+  Dims dims;
+  std::vector<NodePtr> operands;
+  Attrs attrs;
+  uint64_t hash = 0;
+  // Payload of parameter nodes (not hashed): device data, or a Python number.
+  pybind11::object data;
+  double scalar = 0;
+  bool wrapped = false;  // a Python number: weakly typed in promotion
+  // Scratch for graph walks (lowering, parameter collection).
+  mutable uint64_t visit = 0;
+  mutable int ssa = -1;
+
+  int64_t numel() const;
+  int rank() const { return int(dims.size()); }
+  int64_t attr_int(size_t i) const { return std::get<int64_t>(attrs.at(i)); }
+  double attr_float(size_t i) const { return std::get<double>(attrs.at(i)); }
+  const Dims& attr_dims(size_t i) const { return std::get<Dims>(attrs.at(i)); }
+  const std::string& attr_str(size_t i) const { return std::get<std::string>(attrs.at(i)); }
+};
+
+// 64-bit hash mixing (splitmix64 finalizer).
+inline uint64_t hash_mix(uint64_t h, uint64_t v) {
+  v += 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  v ^= v >> 30; v *= 0xbf58476d1ce4e5b9ULL;
+  v ^= v >> 27; v *= 0x94d049bb133111ebULL;
+  v ^= v >> 31;
+  return h ^ v;
+}
+uint64_t hash_attrs(uint64_t h, const Attrs& attrs);
+
+// Builds a node: runs the op's shape rule, then hashes. Throws
+// std::runtime_error naming the op when the operands don't fit.
+NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs);
+// A node whose shape is given (used by ops whose rule needs the caller's shape).
+NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims);
+
+// Recomputes n.hash after its operands or dtype changed (before anyone saw it).
+void rehash(Node& n);
+
+std::string dims_str(const Dims& d);  // "[2, 3]" for errors
+
+}  // namespace txc

@@ -1,0 +1,173 @@
+// StableHLO text emission (see emitter.h).
+#include "lower/emitter.h"
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include "ops/registry.h"
+
+namespace txc {
+
+std::string LowerCtx::type(DType t, const Dims& d) {
+  std::string s = "tensor<";
+  for (auto x : d) s += std::to_string(x) + "x";
+  return s + mlir_name(t) + ">";
+}
+
+std::string LowerCtx::i64_array(const Dims& d) {
+  std::string s = "array<i64";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : ": ") + std::to_string(d[i]);
+  return s + ">";
+}
+
+std::string LowerCtx::fresh() { return "%v" + std::to_string(counter_++); }
+
+static std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+std::string LowerCtx::op(const std::string& name, const std::vector<std::string>& args,
+                         const std::vector<std::string>& arg_types, const std::string& result_type,
+                         const std::string& props, const std::string& region) {
+  std::string r = fresh();
+  body_.append(indent_, ' ');
+  body_ += r + " = \"" + name + "\"(" + join(args) + ")";
+  if (!props.empty()) body_ += " <{" + props + "}>";
+  if (!region.empty()) body_ += " " + region;
+  body_ += " : (" + join(arg_types) + ") -> " + result_type + "\n";
+  return r;
+}
+
+std::string LowerCtx::op_multi(const std::string& name, const std::vector<std::string>& args,
+                               const std::vector<std::string>& arg_types,
+                               const std::vector<std::string>& result_types, const std::string& props,
+                               const std::string& region) {
+  std::string r = fresh();
+  body_.append(indent_, ' ');
+  body_ += r + ":" + std::to_string(result_types.size()) + " = \"" + name + "\"(" + join(args) + ")";
+  if (!props.empty()) body_ += " <{" + props + "}>";
+  if (!region.empty()) body_ += " " + region;
+  body_ += " : (" + join(arg_types) + ") -> (" + join(result_types) + ")\n";
+  return r;
+}
+
+std::string LowerCtx::convert(const std::string& v, DType from, DType to, const Dims& d) {
+  if (from == to) return v;
+  if (to == DType::Bool) {  // torch: nonzero -> true; stablehlo.convert agrees, but be explicit
+    std::string zero = constant(0, from, d);
+    std::string cmp = is_floating(from) ? "FLOAT" : is_unsigned(from) ? "UNSIGNED" : "SIGNED";
+    if (from == DType::Bool) return v;
+    return op("stablehlo.compare", {v, zero}, {type(from, d), type(from, d)}, type(DType::Bool, d),
+              "compare_type = #stablehlo<comparison_type " + cmp +
+                  ">, comparison_direction = #stablehlo<comparison_direction NE>");
+  }
+  return op("stablehlo.convert", {v}, {type(from, d)}, type(to, d));
+}
+
+std::string LowerCtx::broadcast_in_dim(const std::string& v, DType t, const Dims& from, const Dims& to,
+                                       const Dims& map) {
+  if (from == to) return v;
+  return op("stablehlo.broadcast_in_dim", {v}, {type(t, from)}, type(t, to),
+            "broadcast_dimensions = " + i64_array(map));
+}
+
+std::string LowerCtx::broadcast(const std::string& v, DType t, const Dims& from, const Dims& to) {
+  if (from == to) return v;
+  Dims map(from.size());
+  for (size_t i = 0; i < from.size(); ++i) map[i] = int64_t(to.size() - from.size() + i);
+  // Size-1 dims that expand: broadcast_in_dim allows operand dim 1 -> any size.
+  return broadcast_in_dim(v, t, from, to, map);
+}
+
+std::string LowerCtx::reshape(const std::string& v, DType t, const Dims& from, const Dims& to) {
+  if (from == to) return v;
+  return op("stablehlo.reshape", {v}, {type(t, from)}, type(t, to));
+}
+
+std::string LowerCtx::literal(double v, DType t) {
+  char buf[64];
+  if (t == DType::Bool) return v != 0 ? "true" : "false";
+  if (is_integral(t)) {
+    std::snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return buf;
+  }
+  if (std::isnan(v) || std::isinf(v)) {
+    bool neg = std::signbit(v);
+    const char* s = nullptr;
+    switch (t) {
+      case DType::F16: s = std::isnan(v) ? "0x7E00" : neg ? "0xFC00" : "0x7C00"; break;
+      case DType::BF16: s = std::isnan(v) ? "0x7FC0" : neg ? "0xFF80" : "0x7F80"; break;
+      case DType::F32: s = std::isnan(v) ? "0x7FC00000" : neg ? "0xFF800000" : "0x7F800000"; break;
+      default: s = std::isnan(v) ? "0x7FF8000000000000" : neg ? "0xFFF0000000000000" : "0x7FF0000000000000";
+    }
+    return s;
+  }
+  std::snprintf(buf, sizeof buf, "%.17e", v);
+  return buf;
+}
+
+std::string LowerCtx::constant(double v, DType t, const Dims& d) {
+  std::string c = op("stablehlo.constant", {}, {}, type(t, {}),
+                     "value = dense<" + literal(v, t) + "> : " + type(t, {}));
+  return broadcast(c, t, {}, d);
+}
+
+std::string LowerCtx::coerce(const Node& n, size_t i, DType t, const Dims& d) {
+  const Node& o = *n.operands.at(i);
+  std::string v = convert(in(n, i), o.dtype, t, o.dims);
+  return broadcast(v, t, o.dims, d);
+}
+
+std::string LowerCtx::reduce(const std::string& v, DType t, const Dims& in_dims, const Dims& axes,
+                             const std::string& body_op, double init) {
+  if (axes.empty()) return v;
+  Dims out;
+  for (size_t i = 0; i < in_dims.size(); ++i) {
+    bool r = false;
+    for (auto a : axes) r |= a == int64_t(i);
+    if (!r) out.push_back(in_dims[i]);
+  }
+  std::string c = constant(init, t);
+  std::string a = fresh(), b = fresh(), s = fresh(), st = type(t, {});
+  std::string pad(indent_ + 2, ' ');
+  std::string region = "({\n" + pad + "^bb0(" + a + ": " + st + ", " + b + ": " + st + "):\n" + pad + "  " + s +
+                       " = \"" + body_op + "\"(" + a + ", " + b + ") : (" + st + ", " + st + ") -> " + st + "\n" +
+                       pad + "  \"stablehlo.return\"(" + s + ") : (" + st + ") -> ()\n" +
+                       std::string(indent_, ' ') + "})";
+  return op("stablehlo.reduce", {v, c}, {type(t, in_dims), st}, type(t, out), "dimensions = " + i64_array(axes),
+            region);
+}
+
+std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
+                        const std::vector<const Node*>& outputs) {
+  LowerCtx cx;
+  cx.names_.reserve(order.size());
+  std::string sig;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Node* p = params[i];
+    p->ssa = int(cx.names_.size());
+    cx.names_.push_back("%arg" + std::to_string(i));
+    sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
+  }
+  for (const Node* n : order) {
+    if (n->ssa >= 0) continue;  // a parameter
+    const OpDef& def = op_def(n->op);
+    if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
+    std::string r = def.lower(cx, *n);
+    n->ssa = int(cx.names_.size());
+    cx.names_.push_back(r);
+  }
+  std::string rets, rtypes;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    rets += (i ? ", " : "") + cx.names_[outputs[i]->ssa];
+    rtypes += (i ? ", " : "") + LowerCtx::type(*outputs[i]);
+  }
+  for (const Node* n : order) n->ssa = -1;
+  return "module @txc attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+         "  func.func public @main(" + sig + ") -> (" + rtypes + ") {\n" + cx.body_ +
+         "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n}\n";
+}
+
+}  // namespace txc

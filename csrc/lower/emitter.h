@@ -1,0 +1,58 @@
+// StableHLO text emission. LowerCtx writes ops in MLIR's generic form
+// ("stablehlo.add"(%a, %b) : (...) -> ...) into one function body; op
+// lowering rules call its helpers for the common pieces (converts,
+// broadcasts, constants, reductions). lower_graph() wraps a graph into a
+// module with one public @main.
+#pragma once
+#include <string>
+#include <vector>
+#include "ir/node.h"
+
+namespace txc {
+
+class LowerCtx {
+ public:
+  // SSA name of operand i of n (already lowered).
+  const std::string& in(const Node& n, size_t i) const { return names_[n.operands.at(i)->ssa]; }
+  static std::string type(DType t, const Dims& d);
+  static std::string type(const Node& n) { return type(n.dtype, n.dims); }
+
+  // Emits one generic op with a single result; returns its SSA name.
+  // props: the contents of <{...}> (may be empty); region: "({...})" text or empty.
+  std::string op(const std::string& name, const std::vector<std::string>& args,
+                 const std::vector<std::string>& arg_types, const std::string& result_type,
+                 const std::string& props = "", const std::string& region = "");
+  // Emits an op with several results; returns the base name, results are base#i.
+  std::string op_multi(const std::string& name, const std::vector<std::string>& args,
+                       const std::vector<std::string>& arg_types, const std::vector<std::string>& result_types,
+                       const std::string& props = "", const std::string& region = "");
+  std::string fresh();  // a new SSA name (for block arguments)
+
+  std::string convert(const std::string& v, DType from, DType to, const Dims& d);
+  // numpy-style broadcast (trailing alignment) from `from` to `to`.
+  std::string broadcast(const std::string& v, DType t, const Dims& from, const Dims& to);
+  // broadcast_in_dim with explicit dimension mapping.
+  std::string broadcast_in_dim(const std::string& v, DType t, const Dims& from, const Dims& to, const Dims& map);
+  std::string reshape(const std::string& v, DType t, const Dims& from, const Dims& to);
+  std::string constant(double v, DType t, const Dims& d = {});
+  // Operand i of n, converted to `t` and broadcast to `d`.
+  std::string coerce(const Node& n, size_t i, DType t, const Dims& d);
+  // Reduces v over `axes` with a binary body op ("stablehlo.add", ...) from `init`.
+  std::string reduce(const std::string& v, DType t, const Dims& in, const Dims& axes, const std::string& body_op,
+                     double init);
+  static std::string i64_array(const Dims& d);  // "array<i64: 1, 2>"
+  static std::string literal(double v, DType t);  // constant element text
+
+  // Used by lower_graph.
+  std::vector<std::string> names_;
+  std::string body_;
+  int indent_ = 4;
+
+ private:
+  int counter_ = 0;
+};
+
+std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
+                        const std::vector<const Node*>& outputs);
+
+}  // namespace txc

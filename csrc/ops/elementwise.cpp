@@ -1,0 +1,237 @@
+// Elementwise ops with PyTorch's broadcasting and type promotion. Operands
+// may be wrapped Python numbers (weakly typed). Each op is one row below:
+// its name, how its result dtype follows from the promoted dtype, and the
+// StableHLO op (or a short emitter) that computes it.
+#include <cmath>
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace txc {
+namespace {
+
+enum class Kind {
+  Same,     // result = promoted dtype
+  Float,    // result = promoted, integers/bools become float32
+  Compare,  // computed in the promoted dtype, result bool
+  Logical,  // operands as bool, result bool
+  Integral, // integers and bools only
+};
+
+DType promoted(const Node& n) {
+  ResultType rt;
+  for (const auto& o : n.operands) rt.add(o->dtype, o->rank(), o->wrapped);
+  return rt.result();
+}
+
+DType compute_dtype(const Node& n, Kind k) {
+  DType p = promoted(n);
+  if (k == Kind::Float && (is_integral(p) || is_bool(p))) return DType::F32;
+  if (k == Kind::Logical) return DType::Bool;
+  return p;
+}
+
+void infer(Node& n, Kind k) {
+  Dims d = n.operands[0]->dims;
+  for (size_t i = 1; i < n.operands.size(); ++i) d = broadcast_dims(n, d, n.operands[i]->dims);
+  DType c = compute_dtype(n, k);
+  if (k == Kind::Integral && is_floating(c))
+    op_error(n, std::string("not defined for floating-point tensors (got ") + dtype_name(c) + ")");
+  n.dims = std::move(d);
+  n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : c;
+}
+
+std::vector<std::string> coerced(LowerCtx& cx, const Node& n, DType c) {
+  std::vector<std::string> v;
+  for (size_t i = 0; i < n.operands.size(); ++i) v.push_back(cx.coerce(n, i, c, n.dims));
+  return v;
+}
+
+std::string cmp_type(DType t) {
+  return is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
+}
+
+std::string compare(LowerCtx& cx, const std::string& a, const std::string& b, DType t, const Dims& d,
+                    const char* dir) {
+  std::string ty = LowerCtx::type(t, d);
+  return cx.op("stablehlo.compare", {a, b}, {ty, ty}, LowerCtx::type(DType::Bool, d),
+               "compare_type = #stablehlo<comparison_type " + cmp_type(t) +
+                   ">, comparison_direction = #stablehlo<comparison_direction " + dir + ">");
+}
+
+// Registers op `name` lowering to the StableHLO op `hlo` over coerced operands.
+uint16_t simple(const char* name, int arity, Kind k, const char* hlo) {
+  std::string hlo_s = hlo;
+  return register_op(OpDef{
+      name, arity, [k](Node& n) { infer(n, k); },
+      [k, hlo_s](LowerCtx& cx, const Node& n) {
+        DType c = compute_dtype(n, k);
+        auto args = coerced(cx, n, c);
+        std::vector<std::string> types(args.size(), LowerCtx::type(c, n.dims));
+        return cx.op(hlo_s, args, types, LowerCtx::type(c, n.dims));
+      }});
+}
+
+using Emit = std::function<std::string(LowerCtx&, const Node&, const std::vector<std::string>&, DType)>;
+uint16_t custom(const char* name, int arity, Kind k, Emit emit) {
+  return register_op(OpDef{name, arity, [k](Node& n) { infer(n, k); },
+                           [k, emit](LowerCtx& cx, const Node& n) {
+                             DType c = compute_dtype(n, k);
+                             return emit(cx, n, coerced(cx, n, c), c);
+                           }});
+}
+
+uint16_t comparison(const char* name, const char* dir) {
+  return custom(name, 2, Kind::Compare, [dir](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+    return compare(cx, a[0], a[1], c, n.dims, dir);
+  });
+}
+
+std::string bin(LowerCtx& cx, const char* op, const std::string& a, const std::string& b, DType t, const Dims& d) {
+  std::string ty = LowerCtx::type(t, d);
+  return cx.op(op, {a, b}, {ty, ty}, ty);
+}
+std::string un(LowerCtx& cx, const char* op, const std::string& a, DType t, const Dims& d) {
+  std::string ty = LowerCtx::type(t, d);
+  return cx.op(op, {a}, {ty}, ty);
+}
+
+// -- unary --------------------------------------------------------------
+[[maybe_unused]] const uint16_t reg_unary[] = {
+    simple("neg", 1, Kind::Same, "stablehlo.negate"),
+    simple("abs", 1, Kind::Same, "stablehlo.abs"),
+    simple("sign", 1, Kind::Same, "stablehlo.sign"),
+    simple("exp", 1, Kind::Float, "stablehlo.exponential"),
+    simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one"),
+    simple("log", 1, Kind::Float, "stablehlo.log"),
+    simple("log1p", 1, Kind::Float, "stablehlo.log_plus_one"),
+    simple("sqrt", 1, Kind::Float, "stablehlo.sqrt"),
+    simple("rsqrt", 1, Kind::Float, "stablehlo.rsqrt"),
+    simple("tanh", 1, Kind::Float, "stablehlo.tanh"),
+    simple("sigmoid", 1, Kind::Float, "stablehlo.logistic"),
+    simple("sin", 1, Kind::Float, "stablehlo.sine"),
+    simple("cos", 1, Kind::Float, "stablehlo.cosine"),
+    simple("tan", 1, Kind::Float, "stablehlo.tan"),
+    simple("erf", 1, Kind::Float, "chlo.erf"),
+    simple("erfinv", 1, Kind::Float, "chlo.erf_inv"),
+    simple("atan", 1, Kind::Float, "chlo.atan"),
+    simple("asin", 1, Kind::Float, "chlo.asin"),
+    simple("acos", 1, Kind::Float, "chlo.acos"),
+    simple("sinh", 1, Kind::Float, "chlo.sinh"),
+    simple("cosh", 1, Kind::Float, "chlo.cosh"),
+    simple("floor", 1, Kind::Same, "stablehlo.floor"),
+    simple("ceil", 1, Kind::Same, "stablehlo.ceil"),
+    simple("round", 1, Kind::Same, "stablehlo.round_nearest_even"),
+    simple("bitwise_not", 1, Kind::Integral, "stablehlo.not"),
+    custom("logical_not", 1, Kind::Logical,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType) { return un(cx, "stablehlo.not", a[0], DType::Bool, n.dims); }),
+    custom("reciprocal", 1, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return bin(cx, "stablehlo.divide", cx.constant(1, c, n.dims), a[0], c, n.dims);
+           }),
+    custom("trunc", 1, Kind::Same,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             if (!is_floating(c)) return a[0];
+             auto s = un(cx, "stablehlo.sign", a[0], c, n.dims);
+             auto f = un(cx, "stablehlo.floor", un(cx, "stablehlo.abs", a[0], c, n.dims), c, n.dims);
+             return bin(cx, "stablehlo.multiply", s, f, c, n.dims);
+           }),
+    custom("isnan", 1, Kind::Compare,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return compare(cx, a[0], a[0], c, n.dims, "NE"); }),
+};
+
+// -- binary -------------------------------------------------------------
+[[maybe_unused]] const uint16_t reg_binary[] = {
+    simple("add", 2, Kind::Same, "stablehlo.add"),
+    simple("sub", 2, Kind::Same, "stablehlo.subtract"),
+    simple("mul", 2, Kind::Same, "stablehlo.multiply"),
+    simple("div", 2, Kind::Float, "stablehlo.divide"),
+    simple("maximum", 2, Kind::Same, "stablehlo.maximum"),
+    simple("minimum", 2, Kind::Same, "stablehlo.minimum"),
+    simple("pow", 2, Kind::Same, "stablehlo.power"),
+    simple("atan2", 2, Kind::Float, "stablehlo.atan2"),
+    simple("bitwise_and", 2, Kind::Integral, "stablehlo.and"),
+    simple("bitwise_or", 2, Kind::Integral, "stablehlo.or"),
+    simple("bitwise_xor", 2, Kind::Integral, "stablehlo.xor"),
+    simple("logical_and", 2, Kind::Logical, "stablehlo.and"),
+    simple("logical_or", 2, Kind::Logical, "stablehlo.or"),
+    simple("logical_xor", 2, Kind::Logical, "stablehlo.xor"),
+    comparison("eq", "EQ"),
+    comparison("ne", "NE"),
+    comparison("lt", "LT"),
+    comparison("le", "LE"),
+    comparison("gt", "GT"),
+    comparison("ge", "GE"),
+    // Integer division rounding toward zero (torch's rounding_mode='trunc').
+    custom("div_trunc", 2, Kind::Same,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             auto q = bin(cx, "stablehlo.divide", a[0], a[1], c, n.dims);
+             if (!is_floating(c)) return q;
+             auto s = un(cx, "stablehlo.sign", q, c, n.dims);
+             auto f = un(cx, "stablehlo.floor", un(cx, "stablehlo.abs", q, c, n.dims), c, n.dims);
+             return bin(cx, "stablehlo.multiply", s, f, c, n.dims);
+           }),
+    // Division rounding down (rounding_mode='floor', floor_divide).
+    custom("div_floor", 2, Kind::Same,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             if (is_floating(c)) return un(cx, "stablehlo.floor", bin(cx, "stablehlo.divide", a[0], a[1], c, n.dims), c, n.dims);
+             // q = a / b (trunc); if (a % b != 0) and sign differs: q - 1
+             auto q = bin(cx, "stablehlo.divide", a[0], a[1], c, n.dims);
+             auto r = bin(cx, "stablehlo.remainder", a[0], a[1], c, n.dims);
+             auto zero = cx.constant(0, c, n.dims);
+             auto nz = compare(cx, r, zero, c, n.dims, "NE");
+             auto sr = compare(cx, r, zero, c, n.dims, "LT");
+             auto sb = compare(cx, a[1], zero, c, n.dims, "LT");
+             auto diff = cx.op("stablehlo.xor", {sr, sb}, {LowerCtx::type(DType::Bool, n.dims), LowerCtx::type(DType::Bool, n.dims)}, LowerCtx::type(DType::Bool, n.dims));
+             auto fix = cx.op("stablehlo.and", {nz, diff}, {LowerCtx::type(DType::Bool, n.dims), LowerCtx::type(DType::Bool, n.dims)}, LowerCtx::type(DType::Bool, n.dims));
+             auto qm1 = bin(cx, "stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
+             std::string ty = LowerCtx::type(c, n.dims);
+             return cx.op("stablehlo.select", {fix, qm1, q}, {LowerCtx::type(DType::Bool, n.dims), ty, ty}, ty);
+           }),
+    // Python-style modulus: result has the sign of the divisor (torch.remainder).
+    custom("remainder", 2, Kind::Same,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             auto r = bin(cx, "stablehlo.remainder", a[0], a[1], c, n.dims);
+             auto zero = cx.constant(0, c, n.dims);
+             auto nz = compare(cx, r, zero, c, n.dims, "NE");
+             auto sr = compare(cx, r, zero, c, n.dims, "LT");
+             auto sb = compare(cx, a[1], zero, c, n.dims, "LT");
+             std::string bt = LowerCtx::type(DType::Bool, n.dims), ty = LowerCtx::type(c, n.dims);
+             auto diff = cx.op("stablehlo.xor", {sr, sb}, {bt, bt}, bt);
+             auto fix = cx.op("stablehlo.and", {nz, diff}, {bt, bt}, bt);
+             auto rb = bin(cx, "stablehlo.add", r, a[1], c, n.dims);
+             return cx.op("stablehlo.select", {fix, rb, r}, {bt, ty, ty}, ty);
+           }),
+    simple("fmod", 2, Kind::Same, "stablehlo.remainder"),
+};
+
+// where(cond, x, y): x and y promote; cond is bool.
+const uint16_t reg_where = register_op(OpDef{
+    "where", 3,
+    [](Node& n) {
+      Dims d = broadcast_dims(n, n.operands[0]->dims, n.operands[1]->dims);
+      n.dims = broadcast_dims(n, d, n.operands[2]->dims);
+      ResultType rt;
+      for (int i = 1; i < 3; ++i) rt.add(n.operands[i]->dtype, n.operands[i]->rank(), n.operands[i]->wrapped);
+      n.dtype = rt.result();
+    },
+    [](LowerCtx& cx, const Node& n) {
+      auto c = cx.coerce(n, 0, DType::Bool, n.dims);
+      auto x = cx.coerce(n, 1, n.dtype, n.dims);
+      auto y = cx.coerce(n, 2, n.dtype, n.dims);
+      std::string ty = LowerCtx::type(n);
+      return cx.op("stablehlo.select", {c, x, y}, {LowerCtx::type(DType::Bool, n.dims), ty, ty}, ty);
+    }});
+
+}  // namespace
+
+// The dtype Python numbers among n's operands take (see make() in module.cpp).
+DType elementwise_scalar_dtype(const Node& n) {
+  if (op_def(n.op).name == "where") {
+    ResultType rt;
+    for (int i = 1; i < 3; ++i) rt.add(n.operands[i]->dtype, n.operands[i]->rank(), n.operands[i]->wrapped);
+    return rt.result();
+  }
+  return promoted(n);
+}
+
+}  // namespace txc

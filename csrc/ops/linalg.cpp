@@ -1,0 +1,57 @@
+// Matrix products: dot(a, b; lhs_batch, rhs_batch, lhs_contract, rhs_contract)
+// is stablehlo.dot_general; result dims are batch, then lhs free, then rhs free.
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace txc {
+namespace {
+
+bool has(const Dims& d, int64_t v) {
+  for (auto x : d) if (x == v) return true;
+  return false;
+}
+
+TXC_OP("dot", 2,
+       [](Node& n) {
+         const Node &a = *n.operands[0], &b = *n.operands[1];
+         const Dims &lb = n.attr_dims(0), &rb = n.attr_dims(1), &lc = n.attr_dims(2), &rc = n.attr_dims(3);
+         if (lb.size() != rb.size() || lc.size() != rc.size()) op_error(n, "mismatched dimension lists");
+         for (size_t i = 0; i < lb.size(); ++i)
+           if (a.dims.at(lb[i]) != b.dims.at(rb[i]))
+             op_error(n, "batch sizes differ: " + dims_str(a.dims) + " and " + dims_str(b.dims));
+         for (size_t i = 0; i < lc.size(); ++i)
+           if (a.dims.at(lc[i]) != b.dims.at(rc[i]))
+             op_error(n, "shapes " + dims_str(a.dims) + " and " + dims_str(b.dims) +
+                             " cannot be multiplied (contracted sizes " + std::to_string(a.dims[lc[i]]) + " and " +
+                             std::to_string(b.dims[rc[i]]) + " differ)");
+         if (a.dtype != b.dtype)
+           op_error(n, std::string("expected both operands to have the same dtype, but got ") + dtype_name(a.dtype) +
+                           " and " + dtype_name(b.dtype));
+         n.dtype = a.dtype;
+         n.dims.clear();
+         for (auto d : lb) n.dims.push_back(a.dims[d]);
+         for (int i = 0; i < a.rank(); ++i) if (!has(lb, i) && !has(lc, i)) n.dims.push_back(a.dims[i]);
+         for (int i = 0; i < b.rank(); ++i) if (!has(rb, i) && !has(rc, i)) n.dims.push_back(b.dims[i]);
+       },
+       [](LowerCtx& cx, const Node& n) {
+         auto list = [](const Dims& d) {
+           std::string s = "[";
+           for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+           return s + "]";
+         };
+         std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
+         std::vector<std::string> parts;
+         if (!n.attr_dims(0).empty()) {
+           parts.push_back("lhs_batching_dimensions = " + list(n.attr_dims(0)));
+           parts.push_back("rhs_batching_dimensions = " + list(n.attr_dims(1)));
+         }
+         parts.push_back("lhs_contracting_dimensions = " + list(n.attr_dims(2)));
+         parts.push_back("rhs_contracting_dimensions = " + list(n.attr_dims(3)));
+         for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
+         dn += ">, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]";
+         return cx.op("stablehlo.dot_general", {cx.in(n, 0), cx.in(n, 1)},
+                      {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])}, LowerCtx::type(n), dn);
+       });
+
+}  // namespace
+}  // namespace txc

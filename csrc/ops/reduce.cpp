@@ -1,0 +1,183 @@
+// Reductions over a set of axes (sum, mean, amax, amin, prod, any, all, var)
+// and arg-reductions (argmax, argmin). Attributes: axes (sorted, non-empty),
+// keepdim, and for sum/mean/prod an explicit result dtype (-1: torch's default).
+#include <cmath>
+#include <limits>
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace txc {
+namespace {
+
+Dims reduced_dims(const Node& n, const Dims& in, const Dims& axes, bool keep) {
+  Dims out;
+  for (int i = 0; i < int(in.size()); ++i) {
+    bool r = false;
+    for (auto a : axes) {
+      if (a < 0 || a >= int64_t(in.size()) ) op_error(n, "dimension " + std::to_string(a) + " out of range");
+      r |= a == i;
+    }
+    if (!r) out.push_back(in[i]);
+    else if (keep) out.push_back(1);
+  }
+  return out;
+}
+
+int64_t count(const Dims& in, const Dims& axes) {
+  int64_t c = 1;
+  for (auto a : axes) c *= in[a];
+  return c;
+}
+
+enum class RK { Sum, Mean, Max, Min, Prod, Any, All, Var };
+
+DType result_dtype(const Node& n, RK k) {
+  DType x = n.operands[0]->dtype;
+  int64_t want = (k == RK::Sum || k == RK::Mean || k == RK::Prod) ? n.attr_int(2) : -1;
+  if (want >= 0) return DType(want);
+  switch (k) {
+    case RK::Sum:
+    case RK::Prod: return (is_integral(x) || is_bool(x)) ? DType::I64 : x;
+    case RK::Mean:
+    case RK::Var:
+      if (!is_floating(x))
+        op_error(n, std::string("could not infer output dtype: input dtype must be floating point, got ") +
+                        dtype_name(x));
+      return x;
+    case RK::Any:
+    case RK::All: return DType::Bool;
+    default: return x;
+  }
+}
+
+double lowest(DType t) {
+  if (is_floating(t)) return -INFINITY;
+  if (t == DType::Bool) return 0;
+  if (t == DType::U8) return 0;
+  return -std::ldexp(1.0, bit_width(t) - 1);
+}
+double highest(DType t) {
+  if (is_floating(t)) return INFINITY;
+  if (t == DType::Bool) return 1;
+  if (t == DType::U8) return 255;
+  return std::ldexp(1.0, bit_width(t) - 1) - 1;
+}
+
+void reg(const char* name, RK k) {
+  register_op(OpDef{
+      name, 1,
+      [k](Node& n) {
+        const Node& x = *n.operands[0];
+        n.dtype = result_dtype(n, k);
+        n.dims = reduced_dims(n, x.dims, n.attr_dims(0), n.attr_int(1) != 0);
+      },
+      [k](LowerCtx& cx, const Node& n) {
+        const Node& x = *n.operands[0];
+        const Dims& axes = n.attr_dims(0);
+        DType t = n.dtype;
+        Dims flat = reduced_dims(n, x.dims, axes, false);
+        std::string v = cx.convert(cx.in(n, 0), x.dtype, t, x.dims);
+        std::string r;
+        switch (k) {
+          case RK::Sum: r = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0); break;
+          case RK::Prod: r = cx.reduce(v, t, x.dims, axes, "stablehlo.multiply", 1); break;
+          case RK::Max: r = cx.reduce(v, t, x.dims, axes, "stablehlo.maximum", lowest(t)); break;
+          case RK::Min: r = cx.reduce(v, t, x.dims, axes, "stablehlo.minimum", highest(t)); break;
+          case RK::Any: r = cx.reduce(v, t, x.dims, axes, "stablehlo.or", 0); break;
+          case RK::All: r = cx.reduce(v, t, x.dims, axes, "stablehlo.and", 1); break;
+          case RK::Mean: {
+            std::string s = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0);
+            std::string ty = LowerCtx::type(t, flat);
+            r = cx.op("stablehlo.divide", {s, cx.constant(double(count(x.dims, axes)), t, flat)}, {ty, ty}, ty);
+            break;
+          }
+          case RK::Var: {
+            // sum((x - mean)^2) / max(N - correction, 0)
+            std::string ty = LowerCtx::type(t, flat), xt = LowerCtx::type(t, x.dims);
+            double N = double(count(x.dims, axes));
+            std::string s = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0);
+            std::string m = cx.op("stablehlo.divide", {s, cx.constant(N, t, flat)}, {ty, ty}, ty);
+            Dims keep = reduced_dims(n, x.dims, axes, true);
+            std::string mk = cx.broadcast(cx.reshape(m, t, flat, keep), t, keep, x.dims);
+            std::string d = cx.op("stablehlo.subtract", {v, mk}, {xt, xt}, xt);
+            std::string d2 = cx.op("stablehlo.multiply", {d, d}, {xt, xt}, xt);
+            std::string ss = cx.reduce(d2, t, x.dims, axes, "stablehlo.add", 0);
+            double denom = std::max(N - n.attr_float(2), 0.0);
+            r = cx.op("stablehlo.divide", {ss, cx.constant(denom, t, flat)}, {ty, ty}, ty);
+            break;
+          }
+        }
+        return cx.reshape(r, t, flat, n.dims);
+      }});
+}
+
+[[maybe_unused]] const bool registered = [] {
+  reg("sum", RK::Sum);      // (x; axes, keepdim, dtype)
+  reg("mean", RK::Mean);    // (x; axes, keepdim, dtype)
+  reg("prod", RK::Prod);    // (x; axes, keepdim, dtype)
+  reg("amax", RK::Max);     // (x; axes, keepdim)
+  reg("amin", RK::Min);     // (x; axes, keepdim)
+  reg("any", RK::Any);      // (x; axes, keepdim)
+  reg("all", RK::All);      // (x; axes, keepdim)
+  reg("var", RK::Var);      // (x; axes, keepdim, correction: float)
+  return true;
+}();
+
+// argmax/argmin(x; dim, keepdim) -> int64; ties pick the first index, NaN wins.
+void reg_arg(const char* name, bool is_max) {
+  register_op(OpDef{
+      name, 1,
+      [](Node& n) {
+        const Node& x = *n.operands[0];
+        n.dtype = DType::I64;
+        n.dims = reduced_dims(n, x.dims, {n.attr_int(0)}, n.attr_int(1) != 0);
+      },
+      [is_max](LowerCtx& cx, const Node& n) {
+        const Node& x = *n.operands[0];
+        int64_t dim = n.attr_int(0);
+        DType t = x.dtype;
+        Dims flat = reduced_dims(n, x.dims, {dim}, false);
+        std::string idx = cx.op("stablehlo.iota", {}, {}, LowerCtx::type(DType::I64, x.dims),
+                                "iota_dimension = " + std::to_string(dim) + " : i64");
+        std::string init_v = cx.constant(is_max ? lowest(t) : highest(t), t);
+        std::string init_i = cx.constant(0, DType::I64);
+        std::string st = LowerCtx::type(t, {}), it = LowerCtx::type(DType::I64, {}), bt = "tensor<i1>";
+        std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh();
+        std::string cmp = is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
+        auto c = [&](const std::string& l, const std::string& r, const char* dir, const std::string& ct,
+                     const std::string& ty) {
+          std::string o = cx.fresh();
+          return std::make_pair(o, "      " + o + " = \"stablehlo.compare\"(" + l + ", " + r +
+                                       ") <{compare_type = #stablehlo<comparison_type " + ct +
+                                       ">, comparison_direction = #stablehlo<comparison_direction " + dir +
+                                       ">}> : (" + ty + ", " + ty + ") -> tensor<i1>\n");
+        };
+        auto [better, l1] = c(a, b, is_max ? "GT" : "LT", cmp, st);
+        auto [nan, l2] = c(a, a, "NE", cmp, st);
+        auto [eq, l3] = c(a, b, "EQ", cmp, st);
+        auto [lt, l4] = c(ai, bi, "LT", "SIGNED", it);
+        std::string take = cx.fresh(), tie = cx.fresh(), take_i = cx.fresh(), rv = cx.fresh(), ri = cx.fresh();
+        std::string body = l1 + l2 + l3 + l4;
+        body += "      " + take + " = \"stablehlo.or\"(" + better + ", " + nan + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
+        body += "      " + tie + " = \"stablehlo.and\"(" + eq + ", " + lt + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
+        body += "      " + take_i + " = \"stablehlo.or\"(" + take + ", " + tie + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
+        body += "      " + rv + " = \"stablehlo.select\"(" + take + ", " + a + ", " + b + ") : (tensor<i1>, " + st + ", " + st + ") -> " + st + "\n";
+        body += "      " + ri + " = \"stablehlo.select\"(" + take_i + ", " + ai + ", " + bi + ") : (tensor<i1>, " + it + ", " + it + ") -> " + it + "\n";
+        body += "      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + st + ", " + it + ") -> ()\n";
+        std::string region = "({\n    ^bb0(" + a + ": " + st + ", " + ai + ": " + it + ", " + b + ": " + st + ", " +
+                             bi + ": " + it + "):\n" + body + "    })";
+        std::string r = cx.op_multi("stablehlo.reduce", {cx.in(n, 0), idx, init_v, init_i},
+                                    {LowerCtx::type(x), LowerCtx::type(DType::I64, x.dims), st, it},
+                                    {LowerCtx::type(t, flat), LowerCtx::type(DType::I64, flat)},
+                                    "dimensions = array<i64: " + std::to_string(dim) + ">", region);
+        return cx.reshape(r + "#1", DType::I64, flat, n.dims);
+      }});
+}
+[[maybe_unused]] const bool registered_arg = [] {
+  reg_arg("argmax", true);
+  reg_arg("argmin", false);
+  return true;
+}();
+
+}  // namespace
+}  // namespace txc

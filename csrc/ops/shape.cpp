@@ -1,0 +1,273 @@
+// Shape ops. View ops (reshape, permute, expand, slice, select, alias) carry
+// a scatter rule so that in-place writes through a view reach the storage;
+// the rest (slice_scatter, concat, pad, flip) produce new values.
+#include <numeric>
+#include <unordered_map>
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace txc {
+namespace {
+
+NodePtr make(const char* op, std::vector<NodePtr> xs, Attrs a) {
+  static std::unordered_map<std::string, uint16_t> ids;
+  auto it = ids.find(op);
+  if (it == ids.end()) it = ids.emplace(op, op_id(op)).first;
+  return make_node(it->second, std::move(xs), std::move(a));
+}
+
+std::string unary_op(LowerCtx& cx, const Node& n, const char* hlo, const std::string& props) {
+  const Node& x = *n.operands[0];
+  return cx.op(hlo, {cx.in(n, 0)}, {LowerCtx::type(x)}, LowerCtx::type(n), props);
+}
+
+// reshape(x; dims)
+TXC_OP("reshape", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         n.dtype = x.dtype;
+         n.dims = n.attr_dims(0);
+         int64_t numel = 1;
+         for (auto d : n.dims) {
+           if (d < 0) op_error(n, "negative size in " + dims_str(n.dims));
+           numel *= d;
+         }
+         if (numel != x.numel())
+           op_error(n, "shape " + dims_str(n.dims) + " is invalid for input of size " + std::to_string(x.numel()) +
+                           " (shape " + dims_str(x.dims) + ")");
+       },
+       [](LowerCtx& cx, const Node& n) { return cx.reshape(cx.in(n, 0), n.dtype, n.operands[0]->dims, n.dims); },
+       [](const Node& view, NodePtr parent, NodePtr value) {
+         return make("reshape", {value}, {parent->dims});
+       });
+
+// permute(x; perm)
+Dims inverse_perm(const Dims& p) {
+  Dims inv(p.size());
+  for (size_t i = 0; i < p.size(); ++i) inv[p[i]] = int64_t(i);
+  return inv;
+}
+TXC_OP("permute", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         const Dims& p = n.attr_dims(0);
+         if (int(p.size()) != x.rank())
+           op_error(n, "permutation " + dims_str(p) + " does not match a tensor of rank " + std::to_string(x.rank()));
+         std::vector<bool> seen(p.size());
+         n.dtype = x.dtype;
+         n.dims.resize(p.size());
+         for (size_t i = 0; i < p.size(); ++i) {
+           if (p[i] < 0 || p[i] >= x.rank() || seen[p[i]]) op_error(n, "invalid permutation " + dims_str(p));
+           seen[p[i]] = true;
+           n.dims[i] = x.dims[p[i]];
+         }
+       },
+       [](LowerCtx& cx, const Node& n) {
+         return unary_op(cx, n, "stablehlo.transpose", "permutation = " + LowerCtx::i64_array(n.attr_dims(0)));
+       },
+       [](const Node& view, NodePtr parent, NodePtr value) {
+         return make("permute", {value}, {inverse_perm(view.attr_dims(0))});
+       });
+
+// expand(x; dims): numpy-style broadcast to dims (no write-back: one element
+// would be written many times).
+TXC_OP("expand", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         const Dims& d = n.attr_dims(0);
+         if (d.size() < x.dims.size())
+           op_error(n, "cannot expand shape " + dims_str(x.dims) + " to " + dims_str(d));
+         size_t off = d.size() - x.dims.size();
+         for (size_t i = 0; i < x.dims.size(); ++i)
+           if (x.dims[i] != 1 && x.dims[i] != d[off + i])
+             op_error(n, "cannot expand shape " + dims_str(x.dims) + " to " + dims_str(d));
+         n.dtype = x.dtype;
+         n.dims = d;
+       },
+       [](LowerCtx& cx, const Node& n) { return cx.broadcast(cx.in(n, 0), n.dtype, n.operands[0]->dims, n.dims); });
+
+// alias(x): the same value (detach, alias, .data).
+TXC_OP("alias", 1,
+       [](Node& n) {
+         n.dtype = n.operands[0]->dtype;
+         n.dims = n.operands[0]->dims;
+       },
+       [](LowerCtx& cx, const Node& n) { return cx.in(n, 0); },
+       [](const Node&, NodePtr, NodePtr value) { return value; });
+
+// slice(x; dim, start, end, step) with start/end already clamped by the caller.
+void slice_infer(Node& n) {
+  const Node& x = *n.operands[0];
+  int64_t dim = n.attr_int(0), start = n.attr_int(1), end = n.attr_int(2), step = n.attr_int(3);
+  if (dim < 0 || dim >= x.rank()) op_error(n, "dimension " + std::to_string(dim) + " out of range");
+  if (step <= 0) op_error(n, "slice step must be positive");
+  if (start < 0 || end > x.dims[dim] || start > end)
+    op_error(n, "slice [" + std::to_string(start) + ":" + std::to_string(end) + "] out of range for size " +
+                    std::to_string(x.dims[dim]));
+  n.dtype = x.dtype;
+  n.dims = x.dims;
+  n.dims[dim] = (end - start + step - 1) / step;
+}
+std::string slice_lower(LowerCtx& cx, const Node& n, const Node& x, const std::string& v) {
+  int64_t dim = n.attr_int(0), start = n.attr_int(1), step = n.attr_int(3);
+  Dims lo(x.rank(), 0), hi = x.dims, st(x.rank(), 1);
+  lo[dim] = start;
+  hi[dim] = start + (n.dims[dim] == 0 ? 0 : (n.dims[dim] - 1) * step + 1);
+  st[dim] = step;
+  Dims out = x.dims;
+  out[dim] = n.dims[dim];
+  return cx.op("stablehlo.slice", {v}, {LowerCtx::type(x)}, LowerCtx::type(x.dtype, out),
+               "limit_indices = " + LowerCtx::i64_array(hi) + ", start_indices = " + LowerCtx::i64_array(lo) +
+                   ", strides = " + LowerCtx::i64_array(st));
+}
+TXC_OP("slice", 1, slice_infer,
+       [](LowerCtx& cx, const Node& n) { return slice_lower(cx, n, *n.operands[0], cx.in(n, 0)); },
+       [](const Node& view, NodePtr parent, NodePtr value) {
+         return make("slice_scatter", {parent, value}, view.attrs);
+       });
+
+// select(x; dim, index): index already wrapped and checked by the caller.
+TXC_OP("select", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         int64_t dim = n.attr_int(0), idx = n.attr_int(1);
+         if (dim < 0 || dim >= x.rank()) op_error(n, "dimension " + std::to_string(dim) + " out of range");
+         if (idx < 0 || idx >= x.dims[dim])
+           op_error(n, "index " + std::to_string(idx) + " is out of bounds for dimension " + std::to_string(dim) +
+                           " with size " + std::to_string(x.dims[dim]));
+         n.dtype = x.dtype;
+         n.dims = x.dims;
+         n.dims.erase(n.dims.begin() + dim);
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Node& x = *n.operands[0];
+         int64_t dim = n.attr_int(0), idx = n.attr_int(1);
+         Node s;  // the equivalent one-wide slice
+         s.attrs = {dim, idx, idx + 1, int64_t(1)};
+         s.dims = x.dims;
+         s.dims[dim] = 1;
+         std::string v = slice_lower(cx, s, x, cx.in(n, 0));
+         return cx.reshape(v, n.dtype, s.dims, n.dims);
+       },
+       [](const Node& view, NodePtr parent, NodePtr value) {
+         int64_t dim = view.attr_int(0), idx = view.attr_int(1);
+         Dims d = parent->dims;
+         d[dim] = 1;
+         auto v = make("reshape", {value}, {d});
+         return make("slice_scatter", {parent, v}, {dim, idx, idx + 1, int64_t(1)});
+       });
+
+// slice_scatter(base, src; dim, start, end, step): base with the slice replaced by src.
+TXC_OP("slice_scatter", 2,
+       [](Node& n) {
+         const Node& base = *n.operands[0];
+         const Node& src = *n.operands[1];
+         Node s;
+         s.operands = {n.operands[0]};
+         s.attrs = n.attrs;
+         s.op = n.op;
+         slice_infer(s);
+         if (s.dims != src.dims)
+           op_error(n, "source of shape " + dims_str(src.dims) + " does not fit the slice of shape " + dims_str(s.dims));
+         n.dtype = base.dtype;
+         n.dims = base.dims;
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Node& base = *n.operands[0];
+         const Node& src = *n.operands[1];
+         int64_t dim = n.attr_int(0), start = n.attr_int(1), step = n.attr_int(3);
+         std::string sv = cx.convert(cx.in(n, 1), src.dtype, base.dtype, src.dims);
+         std::string ty = LowerCtx::type(base);
+         if (step == 1) {
+           std::vector<std::string> args = {cx.in(n, 0), sv};
+           std::vector<std::string> types = {ty, LowerCtx::type(base.dtype, src.dims)};
+           for (int i = 0; i < base.rank(); ++i) {
+             args.push_back(cx.constant(i == dim ? start : 0, DType::I64));
+             types.push_back("tensor<i64>");
+           }
+           return cx.op("stablehlo.dynamic_update_slice", args, types, ty);
+         }
+         // Strided: spread src with interior padding, and select it where a mask says so.
+         int64_t cnt = src.dims[dim];
+         Dims lo(base.rank(), 0), hi(base.rank(), 0), in(base.rank(), 0);
+         lo[dim] = start;
+         in[dim] = step - 1;
+         hi[dim] = base.dims[dim] - (start + (cnt == 0 ? 0 : (cnt - 1) * step + 1));
+         std::string props = "edge_padding_high = " + LowerCtx::i64_array(hi) +
+                             ", edge_padding_low = " + LowerCtx::i64_array(lo) +
+                             ", interior_padding = " + LowerCtx::i64_array(in);
+         std::string padded = cx.op("stablehlo.pad", {sv, cx.constant(0, base.dtype)},
+                                    {LowerCtx::type(base.dtype, src.dims), LowerCtx::type(base.dtype, {})}, ty, props);
+         std::string mask = cx.op("stablehlo.pad", {cx.constant(1, DType::Bool, src.dims), cx.constant(0, DType::Bool)},
+                                  {LowerCtx::type(DType::Bool, src.dims), LowerCtx::type(DType::Bool, {})},
+                                  LowerCtx::type(DType::Bool, base.dims), props);
+         return cx.op("stablehlo.select", {mask, padded, cx.in(n, 0)},
+                      {LowerCtx::type(DType::Bool, base.dims), ty, ty}, ty);
+       });
+
+// concat(xs...; dim): operands promote to a common dtype.
+TXC_OP("concat", -1,
+       [](Node& n) {
+         if (n.operands.empty()) op_error(n, "expected a non-empty list of tensors");
+         int64_t dim = n.attr_int(0);
+         const Dims& d0 = n.operands[0]->dims;
+         n.dims = d0;
+         n.dims[dim] = 0;
+         DType t = n.operands[0]->dtype;
+         for (const auto& o : n.operands) {
+           if (o->rank() != int(d0.size())) op_error(n, "tensors must have the same rank");
+           for (int i = 0; i < o->rank(); ++i)
+             if (i != dim && o->dims[i] != d0[i])
+               op_error(n, "sizes of tensors must match except in dimension " + std::to_string(dim) + ": " +
+                               dims_str(d0) + " vs " + dims_str(o->dims));
+           n.dims[dim] += o->dims[dim];
+           t = promote_types(t, o->dtype);
+         }
+         n.dtype = t;
+       },
+       [](LowerCtx& cx, const Node& n) {
+         std::vector<std::string> args, types;
+         for (size_t i = 0; i < n.operands.size(); ++i) {
+           const Node& o = *n.operands[i];
+           args.push_back(cx.convert(cx.in(n, i), o.dtype, n.dtype, o.dims));
+           types.push_back(LowerCtx::type(n.dtype, o.dims));
+         }
+         return cx.op("stablehlo.concatenate", args, types, LowerCtx::type(n),
+                      "dimension = " + std::to_string(n.attr_int(0)) + " : i64");
+       });
+
+// pad(x; lo, hi, value): constant padding; negative pads crop.
+TXC_OP("pad", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         const Dims &lo = n.attr_dims(0), &hi = n.attr_dims(1);
+         if (int(lo.size()) != x.rank() || int(hi.size()) != x.rank()) op_error(n, "padding must cover every dim");
+         n.dtype = x.dtype;
+         n.dims = x.dims;
+         for (int i = 0; i < x.rank(); ++i) {
+           n.dims[i] += lo[i] + hi[i];
+           if (n.dims[i] < 0) op_error(n, "padding makes dimension " + std::to_string(i) + " negative");
+         }
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Node& x = *n.operands[0];
+         Dims in(x.rank(), 0);
+         return cx.op("stablehlo.pad", {cx.in(n, 0), cx.constant(n.attr_float(2), x.dtype)},
+                      {LowerCtx::type(x), LowerCtx::type(x.dtype, {})}, LowerCtx::type(n),
+                      "edge_padding_high = " + LowerCtx::i64_array(n.attr_dims(1)) +
+                          ", edge_padding_low = " + LowerCtx::i64_array(n.attr_dims(0)) +
+                          ", interior_padding = " + LowerCtx::i64_array(in));
+       });
+
+// flip(x; dims)
+TXC_OP("flip", 1,
+       [](Node& n) {
+         n.dtype = n.operands[0]->dtype;
+         n.dims = n.operands[0]->dims;
+       },
+       [](LowerCtx& cx, const Node& n) {
+         return unary_op(cx, n, "stablehlo.reverse", "dimensions = " + LowerCtx::i64_array(n.attr_dims(0)));
+       });
+
+}  // namespace
+}  // namespace txc

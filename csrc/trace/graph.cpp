@@ -1,0 +1,121 @@
+// Graph cuts (see graph.h).
+#include "trace/graph.h"
+#include <unordered_map>
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace py = pybind11;
+
+namespace txc {
+
+static uint64_t g_epoch = 0;
+
+static bool is_param(const Node& n) {
+  static const uint16_t data = op_id("data"), scalar = op_id("scalar");
+  return n.op == data || n.op == scalar;
+}
+
+GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live) {
+  static const uint16_t data = op_id("data");
+  if (all_live) {
+    for (Storage* s = live_storages_head(); s; s = s->next)
+      if (s->value->op != data) roots.push_back(s->shared_from_this());
+  }
+  std::unordered_map<const Node*, int> seen;
+  for (auto& r : roots) {
+    if (r->value->op == data) continue;
+    auto it = seen.find(r->value.get());
+    int k;
+    if (it == seen.end()) {
+      k = int(outputs_.size());
+      seen.emplace(r->value.get(), k);
+      outputs_.push_back(r->value);
+    } else {
+      k = it->second;
+    }
+    roots_.push_back(r);
+    root_output_.push_back(k);
+  }
+  walk();
+}
+
+void GraphCut::walk() {
+  uint64_t epoch = ++g_epoch;
+  uint64_t h = 0x6772617068ULL;
+  std::vector<std::pair<const Node*, size_t>> stack;
+  for (const auto& out : outputs_) {
+    if (out->visit == epoch) continue;
+    stack.emplace_back(out.get(), 0);
+    out->visit = epoch;
+    while (!stack.empty()) {
+      auto& [n, i] = stack.back();
+      if (i < n->operands.size()) {
+        const Node* c = n->operands[i++].get();
+        if (c->visit != epoch) {
+          c->visit = epoch;
+          stack.emplace_back(c, 0);
+        }
+        continue;
+      }
+      // Post-order position; the hash sees each node's own hash and which
+      // earlier positions its operands are, so a+a and a+b differ.
+      n->ssa = int(order_.size());
+      h = hash_mix(h, n->hash);
+      for (const auto& o : n->operands) h = hash_mix(h, uint64_t(o->ssa));
+      if (is_param(*n)) params_.push_back(n);
+      order_.push_back(n);
+      stack.pop_back();
+    }
+  }
+  for (const auto& out : outputs_) h = hash_mix(h, uint64_t(out->ssa));
+  for (const Node* n : order_) n->ssa = -1;
+  hash_ = hash_mix(h, outputs_.size());
+}
+
+std::string GraphCut::lower() const {
+  std::vector<const Node*> outs;
+  for (const auto& o : outputs_) outs.push_back(o.get());
+  return lower_graph(order_, params_, outs);
+}
+
+py::list GraphCut::params() const {
+  static const uint16_t data = op_id("data");
+  py::list l;
+  for (const Node* p : params_) {
+    if (p->op == data) {
+      l.append(p->data);
+    } else if (is_floating(p->dtype)) {
+      l.append(py::make_tuple(p->scalar, int(p->dtype)));
+    } else {
+      l.append(py::make_tuple(int64_t(p->scalar), int(p->dtype)));
+    }
+  }
+  return l;
+}
+
+py::list GraphCut::output_specs() const {
+  py::list l;
+  for (const auto& o : outputs_) l.append(py::make_tuple(int(o->dtype), py::tuple(py::cast(o->dims))));
+  return l;
+}
+
+void GraphCut::assign(const py::list& outs) {
+  static const uint16_t data = op_id("data");
+  if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.assign: wrong number of outputs");
+  std::vector<NodePtr> nodes;
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    auto n = make_node_shaped(data, {}, {}, outputs_[k]->dtype, outputs_[k]->dims);
+    n->data = outs[k];
+    nodes.push_back(n);
+  }
+  for (size_t i = 0; i < roots_.size(); ++i) {
+    Storage& s = *roots_[i];
+    // The storage may have been written since the cut (not within one sync).
+    if (s.value == outputs_[root_output_[i]]) {
+      s.value = nodes[root_output_[i]];
+      ++s.version;
+    }
+  }
+}
+
+}  // namespace txc

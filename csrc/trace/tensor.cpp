@@ -1,0 +1,73 @@
+// Lazy tensors, storages and view write-back (see tensor.h).
+#include "trace/tensor.h"
+#include <stdexcept>
+#include "ops/registry.h"
+
+namespace txc {
+
+static Storage* g_head = nullptr;
+static Storage* g_tail = nullptr;
+static size_t g_count = 0;
+
+Storage::Storage(NodePtr v) : value(std::move(v)) {
+  prev = g_tail;
+  if (g_tail) g_tail->next = this; else g_head = this;
+  g_tail = this;
+  ++g_count;
+}
+
+Storage::~Storage() {
+  if (prev) prev->next = next; else g_head = next;
+  if (next) next->prev = prev; else g_tail = prev;
+  --g_count;
+}
+
+Storage* live_storages_head() { return g_head; }
+size_t live_storage_count() { return g_count; }
+
+LazyTensor::LazyTensor(const LazyTensor& base, NodePtr view) : st_(base.st_), chain_(base.chain_) {
+  version_ = st_->version;
+  if (!base.chain_.empty() && base.version_ != st_->version) {
+    // base was stale: rebuild its chain first so the new view sits on current data.
+    LazyTensor fresh(base);
+    fresh.value();
+    chain_ = fresh.chain_;
+    view = make_node(view->op, {chain_.back()}, view->attrs);
+  }
+  chain_.push_back(std::move(view));
+}
+
+const NodePtr& LazyTensor::value() {
+  if (chain_.empty()) return st_->value;
+  if (version_ != st_->version) {
+    NodePtr parent = st_->value;
+    for (auto& v : chain_) {
+      v = make_node(v->op, {parent}, v->attrs);
+      parent = v;
+    }
+    version_ = st_->version;
+  }
+  return chain_.back();
+}
+
+void LazyTensor::assign(NodePtr v) {
+  const NodePtr& cur = value();
+  if (cur->dims != v->dims || cur->dtype != v->dtype)
+    throw std::runtime_error("in-place write of a " + std::string(dtype_name(v->dtype)) + dims_str(v->dims) +
+                             " value into a " + dtype_name(cur->dtype) + dims_str(cur->dims) + " tensor");
+  for (size_t i = chain_.size(); i-- > 0;) {
+    const Node& view = *chain_[i];
+    const OpDef& def = op_def(view.op);
+    if (!def.scatter)
+      throw std::runtime_error("in-place write through a '" + def.name +
+                               "' view is not supported; write to a clone() instead");
+    NodePtr parent = i == 0 ? st_->value : chain_[i - 1];
+    v = def.scatter(view, parent, v);
+  }
+  st_->value = std::move(v);
+  ++st_->version;
+  if (!chain_.empty()) value();
+  else version_ = st_->version;
+}
+
+}  // namespace txc
