@@ -1,2 +1,43 @@
-"""torch_xla_core: PyTorch on XLA through a C++ lazy-tensor core."""
+"""torch_xla_core: PyTorch on XLA through a C++ lazy-tensor core.
+
+    import torch, torch_xla_core as txc
+    dev = txc.device()                 # torch.device("xla:0")
+    y = model.to(dev)(x.to(dev))       # traced, not run
+    txc.sync()                         # compiled once per graph, then cached
+"""
 __version__ = "0.1.0"
+
+import torch
+
+from . import _device
+
+_device.register()
+
+from . import _C, _tensor, metrics, runtime  # noqa: E402
+from . import _ops  # noqa: E402
+
+_tensor.DEVICE = torch.device("xla", 0)
+_ops.load_all()
+
+
+def device(index: int = 0) -> torch.device:
+    """The xla device `index` (torch.device("xla:0") by default)."""
+    n = runtime.device_count()
+    if not 0 <= index < n:
+        raise ValueError(f"xla device index {index} is out of range: {n} device(s) on {runtime.platform()}")
+    return torch.device("xla", index)
+
+
+def device_count() -> int:
+    return runtime.device_count()
+
+
+def sync(wait: bool = False) -> None:
+    """Compiles (once per graph) and runs everything traced so far; with
+    wait=True, also blocks until the device has finished."""
+    _tensor.sync_lazy(None, wait=wait)
+
+
+def build_info() -> dict:
+    from .build_info import build_info as _bi
+    return _bi()

@@ -1,0 +1,79 @@
+"""Registers the `xla` device with PyTorch: PrivateUse1 renamed to "xla",
+with a device module (torch.xla), hooks and a device guard, so that
+torch.device("xla"), tensor.to("xla") and module.to("xla") work and reach
+our kernels. The generated Tensor.is_xla helper would collide with torch's
+own, so the pieces are registered one by one."""
+import torch
+
+_done = False
+
+
+class _DeviceModule:
+    """torch.xla: what PyTorch asks of a backend's device module."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def device_count() -> int:
+        from . import runtime
+        return runtime.device_count()
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        from . import _random
+        _random.manual_seed(seed)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        from . import _random
+        _random.manual_seed(seed)
+
+    @staticmethod
+    def get_amp_supported_dtype():
+        return [torch.bfloat16, torch.float16]
+
+    @staticmethod
+    def is_bf16_supported() -> bool:
+        return True
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    if torch._C._get_privateuse1_backend_name() != "xla":
+        torch.utils.rename_privateuse1_backend("xla")
+    torch._register_device_module("xla", _DeviceModule())
+    torch._C._acc.register_python_privateuseone_hook(_Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    _done = True

@@ -1,0 +1,190 @@
+"""aten -> core op mapping. Each module here registers handlers for a family
+of aten overloads with @impl; resolve() derives what is not registered:
+in-place and out= variants from the functional handler, the long tail from
+torch._decomp decompositions, and finally a CPU fallback that is counted in
+metrics and warned about once per op."""
+import torch
+
+from .. import _tensor, metrics
+from .._tensor import HANDLERS, XlaTensor
+
+aten = torch.ops.aten
+
+
+def impl(*overloads):
+    """Registers the decorated function as the handler of the given overloads
+    (OpOverloads, or OpOverloadPackets meaning all of their overloads)."""
+    def deco(fn):
+        for o in overloads:
+            if isinstance(o, torch._ops.OpOverloadPacket):
+                for name in o.overloads():
+                    HANDLERS[getattr(o, name)] = fn
+            else:
+                HANDLERS[o] = fn
+        return fn
+    return deco
+
+
+def call(func, *args, **kwargs):
+    """Runs an aten overload on xla tensors without going back through the dispatcher."""
+    h = HANDLERS.get(func) or _tensor._resolve(func)
+    return h(*args, **kwargs)
+
+
+def _functional_of(func):
+    """For `foo_.X` (in-place) or `foo.out` (out=), the functional overload."""
+    name, overload = func._schema.name.split("::")[1], func._overloadname
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    elif overload == "out":
+        overload = "default"
+    elif overload.endswith("_out"):
+        overload = overload[: -len("_out")]
+    else:
+        return None
+    return getattr(getattr(aten, name, None), overload, None)
+
+
+def _mutated_args(func):
+    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def resolve(func):
+    fn = _functional_of(func)
+    if fn is not None and fn is not func and (fn in HANDLERS or fn in _decomps()):
+        base = HANDLERS.get(fn) or _decomposed(fn)
+        if func._schema.name.endswith("_"):
+            return _inplace(base)
+        return _out(base, func)
+    if func in _decomps():
+        return _decomposed(func)
+    return _fallback(func)
+
+
+_DECOMPS = None
+
+
+def _decomps():
+    global _DECOMPS
+    if _DECOMPS is None:
+        from torch._decomp import decomposition_table
+        _DECOMPS = decomposition_table
+    return _DECOMPS
+
+
+def _decomposed(func):
+    d = _decomps()[func]
+
+    def h(*args, **kwargs):
+        metrics.counter_add("decomposed::" + func._schema.name.split("::")[1])
+        return d(*args, **kwargs)
+    return h
+
+
+def _inplace(base):
+    def h(self, *args, **kwargs):
+        r = base(self, *args, **kwargs)
+        assign(self, r)
+        return self
+    return h
+
+
+def _out(base, func):
+    names = [a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+    def h(*args, **kwargs):
+        outs = [kwargs.pop(n) for n in names]
+        r = base(*args, **kwargs)
+        rs = r if isinstance(r, (tuple, list)) else (r,)
+        for o, x in zip(outs, rs):
+            if tuple(o.shape) != tuple(x.shape):
+                _tensor.set_meta(o, x.shape)
+                o._lt = x._lt.alias() if o.dtype == x.dtype else convert(x, o.dtype)._lt
+            else:
+                assign(o, x)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    return h
+
+
+def convert(x: XlaTensor, dtype: torch.dtype) -> XlaTensor:
+    if x.dtype == dtype:
+        return x
+    from .._dtypes import code
+    return _tensor.op("convert", x, attrs=(code(dtype),))
+
+
+def assign(self: XlaTensor, r) -> None:
+    """In-place write of r (an xla tensor or number) into self, with torch's
+    casting and broadcasting rules for in-place ops."""
+    if not isinstance(r, XlaTensor):
+        r = full_like(self, r)
+    if r.dtype != self.dtype:
+        if not torch.can_cast(r.dtype, self.dtype):
+            raise RuntimeError(f"result type {_tname(r.dtype)} can't be cast to the desired output type "
+                               f"{_tname(self.dtype)}")
+        r = convert(r, self.dtype)
+    if r.shape != self.shape:
+        try:
+            shape = torch.broadcast_shapes(r.shape, self.shape)
+        except RuntimeError:
+            shape = None
+        if shape != self.shape:
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
+                               f"{list(shape) if shape is not None else list(r.shape)}")
+        r = _tensor.wrap(_tensor._view(_tensor.OP.expand, r._lt, (list(self.shape),)))
+        r = _tensor.op("alias", r)
+    self._lt.assign(r._lt)
+
+
+def _tname(dt):
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool"}.get(dt, str(dt))
+
+
+def full_like(x, value, dtype=None):
+    from .._dtypes import code
+    dtype = dtype or x.dtype
+    return _tensor.op("full", attrs=(float(value), code(dtype), list(x.shape)))
+
+
+def _fallback(func):
+    name = func._schema.name.split("::")[1] + ("." + func._overloadname if func._overloadname != "default" else "")
+    mutated = _mutated_args(func)
+
+    def to_cpu(x):
+        return _tensor.to_cpu(x) if isinstance(x, XlaTensor) else x
+
+    def to_xla(x):
+        return _tensor.from_cpu(x) if isinstance(x, torch.Tensor) else x
+
+    def h(*args, **kwargs):
+        metrics.counter_add("fallback::" + name)
+        _tensor.warn_once(name, f"torch_xla_core: aten::{name} has no XLA lowering; it runs on the CPU "
+                                f"(slow: device->host->device). Counted in metrics.fallbacks().")
+        flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        cpu_flat = [to_cpu(x) for x in flat]
+        cargs, ckwargs = torch.utils._pytree.tree_unflatten(cpu_flat, spec)
+        try:
+            r = func(*cargs, **ckwargs)
+        except NotImplementedError as e:
+            raise NotImplementedError(f"aten::{name} is not supported on the xla device: it has no XLA lowering "
+                                      f"and no CPU fallback ({e})") from None
+        # Write back mutated arguments.
+        for i in mutated:
+            if i < len(args) and isinstance(args[i], XlaTensor):
+                assign(args[i], _tensor.from_cpu(cargs[i]))
+        if mutated and isinstance(r, torch.Tensor) and r is cargs[mutated[0]]:
+            return args[mutated[0]]
+        return torch.utils._pytree.tree_map(to_xla, r)
+    return h
+
+
+def load_all():
+    from . import elementwise, reduce, shape, factory, linalg  # noqa: F401
+    for mod in ("nn", "index", "random"):
+        try:
+            __import__(f"{__name__}.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{mod}":
+                raise

@@ -1,0 +1,262 @@
+"""Elementwise aten ops -> core elementwise ops (csrc/ops/elementwise.cpp,
+csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
+import torch
+
+from .._tensor import OP, XlaTensor, _make, v, wrap
+from . import aten, call, convert, impl
+
+
+def _un(name):
+    opid = getattr(OP, name)
+    return lambda x: wrap(_make(opid, (x._lt,), ()))
+
+
+def _bin(name):
+    opid = getattr(OP, name)
+    return lambda a, b: wrap(_make(opid, (v(a), v(b)), ()))
+
+
+for _aten, _core in [
+    ("neg", "neg"), ("abs", "abs"), ("sign", "sign"), ("exp", "exp"), ("expm1", "expm1"), ("log", "log"),
+    ("log1p", "log1p"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"), ("tanh", "tanh"), ("sigmoid", "sigmoid"),
+    ("sin", "sin"), ("cos", "cos"), ("tan", "tan"), ("erf", "erf"), ("erfinv", "erfinv"), ("atan", "atan"),
+    ("asin", "asin"), ("acos", "acos"), ("sinh", "sinh"), ("cosh", "cosh"), ("floor", "floor"),
+    ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("reciprocal", "reciprocal"),
+    ("bitwise_not", "bitwise_not"), ("logical_not", "logical_not"), ("isnan", "isnan"),
+]:
+    impl(getattr(aten, _aten).default)(_un(_core))
+
+for _aten, _core in [
+    ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"), ("logical_and", "logical_and"),
+    ("logical_or", "logical_or"), ("logical_xor", "logical_xor"), ("fmod", "fmod"), ("remainder", "remainder"),
+    ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"), ("bitwise_xor", "bitwise_xor"),
+    ("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"),
+]:
+    _packet = getattr(aten, _aten)
+    for _ov in ("Tensor", "Scalar", "default"):
+        if _ov in _packet.overloads():
+            impl(getattr(_packet, _ov))(_bin(_core))
+
+_OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
+
+
+@impl(aten.add.Tensor, aten.add.Scalar)
+def add(a, b, *, alpha=1):
+    if alpha != 1:
+        b = wrap(_make(_OP_MUL, (v(b), alpha), ()))
+    return wrap(_make(_OP_ADD, (v(a), v(b)), ()))
+
+
+@impl(aten.sub.Tensor, aten.sub.Scalar)
+def sub(a, b, *, alpha=1):
+    if alpha != 1:
+        b = wrap(_make(_OP_MUL, (v(b), alpha), ()))
+    return wrap(_make(_OP_SUB, (v(a), v(b)), ()))
+
+
+@impl(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(a, b, *, alpha=1):
+    return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else wrap(_make(_OP_SUB, (v(b), v(a) if alpha == 1 else v(wrap(_make(_OP_MUL, (v(a), alpha), ())))), ()))
+
+
+@impl(aten.mul.Tensor, aten.mul.Scalar)
+def mul(a, b):
+    return wrap(_make(_OP_MUL, (v(a), v(b)), ()))
+
+
+@impl(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
+def div(a, b):
+    return wrap(_make(OP.div, (v(a), v(b)), ()))
+
+
+@impl(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(a, b, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div(a, b)
+    if rounding_mode == "trunc":
+        return wrap(_make(OP.div_trunc, (v(a), v(b)), ()))
+    if rounding_mode == "floor":
+        return wrap(_make(OP.div_floor, (v(a), v(b)), ()))
+    raise RuntimeError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+
+@impl(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(a, b):
+    return wrap(_make(OP.div_floor, (v(a), v(b)), ()))
+
+
+@impl(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(a, b):
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(a, XlaTensor):
+        if b == 2:
+            return mul(a, a)
+        if b == 1:
+            return wrap(_make(OP.alias, (a._lt,), ())) if a.is_floating_point() or not isinstance(b, float) else div(a, 1)
+        if b == 0.5:
+            return wrap(_make(OP.sqrt, (a._lt,), ()))
+    return wrap(_make(OP.pow, (v(a), v(b)), ()))
+
+
+@impl(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(cond, a, b):
+    return wrap(_make(OP.where, (v(cond), v(a), v(b)), ()))
+
+
+@impl(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    r = x
+    if min is not None:
+        r = wrap(_make(OP.maximum, (r._lt, v(min)), ()))
+    if max is not None:
+        r = wrap(_make(OP.minimum, (r._lt, v(max)), ()))
+    if r is x:
+        raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
+    return r
+
+
+impl(aten.clamp_min.default, aten.clamp_min.Tensor)(lambda x, m: clamp(x, min=m))
+impl(aten.clamp_max.default, aten.clamp_max.Tensor)(lambda x, m: clamp(x, max=m))
+
+
+@impl(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(a, b, w):
+    # a + w * (b - a)
+    d = wrap(_make(_OP_SUB, (v(b), v(a)), ()))
+    return wrap(_make(_OP_ADD, (v(a), _make(_OP_MUL, (v(w), d._lt), ())), ()))
+
+
+@impl(aten.addcmul.default)
+def addcmul(x, t1, t2, *, value=1):
+    p = _make(_OP_MUL, (v(t1), v(t2)), ())
+    if value != 1:
+        p = _make(_OP_MUL, (p, value), ())
+    return wrap(_make(_OP_ADD, (v(x), p), ()))
+
+
+@impl(aten.addcdiv.default)
+def addcdiv(x, t1, t2, *, value=1):
+    p = _make(OP.div, (v(t1), v(t2)), ())
+    if value != 1:
+        p = _make(_OP_MUL, (p, value), ())
+    return wrap(_make(_OP_ADD, (v(x), p), ()))
+
+
+@impl(aten.relu.default)
+def relu(x):
+    return wrap(_make(OP.maximum, (x._lt, 0), ()))
+
+
+@impl(aten.threshold_backward.default)
+def threshold_backward(grad, x, threshold):
+    return where(wrap(_make(OP.gt, (x._lt, threshold), ())), grad, 0)
+
+
+@impl(aten.gelu.default)
+def gelu(x, *, approximate="none"):
+    return wrap(_make(OP.gelu, (x._lt,), (approximate,)))
+
+
+@impl(aten.gelu_backward.default)
+def gelu_backward(grad, x, *, approximate="none"):
+    return wrap(_make(OP.gelu_backward, (grad._lt, x._lt), (approximate,)))
+
+
+@impl(aten.silu.default)
+def silu(x):
+    return wrap(_make(OP.silu, (x._lt,), ()))
+
+
+@impl(aten.silu_backward.default)
+def silu_backward(grad, x):
+    return wrap(_make(OP.silu_backward, (grad._lt, x._lt), ()))
+
+
+@impl(aten.sigmoid_backward.default)
+def sigmoid_backward(grad, y):
+    # grad * y * (1 - y)
+    one_minus = _make(_OP_SUB, (1, y._lt), ())
+    return wrap(_make(_OP_MUL, (grad._lt, _make(_OP_MUL, (y._lt, one_minus), ())), ()))
+
+
+@impl(aten.tanh_backward.default)
+def tanh_backward(grad, y):
+    # grad * (1 - y^2)
+    return wrap(_make(_OP_MUL, (grad._lt, _make(_OP_SUB, (1, _make(_OP_MUL, (y._lt, y._lt), ())), ())), ()))
+
+
+@impl(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    if isinstance(value, XlaTensor) and value.dim() != 0:
+        raise RuntimeError("masked_fill only supports a 0-dimensional value tensor, "
+                           f"but got tensor with {value.dim()} dimension(s).")
+    val = value if not isinstance(value, XlaTensor) else convert(value, x.dtype)
+    r = where(mask, val, x)
+    return convert(r, x.dtype)
+
+
+@impl(aten._to_copy.default)
+def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    from .. import _tensor
+    dev = torch.device(device) if device is not None else x.device
+    if dev.type == "xla":
+        if isinstance(x, XlaTensor):
+            r = convert(x, dtype) if dtype is not None and dtype != x.dtype else wrap(_make(OP.alias, (x._lt,), ()))
+            return r
+        src = x if dtype is None else x.to(dtype)
+        return _tensor.from_cpu(src)
+    cpu = _tensor.to_cpu(x)
+    if dtype is not None:
+        cpu = cpu.to(dtype)
+    return cpu.to(dev) if dev.type != "cpu" else cpu
+
+
+@impl(aten.clone.default)
+def clone(x, *, memory_format=None):
+    return wrap(_make(OP.alias, (x._lt,), ()))
+
+
+@impl(aten.copy_.default)
+def copy_(dst, src, non_blocking=False):
+    from .. import _tensor
+    from . import assign
+    if isinstance(src, XlaTensor):
+        if isinstance(dst, XlaTensor):
+            assign(dst, src if src.dtype == dst.dtype else convert(src, dst.dtype))
+            return dst
+        dst.copy_(_tensor.to_cpu(src))
+        return dst
+    if src.dtype != dst.dtype:
+        src = src.to(dst.dtype)
+    if src.shape != dst.shape:
+        src = src.expand(dst.shape)
+    assign(dst, _tensor.from_cpu(src))
+    return dst
+
+
+@impl(aten.fill_.Scalar, aten.fill_.Tensor)
+def fill_(x, value):
+    from . import assign, full_like
+    if isinstance(value, XlaTensor):
+        assign(x, convert(value, x.dtype))
+    else:
+        assign(x, full_like(x, value))
+    return x
+
+
+@impl(aten.zero_.default)
+def zero_(x):
+    return fill_(x, 0)
+
+
+@impl(aten._local_scalar_dense.default)
+def local_scalar_dense(x):
+    from .. import _tensor
+    return _tensor.to_cpu(x).item()
+
+
+@impl(aten.is_nonzero.default)
+def is_nonzero(x):
+    if x.numel() != 1:
+        raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+    return bool(local_scalar_dense(x))

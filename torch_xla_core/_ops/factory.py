@@ -1,0 +1,114 @@
+"""Tensor factories. Those with a device argument and no tensor input reach
+the PrivateUse1 ("xla") kernels registered here; *_like and new_* reach
+__torch_dispatch__ like any op."""
+import torch
+
+from .. import _tensor
+from .._dtypes import code
+from .._tensor import OP, _make, wrap
+from . import aten, impl
+
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def _dt(dtype):
+    return dtype if dtype is not None else torch.get_default_dtype()
+
+
+def full(shape, value, dtype):
+    return wrap(_make(OP.full, (), (float(value), code(dtype), [int(s) for s in shape])))
+
+
+def _check_device(device):
+    if device is not None and torch.device(device).type != "xla":
+        raise RuntimeError(f"expected an xla device, got {device}")
+
+
+def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    # The contents of an empty tensor are unspecified; zeros are the cheapest
+    # well-defined choice (a constant, folded by XLA).
+    return full(size, 0, _dt(dtype))
+
+
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, 0, _dt(dtype))
+
+
+def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None:
+        dtype = (torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int)
+                 else torch.get_default_dtype())
+    return full(size, fill_value, dtype)
+
+
+def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("arange: step must be nonzero")
+    if dtype is None:
+        dtype = (torch.int64 if all(isinstance(a, int) for a in (start, end, step)) else torch.get_default_dtype())
+    import math
+    n = max(int(math.ceil((end - start) / step)), 0)
+    if dtype.is_floating_point:
+        i = _make(OP.iota, (), (code(dtype), [n], 0))
+    else:
+        i = _make(OP.iota, (), (code(torch.int64), [n], 0))
+    r = _make(OP.add, (_make(OP.mul, (i, step), ()), start), ()) if (start != 0 or step != 1) else i
+    t = wrap(r)
+    if t.dtype != dtype:
+        t = wrap(_make(OP.convert, (t._lt,), (code(dtype),)))
+    return t
+
+
+def _scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full([], s, _dt(dtype))
+
+
+for _name, _fn in [
+    ("empty.memory_format", _empty),
+    ("empty_strided", _empty_strided),
+    ("full", _full),
+    ("arange", lambda end, **kw: _arange(0, end, 1, **kw)),
+    ("arange.start", lambda start, end, **kw: _arange(start, end, 1, **kw)),
+    ("arange.start_step", _arange),
+    ("scalar_tensor", _scalar_tensor),
+]:
+    _lib.impl(_name, _fn, "PrivateUse1")
+
+
+@impl(aten.empty_like.default, aten.zeros_like.default)
+def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if device is not None and torch.device(device).type != "xla":
+        return torch.zeros(x.shape, dtype=dtype or x.dtype, device=device)
+    return full(x.shape, 0, dtype or x.dtype)
+
+
+@impl(aten.ones_like.default)
+def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return full(x.shape, 1, dtype or x.dtype)
+
+
+@impl(aten.full_like.default)
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return full(x.shape, fill_value, dtype or x.dtype)
+
+
+@impl(aten.new_empty.default, aten.new_zeros.default)
+def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, 0, dtype or x.dtype)
+
+
+@impl(aten.new_ones.default)
+def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, 1, dtype or x.dtype)
+
+
+@impl(aten.new_full.default)
+def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, fill_value, dtype or x.dtype)
+
+
+@impl(aten.new_empty_strided.default)
+def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return full(size, 0, dtype or x.dtype)

@@ -1,0 +1,63 @@
+"""Matrix products -> the core `dot` op (stablehlo.dot_general)."""
+from .._tensor import OP, _make, v, wrap
+from . import aten, impl
+
+_DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
+_MM = ([], [], [1], [0])
+_BMM = ([0], [0], [2], [1])
+
+
+def _check_dtypes(name, a, b):
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"{name}: expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+
+
+@impl(aten.mm.default)
+def mm(a, b):
+    if a.dim() != 2 or b.dim() != 2:
+        raise RuntimeError(f"mm: expected 2D tensors, got {a.dim()}D and {b.dim()}D")
+    _check_dtypes("mm", a, b)
+    return wrap(_make(_DOT, (a._lt, b._lt), _MM))
+
+
+@impl(aten.bmm.default)
+def bmm(a, b):
+    if a.dim() != 3 or b.dim() != 3:
+        raise RuntimeError(f"bmm: expected 3D tensors, got {a.dim()}D and {b.dim()}D")
+    _check_dtypes("bmm", a, b)
+    return wrap(_make(_DOT, (a._lt, b._lt), _BMM))
+
+
+def _scaled_sum(c, p, beta, alpha):
+    if alpha != 1:
+        p = _make(_MUL, (p, alpha), ())
+    if beta == 0:
+        return wrap(p)
+    cv = v(c)
+    if beta != 1:
+        cv = _make(_MUL, (cv, beta), ())
+    return wrap(_make(_ADD, (cv, p), ()))
+
+
+@impl(aten.addmm.default)
+def addmm(c, a, b, *, beta=1, alpha=1):
+    _check_dtypes("addmm", a, b)
+    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _MM), beta, alpha)
+
+
+@impl(aten.baddbmm.default)
+def baddbmm(c, a, b, *, beta=1, alpha=1):
+    _check_dtypes("baddbmm", a, b)
+    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _BMM), beta, alpha)
+
+
+@impl(aten.dot.default, aten.vdot.default)
+def dot(a, b):
+    if a.dim() != 1 or b.dim() != 1:
+        raise RuntimeError(f"1D tensors expected, but got {a.dim()}D and {b.dim()}D tensors")
+    return wrap(_make(_DOT, (a._lt, b._lt), ([], [], [0], [0])))
+
+
+@impl(aten.mv.default)
+def mv(a, b):
+    return wrap(_make(_DOT, (a._lt, b._lt), ([], [], [1], [0])))

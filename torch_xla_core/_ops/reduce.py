@@ -1,0 +1,148 @@
+"""Reduction aten ops -> core reductions (csrc/ops/reduce.cpp)."""
+import torch
+
+from .._dtypes import code
+from .._tensor import OP, _make, wrap
+from . import aten, impl
+
+
+def _axes(x, dim):
+    r = x.dim()
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(r))
+    if isinstance(dim, int):
+        dim = [dim]
+    out = []
+    for d in dim:
+        if not -max(r, 1) <= d < max(r, 1):
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-max(r, 1)}, {max(r, 1) - 1}], "
+                             f"but got {d})")
+        out.append(d % max(r, 1))
+    return sorted(set(a for a in out if a < r))
+
+
+def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
+    axes = _axes(x, dim)
+    if not axes:  # 0-d input, or nothing to reduce
+        r = wrap(_make(OP.alias, (x._lt,), ()))
+        if dtype is not None and dtype != x.dtype:
+            r = wrap(_make(OP.convert, (r._lt,), (code(dtype),)))
+        elif name in ("sum", "prod") and not x.is_floating_point() and x.dtype != torch.int64:
+            r = wrap(_make(OP.convert, (r._lt,), (code(torch.int64),)))
+        elif name in ("any", "all"):
+            r = wrap(_make(OP.convert, (r._lt,), (code(torch.bool),)))
+        return r
+    attrs = (axes, bool(keepdim)) + ((code(dtype) if dtype is not None else -1,) if name in ("sum", "mean", "prod") else ()) + extra
+    return wrap(_make(getattr(OP, name), (x._lt,), attrs))
+
+
+@impl(aten.sum.default)
+def sum_(x, *, dtype=None):
+    return _reduce("sum", x, None, False, dtype)
+
+
+@impl(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, *, dtype=None):
+    return _reduce("sum", x, dim, keepdim, dtype)
+
+
+@impl(aten.mean.default)
+def mean(x, *, dtype=None):
+    return _reduce("mean", x, None, False, dtype)
+
+
+@impl(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    return _reduce("mean", x, dim, keepdim, dtype)
+
+
+@impl(aten.prod.default)
+def prod(x, *, dtype=None):
+    return _reduce("prod", x, None, False, dtype)
+
+
+@impl(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return _reduce("prod", x, dim, keepdim, dtype)
+
+
+@impl(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    return _reduce("amax", x, dim, keepdim)
+
+
+@impl(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    return _reduce("amin", x, dim, keepdim)
+
+
+@impl(aten.max.default)
+def max_(x):
+    if x.numel() == 0:
+        raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0.")
+    return _reduce("amax", x, None, False)
+
+
+@impl(aten.min.default)
+def min_(x):
+    if x.numel() == 0:
+        raise RuntimeError("min(): Expected reduction dim to be specified for input.numel() == 0.")
+    return _reduce("amin", x, None, False)
+
+
+def _arg(name, x, dim, keepdim):
+    if dim is None:
+        flat = wrap(_make(OP.reshape, (x._lt,), ([x.numel()],)))
+        r = wrap(_make(getattr(OP, name), (flat._lt,), (0, False)))
+        if keepdim:
+            r = wrap(_make(OP.reshape, (r._lt,), ([1] * x.dim(),)))
+        return r
+    if x.dim() == 0:
+        return wrap(_make(OP.full, (), (0.0, code(torch.int64), [])))
+    return wrap(_make(getattr(OP, name), (x._lt,), (dim % x.dim(), bool(keepdim))))
+
+
+@impl(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg("argmax", x, dim, keepdim)
+
+
+@impl(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg("argmin", x, dim, keepdim)
+
+
+@impl(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _reduce("amax", x, dim, keepdim), _arg("argmax", x, dim, keepdim)
+
+
+@impl(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return _reduce("amin", x, dim, keepdim), _arg("argmin", x, dim, keepdim)
+
+
+@impl(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    return _reduce("any", x, dim, keepdim)
+
+
+@impl(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    return _reduce("all", x, dim, keepdim)
+
+
+@impl(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    c = 1.0 if correction is None else float(correction)
+    return _reduce("var", x, dim, keepdim, extra=(c,))
+
+
+@impl(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return wrap(_make(OP.sqrt, (var(x, dim, correction=correction, keepdim=keepdim)._lt,), ()))
+
+
+@impl(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return var(x, dim, correction=correction, keepdim=keepdim), _reduce("mean", x, dim, keepdim)

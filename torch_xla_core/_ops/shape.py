@@ -1,0 +1,250 @@
+"""View and shape aten ops. Views share their base's storage in the core
+(csrc/trace/tensor.h), so in-place writes through them reach the base."""
+import torch
+
+from .. import _tensor
+from .._tensor import OP, XlaTensor, _make, _view, wrap
+from . import aten, convert, impl
+
+
+def _dim(d, rank):
+    r = max(rank, 1)
+    if not -r <= d < r:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
+    return d % r
+
+
+def _infer_size(shape, numel):
+    shape = list(shape)
+    neg = [i for i, s in enumerate(shape) if s == -1]
+    if len(neg) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    if neg:
+        known = 1
+        for i, s in enumerate(shape):
+            if i != neg[0]:
+                known *= s
+        if known == 0 or numel % known:
+            raise RuntimeError(f"shape '{shape}' is invalid for input of size {numel}")
+        shape[neg[0]] = numel // known
+    return shape
+
+
+def reshape_view(x, shape):
+    return wrap(_view(OP.reshape, x._lt, (shape,)))
+
+
+@impl(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
+def view(x, size, *_stride):
+    return reshape_view(x, _infer_size(size, x.numel()))
+
+
+@impl(aten.view.dtype)
+def view_dtype(x, dtype):
+    if dtype == x.dtype:
+        return wrap(_view(OP.alias, x._lt, ()))
+    raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor (a bitcast) is not supported")
+
+
+@impl(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
+def alias(x):
+    return wrap(_view(OP.alias, x._lt, ()))
+
+
+@impl(aten.permute.default)
+def permute(x, dims):
+    r = x.dim()
+    return wrap(_view(OP.permute, x._lt, ([_dim(d, r) for d in dims],)))
+
+
+@impl(aten.t.default, aten.numpy_T.default)
+def t(x):
+    if x.dim() > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.dim()}D")
+    if x.dim() < 2:
+        return alias(x)
+    return wrap(_view(OP.permute, x._lt, ([1, 0],)))
+
+
+@impl(aten.transpose.int)
+def transpose(x, d0, d1):
+    r = x.dim()
+    if r == 0:
+        return alias(x)
+    p = list(range(r))
+    d0, d1 = _dim(d0, r), _dim(d1, r)
+    p[d0], p[d1] = p[d1], p[d0]
+    return wrap(_view(OP.permute, x._lt, (p,)))
+
+
+@impl(aten.expand.default)
+def expand(x, size, *, implicit=False):
+    size = list(size)
+    off = len(size) - x.dim()
+    if off < 0:
+        raise RuntimeError(f"expand: the number of sizes provided ({len(size)}) must be greater or equal to "
+                           f"the number of dimensions in the tensor ({x.dim()})")
+    for i, s in enumerate(size):
+        if s == -1:
+            if i < off:
+                raise RuntimeError("expand: -1 is not allowed in a leading, non-existing dimension")
+            size[i] = x.shape[i - off]
+    if size == list(x.shape):
+        return alias(x)
+    return wrap(_view(OP.expand, x._lt, (size,)))
+
+
+@impl(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(x, dim=None):
+    r = x.dim()
+    if dim is None:
+        dims = set(range(r))
+    elif isinstance(dim, int):
+        dims = {_dim(dim, r)}
+    else:
+        dims = {_dim(d, r) for d in dim}
+    shape = [s for i, s in enumerate(x.shape) if not (i in dims and s == 1)]
+    return reshape_view(x, shape)
+
+
+@impl(aten.unsqueeze.default)
+def unsqueeze(x, dim):
+    d = _dim(dim, x.dim() + 1)
+    shape = list(x.shape)
+    shape.insert(d, 1)
+    return reshape_view(x, shape)
+
+
+@impl(aten.select.int)
+def select(x, dim, index):
+    if x.dim() == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    d = _dim(dim, x.dim())
+    n = x.shape[d]
+    if not -n <= index < n:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(x.shape)} at dimension {dim}")
+    return wrap(_view(OP.select, x._lt, (d, index % n)))
+
+
+def _slice_bounds(n, start, end, step):
+    start = 0 if start is None else start
+    end = n if end is None else end
+    if start < 0:
+        start += n
+    if end < 0:
+        end += n
+    start = min(max(start, 0), n)
+    end = min(max(end, start), n)
+    return start, end
+
+
+@impl(aten.slice.Tensor)
+def slice_(x, dim=0, start=None, end=None, step=1):
+    d = _dim(dim, x.dim())
+    if step <= 0:
+        raise ValueError("slice step must be positive")
+    s, e = _slice_bounds(x.shape[d], start, end, step)
+    if s == 0 and e == x.shape[d] and step == 1:
+        return alias(x)
+    return wrap(_view(OP.slice, x._lt, (d, s, e, step)))
+
+
+@impl(aten.narrow.default)
+def narrow(x, dim, start, length):
+    return slice_(x, dim, start, start + length)
+
+
+@impl(aten.split.Tensor)
+def split(x, split_size, dim=0):
+    d = _dim(dim, x.dim())
+    n = x.shape[d]
+    if n == 0:
+        return [alias(x)]
+    return [slice_(x, d, i, min(i + split_size, n)) for i in range(0, n, max(split_size, 1))]
+
+
+@impl(aten.split_with_sizes.default)
+def split_with_sizes(x, sizes, dim=0):
+    d = _dim(dim, x.dim())
+    if sum(sizes) != x.shape[d]:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {x.shape[d]} "
+                           f"(input tensor's size at dimension {d}), but got split_sizes={list(sizes)}")
+    out, i = [], 0
+    for s in sizes:
+        out.append(slice_(x, d, i, i + s))
+        i += s
+    return out
+
+
+@impl(aten.unbind.int)
+def unbind(x, dim=0):
+    d = _dim(dim, x.dim())
+    return [select(x, d, i) for i in range(x.shape[d])]
+
+
+@impl(aten.cat.default)
+def cat(tensors, dim=0):
+    ts = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
+    if not ts:
+        return alias(tensors[0])
+    d = _dim(dim, ts[0].dim())
+    if len(ts) == 1:
+        return wrap(_make(OP.alias, (ts[0]._lt,), ()))
+    return wrap(_make(OP.concat, tuple(_tensor.v(t) for t in ts), (d,)))
+
+
+@impl(aten.stack.default)
+def stack(tensors, dim=0):
+    d = _dim(dim, tensors[0].dim() + 1)
+    return cat([unsqueeze(t, d) for t in tensors], d)
+
+
+@impl(aten.constant_pad_nd.default)
+def constant_pad_nd(x, pad, value=0):
+    r = x.dim()
+    if len(pad) % 2 or len(pad) // 2 > r:
+        raise RuntimeError(f"constant_pad_nd: padding length must be divisible by 2 and at most twice the "
+                           f"number of dims ({r}); got {len(pad)}")
+    lo, hi = [0] * r, [0] * r
+    for i in range(len(pad) // 2):
+        lo[r - 1 - i], hi[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    return wrap(_make(OP.pad, (x._lt,), (lo, hi, float(value))))
+
+
+@impl(aten.flip.default)
+def flip(x, dims):
+    return wrap(_make(OP.flip, (x._lt,), ([_dim(d, x.dim()) for d in dims],)))
+
+
+@impl(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    d = _dim(dim, x.dim())
+    s, e = _slice_bounds(x.shape[d], start, end, step)
+    return wrap(_make(OP.slice_scatter, (x._lt, convert(src, x.dtype)._lt), (d, s, e, step)))
+
+
+@impl(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    d = _dim(dim, x.dim())
+    shape = list(x.shape)
+    shape[d] = 1
+    src = wrap(_make(OP.reshape, (convert(src, x.dtype)._lt,), (shape,)))
+    i = index % x.shape[d]
+    return wrap(_make(OP.slice_scatter, (x._lt, src._lt), (d, i, i + 1, 1)))
+
+
+# In-place metadata changes: the wrapper's shape changes, and its value becomes
+# a view of what it was.
+def _inplace_view(fn):
+    def h(x, *args):
+        r = fn(x, *args)
+        _tensor.set_meta(x, r.shape)
+        x._lt = r._lt
+        return x
+    return h
+
+
+impl(aten.t_.default)(_inplace_view(t))
+impl(aten.transpose_.default)(_inplace_view(transpose))
+impl(aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims)(_inplace_view(squeeze))
+impl(aten.unsqueeze_.default)(_inplace_view(unsqueeze))

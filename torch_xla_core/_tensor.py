@@ -1,0 +1,150 @@
+"""The xla tensor: a wrapper subclass whose payload is a C++ LazyTensor.
+Every aten op reaching __torch_dispatch__ is looked up in HANDLERS (filled by
+the _ops modules: aten overload -> a function that calls core ops), else in
+torch._decomp's decompositions, else run on the CPU as a counted, warned
+fallback. Also: wrapping/unwrapping, materialization (sync, to_cpu)."""
+import warnings
+
+import torch
+from torch.utils._mode_utils import no_dispatch
+
+from . import _C, _dtypes, metrics, runtime
+
+DEVICE = None  # torch.device("xla", 0), set by init()
+HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
+
+
+class _OpIds:
+    def __init__(self, ids):
+        self.__dict__.update(ids)
+
+
+OP = _OpIds(_C.op_ids())
+_make = _C.make
+_view = _C.view
+_mws = torch.Tensor._make_wrapper_subclass
+_TORCH = _dtypes.TORCH
+
+
+class XlaTensor(torch.Tensor):
+    """A tensor on the xla device. Its value is traced lazily (see _lt)."""
+
+    _lt: "_C.LazyTensor"
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        h = HANDLERS.get(func)
+        if h is None:
+            h = _resolve(func)
+        if kwargs:
+            return h(*args, **kwargs)
+        return h(*args)
+
+    def __repr__(self, *, tensor_contents=None):
+        cpu = to_cpu(self)
+        s = torch._tensor_str._str(cpu)
+        extra = f", device='{self.device}'"
+        if self.grad_fn is not None:
+            extra += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        elif self.requires_grad:
+            extra += ", requires_grad=True"
+        return s[:-1] + extra + ")"
+
+    def __reduce_ex__(self, proto):
+        # Pickling (torch.save) moves the value to the CPU.
+        return (_from_cpu_reduce, (to_cpu(self), self.requires_grad))
+
+
+def _from_cpu_reduce(cpu, requires_grad):
+    return from_cpu(cpu).requires_grad_(requires_grad)
+
+
+def wrap(lt) -> XlaTensor:
+    t = _mws(XlaTensor, lt.shape, dtype=_TORCH[lt.dtype], device=DEVICE)
+    t._lt = lt
+    return t
+
+
+def v(x):
+    """The core operand for x: a LazyTensor, a Python number, or (number, dtype)
+    for a 0-d CPU tensor."""
+    if type(x) is XlaTensor:
+        return x._lt
+    if isinstance(x, XlaTensor):
+        return x._lt
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 and x.device.type == "cpu":
+            return (x.item(), _dtypes.code(x.dtype))
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{DEVICE} and {x.device}! Move the tensor with .to('xla').")
+    return x
+
+
+def op(name: str, *operands, attrs=()) -> XlaTensor:
+    """Applies core op `name`; returns the wrapped result."""
+    return wrap(_make(getattr(OP, name), tuple(v(x) for x in operands), attrs))
+
+
+def from_cpu(t: torch.Tensor) -> XlaTensor:
+    """Uploads a CPU tensor; the result is device data (a graph parameter)."""
+    code = _dtypes.code(t.dtype)
+    return wrap(_C.from_data(runtime.to_device(t), code, list(t.shape)))
+
+
+def sync_lazy(lts=None, wait=False) -> None:
+    """Computes the pending values of the given LazyTensors' storages (default:
+    every live one) in one compiled graph; they then hold device data."""
+    with metrics.timed("sync"):
+        cut = _C.GraphCut(lts)
+        if cut.num_outputs == 0:
+            return
+        exe = runtime.executable(cut)
+        params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
+        outs = runtime.execute(exe, params)
+        cut.assign(outs)
+        metrics.counter_add("execute")
+    if wait:
+        runtime.wait(outs)
+
+
+def materialize(t: XlaTensor):
+    """The device buffer holding t's current value (computing it if pending)."""
+    lt = t._lt
+    if lt.is_data:
+        return lt.data
+    if lt.is_view:
+        lt = _make(OP.alias, (lt,), ())  # a storage of its own holding the view's value
+    sync_lazy([lt])
+    return lt.data
+
+
+def to_cpu(t: XlaTensor) -> torch.Tensor:
+    return runtime.to_host(materialize(t))
+
+
+def set_meta(t: XlaTensor, shape) -> None:
+    """Changes a tensor's shape in place (t_, squeeze_, resize_ and friends)."""
+    stride = []
+    s = 1
+    for d in reversed(shape):
+        stride.append(s)
+        s *= max(d, 1)
+    with no_dispatch():
+        torch.ops.aten.as_strided_.default(t, list(shape), stride[::-1])
+
+
+_warned = set()
+
+
+def _resolve(func):
+    from . import _ops
+    h = _ops.resolve(func)
+    HANDLERS[func] = h
+    return h
+
+
+def warn_once(key, msg) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)

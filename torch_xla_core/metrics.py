@@ -1,0 +1,63 @@
+"""Counters and timers of the runtime: compiles, cache hits and misses,
+lowering/compile/execute/transfer times, and per-op CPU fallbacks.
+`report()` renders them as text; `clear()` resets them."""
+import collections
+import time
+from contextlib import contextmanager
+
+_counters = collections.Counter()
+_timers = {}  # name -> [count, total seconds]
+
+
+def counter_add(name: str, n: int = 1) -> None:
+    _counters[name] += n
+
+
+def timer_add(name: str, seconds: float) -> None:
+    t = _timers.get(name)
+    if t is None:
+        _timers[name] = [1, seconds]
+    else:
+        t[0] += 1
+        t[1] += seconds
+
+
+@contextmanager
+def timed(name: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timer_add(name, time.perf_counter() - t0)
+
+
+def counters() -> dict:
+    """Counter name -> count."""
+    return dict(_counters)
+
+
+def timers() -> dict:
+    """Timer name -> (count, total seconds)."""
+    return {k: (v[0], v[1]) for k, v in _timers.items()}
+
+
+def fallbacks() -> dict:
+    """aten op name -> number of times it ran on the CPU as a fallback."""
+    p = "fallback::"
+    return {k[len(p):]: v for k, v in _counters.items() if k.startswith(p)}
+
+
+def clear() -> None:
+    _counters.clear()
+    _timers.clear()
+
+
+def report() -> str:
+    lines = ["counters:"]
+    for k in sorted(_counters):
+        lines.append(f"  {k}: {_counters[k]}")
+    lines.append("timers:")
+    for k in sorted(_timers):
+        n, total = _timers[k]
+        lines.append(f"  {k}: count={n} total={total * 1e3:.3f}ms mean={total / n * 1e3:.3f}ms")
+    return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""The PJRT runtime, through jaxlib: picks the platform (PJRT_DEVICE =
+CPU | CUDA | TPU, default the best available), compiles StableHLO text into
+executables cached by graph hash, executes them on device buffers, and moves
+data between host and device. jaxlib's compile entry points are
+semi-private; this module is the only place that touches them."""
+import os
+
+import numpy as np
+import torch
+
+from . import _dtypes, metrics
+
+_PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
+_INSTALL_HINT = {
+    "cuda": "pip install 'torch_xla_core[cuda]' (the jax CUDA plugin)",
+    "tpu": "pip install 'torch_xla_core[tpu]' (libtpu)",
+}
+
+_backend = None
+_devices = None
+_cache = {}          # graph hash -> loaded executable
+_scalars = {}        # (value, dtype code) -> device buffer
+
+
+def _select_backend():
+    import jax
+    from jax.extend.backend import get_backend
+
+    want = os.environ.get("PJRT_DEVICE")
+    if want:
+        key = want.upper()
+        if key not in _PLATFORMS:
+            raise RuntimeError(f"PJRT_DEVICE={want!r} is not a known device; use one of CPU, CUDA, TPU")
+        platform = _PLATFORMS[key]
+        try:
+            return get_backend(platform)
+        except RuntimeError as e:
+            hint = _INSTALL_HINT.get(platform, "")
+            raise RuntimeError(f"PJRT_DEVICE={want} was requested, but jax has no working {platform} "
+                               f"backend ({e}). {hint}") from None
+    for platform in ("tpu", "cuda", "cpu"):
+        try:
+            return get_backend(platform)
+        except RuntimeError:
+            continue
+    raise RuntimeError("no PJRT backend is available")  # pragma: no cover (cpu always is)
+
+
+def backend():
+    global _backend, _devices
+    if _backend is None:
+        _backend = _select_backend()
+        _devices = _backend.local_devices()
+    return _backend
+
+
+def platform() -> str:
+    """The platform in use: 'cpu', 'cuda' or 'tpu'."""
+    return backend().platform
+
+
+def devices():
+    backend()
+    return _devices
+
+
+def device_count() -> int:
+    return len(devices())
+
+
+def executable(cut):
+    """The compiled executable for a graph cut; lowers and compiles on a miss."""
+    exe = _cache.get(cut.hash)
+    if exe is not None:
+        metrics.counter_add("cache_hit")
+        return exe
+    metrics.counter_add("cache_miss")
+    with metrics.timed("lower"):
+        text = cut.lower()
+    with metrics.timed("compile"):
+        exe = compile_text(text)
+    metrics.counter_add("compile")
+    _cache[cut.hash] = exe
+    return exe
+
+
+def compile_text(text: str, device_index: int = 0):
+    from jax._src.lib import xla_client as xc
+
+    be = backend()
+    return be.compile_and_load(text, xc.DeviceList((_devices[device_index],)), xc.CompileOptions())
+
+
+def scalar(value, dtype_code: int):
+    """A device buffer holding a Python number (cached per value and dtype)."""
+    key = (value, dtype_code)
+    buf = _scalars.get(key)
+    if buf is None:
+        import jax
+        buf = jax.device_put(np.asarray(value, dtype=_dtypes.NUMPY[dtype_code]), devices()[0])
+        if len(_scalars) > 4096:
+            _scalars.clear()
+        _scalars[key] = buf
+    return buf
+
+
+def execute(exe, params):
+    with metrics.timed("execute"):
+        return exe.execute(params)
+
+
+def to_device(t: torch.Tensor, device_index: int = 0):
+    """Copies a CPU tensor to the device; returns the device buffer."""
+    import jax
+
+    with metrics.timed("transfer_to_device"):
+        t = t.detach().contiguous()
+        if t.dtype == torch.bfloat16:
+            a = t.view(torch.int16).numpy().view(_dtypes.NUMPY[_dtypes.BF16])
+        else:
+            a = t.numpy()
+        buf = jax.device_put(a, devices()[device_index])
+    metrics.counter_add("transfer_to_device")
+    return buf
+
+
+def to_host(buf) -> torch.Tensor:
+    """Copies a device buffer to a new CPU tensor."""
+    with metrics.timed("transfer_to_host"):
+        a = np.asarray(buf)
+        if a.dtype == _dtypes.NUMPY[_dtypes.BF16]:
+            t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(a.copy()) if not a.flags.writeable else torch.from_numpy(a)
+    metrics.counter_add("transfer_to_host")
+    return t
+
+
+def wait(bufs) -> None:
+    for b in bufs:
+        b.block_until_ready()
+
+
+def clear_cache() -> None:
+    _cache.clear()
