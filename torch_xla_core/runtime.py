@@ -96,8 +96,7 @@ def scalar(value, dtype_code: int):
     key = (value, dtype_code)
     buf = _scalars.get(key)
     if buf is None:
-        import jax
-        buf = jax.device_put(np.asarray(value, dtype=_dtypes.NUMPY[dtype_code]), devices()[0])
+        buf = _put(np.asarray(value, dtype=_dtypes.NUMPY[dtype_code]), devices()[0])
         if len(_scalars) > 4096:
             _scalars.clear()
         _scalars[key] = buf
@@ -109,17 +108,22 @@ def execute(exe, params):
         return exe.execute(params)
 
 
+def _put(a: np.ndarray, device):
+    # jax truncates 64-bit host data unless x64 is on; scope it to the copy.
+    import jax
+    with jax.enable_x64(True):
+        return jax.device_put(a, device)
+
+
 def to_device(t: torch.Tensor, device_index: int = 0):
     """Copies a CPU tensor to the device; returns the device buffer."""
-    import jax
-
     with metrics.timed("transfer_to_device"):
         t = t.detach().contiguous()
         if t.dtype == torch.bfloat16:
             a = t.view(torch.int16).numpy().view(_dtypes.NUMPY[_dtypes.BF16])
         else:
             a = t.numpy()
-        buf = jax.device_put(a, devices()[device_index])
+        buf = _put(a, devices()[device_index])
     metrics.counter_add("transfer_to_device")
     return buf
 

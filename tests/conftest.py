@@ -1,0 +1,20 @@
+import os
+import sys
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_xla_core as txc  # noqa: E402
+
+
+@pytest.fixture
+def dev():
+    return txc.device()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

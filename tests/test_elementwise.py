@@ -1,0 +1,79 @@
+"""Elementwise ops: numerics against CPU eager, dtype promotion, scalars."""
+import pytest
+import torch
+
+import torch_xla_core as txc
+from util import assert_matches_cpu
+
+
+@pytest.mark.parametrize("fn", [torch.exp, torch.log1p, torch.tanh, torch.sigmoid, torch.neg, torch.abs,
+                                torch.sqrt, torch.rsqrt, torch.erf, torch.sin, torch.floor, torch.round,
+                                torch.nn.functional.gelu, torch.nn.functional.silu, torch.relu])
+def test_unary(fn):
+    x = torch.rand(4, 5) + 0.1
+    assert_matches_cpu(fn, x.requires_grad_(fn not in (torch.floor, torch.round)))
+
+
+@pytest.mark.parametrize("fn", [torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum,
+                                torch.pow, torch.atan2, torch.remainder, torch.fmod])
+def test_binary_broadcast(fn):
+    a = torch.rand(3, 1, 5) + 0.5
+    b = torch.rand(4, 1) + 0.5
+    assert_matches_cpu(fn, a.requires_grad_(fn not in (torch.remainder, torch.fmod)), b)
+
+
+@pytest.mark.parametrize("a_dtype,b", [
+    (torch.int64, 2.5), (torch.int32, 3), (torch.float16, 2.0), (torch.bool, 1), (torch.int64, True),
+])
+def test_scalar_promotion(a_dtype, b):
+    a = torch.arange(6).reshape(2, 3).to(a_dtype)
+    for fn in (torch.add, torch.mul):
+        out = assert_matches_cpu(fn, a, b)
+        assert out.dtype == fn(a, b).dtype
+
+
+@pytest.mark.parametrize("da,db", [(torch.int64, torch.float32), (torch.float16, torch.float32),
+                                   (torch.uint8, torch.int8), (torch.bfloat16, torch.float16)])
+def test_tensor_promotion(da, db):
+    a = torch.arange(6).reshape(2, 3).to(da)
+    b = torch.ones(3).to(db)
+    out = assert_matches_cpu(torch.add, a, b)
+    assert out.dtype == torch.promote_types(da, db)
+
+
+def test_zero_dim_tensor_priority():
+    a = torch.ones(3, dtype=torch.float16)
+    b = torch.tensor(2.0, dtype=torch.float64)
+    out = assert_matches_cpu(torch.mul, a, b)
+    assert out.dtype == torch.float16
+
+
+def test_int_division_modes():
+    a = torch.tensor([-7, -3, 5, 7])
+    b = torch.tensor([2, 2, -3, 3])
+    assert_matches_cpu(torch.div, a, b)
+    assert_matches_cpu(lambda x, y: torch.div(x, y, rounding_mode="floor"), a, b)
+    assert_matches_cpu(lambda x, y: torch.div(x, y, rounding_mode="trunc"), a, b)
+    assert_matches_cpu(torch.remainder, a, b)
+
+
+def test_compare_and_where():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert_matches_cpu(lambda x, y: (x > y, x == y, torch.where(x > y, x, y), torch.clamp(x, -0.5, 0.5)), a, b)
+    assert_matches_cpu(lambda x: x.masked_fill(x < 0, -1.0), a)
+
+
+def test_shape_mismatch_error_names_op(dev):
+    a = torch.ones(2, 3, device=dev)
+    b = torch.ones(4, device=dev)
+    with pytest.raises(RuntimeError, match="add"):
+        a + b
+
+
+def test_scalars_do_not_recompile(dev):
+    x = torch.ones(4, device=dev)
+    txc.sync()
+    txc.metrics.clear()
+    for s in (0.5, 1.5, 2.5):
+        (x * s).cpu()
+    assert txc.metrics.counters()["compile"] == 1
