@@ -44,7 +44,39 @@ NodePtr scalar_node(double v, DType t, bool wrapped) {
   return n;
 }
 
+// The Python wrapper tensor class (XlaTensor) and how to build one; set once
+// by configure_wrapper() so that op()/view_op() return wrappers directly.
+struct Wrapper {
+  PyObject* cls = nullptr;       // XlaTensor
+  PyObject* factory = nullptr;   // torch.Tensor._make_wrapper_subclass
+  PyObject* device = nullptr;    // torch.device("xla", 0)
+  PyObject* kwnames = nullptr;   // ("dtype", "device")
+  PyObject* lt_name = nullptr;   // "_lt"
+  PyObject* fallback = nullptr;  // Python: other operand -> core operand, or raise
+  std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
+} g_wrap;
+
+LazyTensor& lazy_of_wrapper(py::handle h) {
+  py::object lt = py::reinterpret_steal<py::object>(PyObject_GetAttr(h.ptr(), g_wrap.lt_name));
+  if (!lt) throw py::error_already_set();
+  return lt.cast<LazyTensor&>();  // the wrapper keeps lt alive
+}
+
+py::object wrap(LazyTensor&& t) {
+  const NodePtr& v = t.value();
+  py::tuple shape(v->dims.size());
+  for (size_t i = 0; i < v->dims.size(); ++i) PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(v->dims[i]));
+  PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
+  py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
+  if (!w) throw py::error_already_set();
+  py::object lt = py::cast(std::move(t));
+  if (PyObject_SetAttr(w.ptr(), g_wrap.lt_name, lt.ptr()) < 0) throw py::error_already_set();
+  return w;
+}
+
 NodePtr operand(py::handle h, bool& has_wrapped) {
+  if (g_wrap.cls && (Py_TYPE(h.ptr()) == (PyTypeObject*)g_wrap.cls || PyObject_TypeCheck(h.ptr(), (PyTypeObject*)g_wrap.cls)))
+    return lazy_of_wrapper(h).value();
   if (py::isinstance<LazyTensor>(h)) return h.cast<LazyTensor&>().value();
   if (PyBool_Check(h.ptr())) {
     has_wrapped = true;
@@ -61,6 +93,10 @@ NodePtr operand(py::handle h, bool& has_wrapped) {
   if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) {  // (number, dtype): a 0-d host tensor
     auto t = h.cast<py::tuple>();
     return scalar_node(t[0].cast<double>(), DType(t[1].cast<int>()), false);
+  }
+  if (g_wrap.fallback) {  // e.g. a 0-d CPU tensor -> (number, dtype); raises for others
+    py::object r = py::reinterpret_borrow<py::object>(g_wrap.fallback)(h);
+    return operand(r, has_wrapped);
   }
   throw py::type_error("core op operand of unsupported type " + std::string(py::str(h.get_type())));
 }
@@ -126,6 +162,28 @@ PYBIND11_MODULE(_C, m) {
            "In-place write: this tensor (and its storage, through its views) now holds v's value.")
       .def("alias", &LazyTensor::alias, "A new tensor sharing this one's storage and view chain.");
 
+  m.def("configure_wrapper", [](py::object cls, py::object factory, py::list dtypes, py::object device,
+                                py::object fallback) {
+          g_wrap.cls = cls.release().ptr();
+          g_wrap.factory = factory.release().ptr();
+          g_wrap.device = device.release().ptr();
+          g_wrap.fallback = fallback.release().ptr();
+          g_wrap.kwnames = py::make_tuple("dtype", "device").release().ptr();
+          g_wrap.lt_name = py::str("_lt").release().ptr();
+          PyUnicode_InternInPlace(&g_wrap.lt_name);
+          g_wrap.dtypes.clear();
+          for (auto d : dtypes) g_wrap.dtypes.push_back(d.inc_ref().ptr());
+        },
+        "Sets the wrapper tensor class that op() and view_op() return.");
+  m.def("op", [](int op, const py::tuple& operands, const py::tuple& attrs) { return wrap(make(op, operands, attrs)); },
+        "make(), returning a wrapper tensor.");
+  m.def("view_op", [](int op, py::handle base, const py::tuple& attrs) {
+          LazyTensor& b = py::isinstance<LazyTensor>(base) ? base.cast<LazyTensor&>() : lazy_of_wrapper(base);
+          NodePtr v = make_node(uint16_t(op), {b.value()}, to_attrs(attrs));
+          return wrap(LazyTensor(b, std::move(v)));
+        },
+        "A view of a wrapper tensor through view op `op`, as a wrapper tensor.");
+  m.def("wrap", [](LazyTensor& t) { return wrap(t.alias()); }, "A wrapper tensor sharing t's storage.");
   m.def("make", &make, "Applies core op `op` to operands with attributes; returns a new LazyTensor.");
   m.def("view", [](int op, LazyTensor& base, const py::tuple& attrs) {
           NodePtr v = make_node(uint16_t(op), {base.value()}, to_attrs(attrs));

@@ -16,7 +16,7 @@ _device.register()
 from . import _C, _tensor, metrics, runtime  # noqa: E402
 from . import _ops  # noqa: E402
 
-_tensor.DEVICE = torch.device("xla", 0)
+_tensor.configure(torch.device("xla", 0))
 _ops.load_all()
 
 

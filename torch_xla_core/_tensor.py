@@ -20,8 +20,11 @@ class _OpIds:
 
 
 OP = _OpIds(_C.op_ids())
-_make = _C.make
+_make = _C.make      # -> LazyTensor
 _view = _C.view
+_op = _C.op          # -> XlaTensor (wrapper)
+_view_op = _C.view_op
+wrap = _C.wrap       # LazyTensor -> XlaTensor sharing its storage
 _mws = torch.Tensor._make_wrapper_subclass
 _TORCH = _dtypes.TORCH
 
@@ -60,12 +63,6 @@ def _from_cpu_reduce(cpu, requires_grad):
     return from_cpu(cpu).requires_grad_(requires_grad)
 
 
-def wrap(lt) -> XlaTensor:
-    t = _mws(XlaTensor, lt.shape, dtype=_TORCH[lt.dtype], device=DEVICE)
-    t._lt = lt
-    return t
-
-
 def v(x):
     """The core operand for x: a LazyTensor, a Python number, or (number, dtype)
     for a 0-d CPU tensor."""
@@ -81,9 +78,23 @@ def v(x):
     return x
 
 
+def _operand_fallback(x):
+    """Core operand for what the core does not take directly (called from C++)."""
+    r = v(x)
+    if r is x:
+        raise TypeError(f"unsupported operand of type {type(x).__name__} for an xla op")
+    return r
+
+
+def configure(device) -> None:
+    global DEVICE
+    DEVICE = device
+    _C.configure_wrapper(XlaTensor, _mws, list(_TORCH), device, _operand_fallback)
+
+
 def op(name: str, *operands, attrs=()) -> XlaTensor:
     """Applies core op `name`; returns the wrapped result."""
-    return wrap(_make(getattr(OP, name), tuple(v(x) for x in operands), attrs))
+    return _op(getattr(OP, name), operands, attrs)
 
 
 def from_cpu(t: torch.Tensor) -> XlaTensor:

@@ -2,18 +2,18 @@
 csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
-from .._tensor import OP, XlaTensor, _make, v, wrap
+from .._tensor import OP, XlaTensor, _make, _op, v, wrap
 from . import aten, call, convert, impl
 
 
 def _un(name):
     opid = getattr(OP, name)
-    return lambda x: wrap(_make(opid, (x._lt,), ()))
+    return lambda x: _op(opid, (x._lt,), ())
 
 
 def _bin(name):
     opid = getattr(OP, name)
-    return lambda a, b: wrap(_make(opid, (v(a), v(b)), ()))
+    return lambda a, b: _op(opid, (a, b), ())
 
 
 for _aten, _core in [
@@ -43,30 +43,30 @@ _OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
 @impl(aten.add.Tensor, aten.add.Scalar)
 def add(a, b, *, alpha=1):
     if alpha != 1:
-        b = wrap(_make(_OP_MUL, (v(b), alpha), ()))
-    return wrap(_make(_OP_ADD, (v(a), v(b)), ()))
+        b = _op(_OP_MUL, (b, alpha), ())
+    return _op(_OP_ADD, (a, b), ())
 
 
 @impl(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a, b, *, alpha=1):
     if alpha != 1:
-        b = wrap(_make(_OP_MUL, (v(b), alpha), ()))
-    return wrap(_make(_OP_SUB, (v(a), v(b)), ()))
+        b = _op(_OP_MUL, (b, alpha), ())
+    return _op(_OP_SUB, (a, b), ())
 
 
 @impl(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(a, b, *, alpha=1):
-    return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else wrap(_make(_OP_SUB, (v(b), v(a) if alpha == 1 else v(wrap(_make(_OP_MUL, (v(a), alpha), ())))), ()))
+    return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _op(_OP_SUB, (b, a if alpha == 1 else v(wrap(_make(_OP_MUL, (a, alpha), ())))), ())
 
 
 @impl(aten.mul.Tensor, aten.mul.Scalar)
 def mul(a, b):
-    return wrap(_make(_OP_MUL, (v(a), v(b)), ()))
+    return _op(_OP_MUL, (a, b), ())
 
 
 @impl(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
 def div(a, b):
-    return wrap(_make(OP.div, (v(a), v(b)), ()))
+    return _op(OP.div, (a, b), ())
 
 
 @impl(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -74,15 +74,15 @@ def div_mode(a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return div(a, b)
     if rounding_mode == "trunc":
-        return wrap(_make(OP.div_trunc, (v(a), v(b)), ()))
+        return _op(OP.div_trunc, (a, b), ())
     if rounding_mode == "floor":
-        return wrap(_make(OP.div_floor, (v(a), v(b)), ()))
+        return _op(OP.div_floor, (a, b), ())
     raise RuntimeError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
 
 
 @impl(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(a, b):
-    return wrap(_make(OP.div_floor, (v(a), v(b)), ()))
+    return _op(OP.div_floor, (a, b), ())
 
 
 @impl(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
@@ -91,24 +91,24 @@ def pow_(a, b):
         if b == 2:
             return mul(a, a)
         if b == 1:
-            return wrap(_make(OP.alias, (a._lt,), ())) if a.is_floating_point() or not isinstance(b, float) else div(a, 1)
+            return _op(OP.alias, (a._lt,), ()) if a.is_floating_point() or not isinstance(b, float) else div(a, 1)
         if b == 0.5:
-            return wrap(_make(OP.sqrt, (a._lt,), ()))
-    return wrap(_make(OP.pow, (v(a), v(b)), ()))
+            return _op(OP.sqrt, (a._lt,), ())
+    return _op(OP.pow, (a, b), ())
 
 
 @impl(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(cond, a, b):
-    return wrap(_make(OP.where, (v(cond), v(a), v(b)), ()))
+    return _op(OP.where, (cond, a, b), ())
 
 
 @impl(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
     r = x
     if min is not None:
-        r = wrap(_make(OP.maximum, (r._lt, v(min)), ()))
+        r = _op(OP.maximum, (r._lt, min), ())
     if max is not None:
-        r = wrap(_make(OP.minimum, (r._lt, v(max)), ()))
+        r = _op(OP.minimum, (r._lt, max), ())
     if r is x:
         raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
     return r
@@ -121,67 +121,67 @@ impl(aten.clamp_max.default, aten.clamp_max.Tensor)(lambda x, m: clamp(x, max=m)
 @impl(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(a, b, w):
     # a + w * (b - a)
-    d = wrap(_make(_OP_SUB, (v(b), v(a)), ()))
-    return wrap(_make(_OP_ADD, (v(a), _make(_OP_MUL, (v(w), d._lt), ())), ()))
+    d = _op(_OP_SUB, (b, a), ())
+    return _op(_OP_ADD, (a, _make(_OP_MUL, (w, d._lt), ())), ())
 
 
 @impl(aten.addcmul.default)
 def addcmul(x, t1, t2, *, value=1):
-    p = _make(_OP_MUL, (v(t1), v(t2)), ())
+    p = _make(_OP_MUL, (t1, t2), ())
     if value != 1:
         p = _make(_OP_MUL, (p, value), ())
-    return wrap(_make(_OP_ADD, (v(x), p), ()))
+    return _op(_OP_ADD, (x, p), ())
 
 
 @impl(aten.addcdiv.default)
 def addcdiv(x, t1, t2, *, value=1):
-    p = _make(OP.div, (v(t1), v(t2)), ())
+    p = _make(OP.div, (t1, t2), ())
     if value != 1:
         p = _make(_OP_MUL, (p, value), ())
-    return wrap(_make(_OP_ADD, (v(x), p), ()))
+    return _op(_OP_ADD, (x, p), ())
 
 
 @impl(aten.relu.default)
 def relu(x):
-    return wrap(_make(OP.maximum, (x._lt, 0), ()))
+    return _op(OP.maximum, (x._lt, 0), ())
 
 
 @impl(aten.threshold_backward.default)
 def threshold_backward(grad, x, threshold):
-    return where(wrap(_make(OP.gt, (x._lt, threshold), ())), grad, 0)
+    return where(_op(OP.gt, (x._lt, threshold), ()), grad, 0)
 
 
 @impl(aten.gelu.default)
 def gelu(x, *, approximate="none"):
-    return wrap(_make(OP.gelu, (x._lt,), (approximate,)))
+    return _op(OP.gelu, (x._lt,), (approximate,))
 
 
 @impl(aten.gelu_backward.default)
 def gelu_backward(grad, x, *, approximate="none"):
-    return wrap(_make(OP.gelu_backward, (grad._lt, x._lt), (approximate,)))
+    return _op(OP.gelu_backward, (grad._lt, x._lt), (approximate,))
 
 
 @impl(aten.silu.default)
 def silu(x):
-    return wrap(_make(OP.silu, (x._lt,), ()))
+    return _op(OP.silu, (x._lt,), ())
 
 
 @impl(aten.silu_backward.default)
 def silu_backward(grad, x):
-    return wrap(_make(OP.silu_backward, (grad._lt, x._lt), ()))
+    return _op(OP.silu_backward, (grad._lt, x._lt), ())
 
 
 @impl(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
     # grad * y * (1 - y)
     one_minus = _make(_OP_SUB, (1, y._lt), ())
-    return wrap(_make(_OP_MUL, (grad._lt, _make(_OP_MUL, (y._lt, one_minus), ())), ()))
+    return _op(_OP_MUL, (grad._lt, _make(_OP_MUL, (y._lt, one_minus), ())), ())
 
 
 @impl(aten.tanh_backward.default)
 def tanh_backward(grad, y):
     # grad * (1 - y^2)
-    return wrap(_make(_OP_MUL, (grad._lt, _make(_OP_SUB, (1, _make(_OP_MUL, (y._lt, y._lt), ())), ())), ()))
+    return _op(_OP_MUL, (grad._lt, _make(_OP_SUB, (1, _make(_OP_MUL, (y._lt, y._lt), ())), ())), ())
 
 
 @impl(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
@@ -201,7 +201,7 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
         if isinstance(x, XlaTensor):
-            r = convert(x, dtype) if dtype is not None and dtype != x.dtype else wrap(_make(OP.alias, (x._lt,), ()))
+            r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
             return r
         src = x if dtype is None else x.to(dtype)
         return _tensor.from_cpu(src)
@@ -213,7 +213,7 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 @impl(aten.clone.default)
 def clone(x, *, memory_format=None):
-    return wrap(_make(OP.alias, (x._lt,), ()))
+    return _op(OP.alias, (x._lt,), ())
 
 
 @impl(aten.copy_.default)

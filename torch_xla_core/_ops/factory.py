@@ -5,7 +5,7 @@ import torch
 
 from .. import _tensor
 from .._dtypes import code
-from .._tensor import OP, _make, wrap
+from .._tensor import OP, _make, _op, wrap
 from . import aten, impl
 
 _lib = torch.library.Library("aten", "IMPL")
@@ -16,7 +16,7 @@ def _dt(dtype):
 
 
 def full(shape, value, dtype):
-    return wrap(_make(OP.full, (), (float(value), code(dtype), [int(s) for s in shape])))
+    return _op(OP.full, (), (float(value), code(dtype), [int(s) for s in shape]))
 
 
 def _check_device(device):
@@ -57,7 +57,7 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
     r = _make(OP.add, (_make(OP.mul, (i, step), ()), start), ()) if (start != 0 or step != 1) else i
     t = wrap(r)
     if t.dtype != dtype:
-        t = wrap(_make(OP.convert, (t._lt,), (code(dtype),)))
+        t = _op(OP.convert, (t._lt,), (code(dtype),))
     return t
 
 

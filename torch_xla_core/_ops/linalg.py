@@ -1,5 +1,5 @@
 """Matrix products -> the core `dot` op (stablehlo.dot_general)."""
-from .._tensor import OP, _make, v, wrap
+from .._tensor import OP, _make, _op, v, wrap
 from . import aten, impl
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
@@ -17,7 +17,7 @@ def mm(a, b):
     if a.dim() != 2 or b.dim() != 2:
         raise RuntimeError(f"mm: expected 2D tensors, got {a.dim()}D and {b.dim()}D")
     _check_dtypes("mm", a, b)
-    return wrap(_make(_DOT, (a._lt, b._lt), _MM))
+    return _op(_DOT, (a._lt, b._lt), _MM)
 
 
 @impl(aten.bmm.default)
@@ -25,7 +25,7 @@ def bmm(a, b):
     if a.dim() != 3 or b.dim() != 3:
         raise RuntimeError(f"bmm: expected 3D tensors, got {a.dim()}D and {b.dim()}D")
     _check_dtypes("bmm", a, b)
-    return wrap(_make(_DOT, (a._lt, b._lt), _BMM))
+    return _op(_DOT, (a._lt, b._lt), _BMM)
 
 
 def _scaled_sum(c, p, beta, alpha):
@@ -33,10 +33,10 @@ def _scaled_sum(c, p, beta, alpha):
         p = _make(_MUL, (p, alpha), ())
     if beta == 0:
         return wrap(p)
-    cv = v(c)
+    cv = c
     if beta != 1:
         cv = _make(_MUL, (cv, beta), ())
-    return wrap(_make(_ADD, (cv, p), ()))
+    return _op(_ADD, (cv, p), ())
 
 
 @impl(aten.addmm.default)
@@ -55,9 +55,9 @@ def baddbmm(c, a, b, *, beta=1, alpha=1):
 def dot(a, b):
     if a.dim() != 1 or b.dim() != 1:
         raise RuntimeError(f"1D tensors expected, but got {a.dim()}D and {b.dim()}D tensors")
-    return wrap(_make(_DOT, (a._lt, b._lt), ([], [], [0], [0])))
+    return _op(_DOT, (a._lt, b._lt), ([], [], [0], [0]))
 
 
 @impl(aten.mv.default)
 def mv(a, b):
-    return wrap(_make(_DOT, (a._lt, b._lt), ([], [], [1], [0])))
+    return _op(_DOT, (a._lt, b._lt), ([], [], [1], [0]))

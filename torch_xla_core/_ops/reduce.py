@@ -2,7 +2,7 @@
 import torch
 
 from .._dtypes import code
-from .._tensor import OP, _make, wrap
+from .._tensor import OP, _make, _op, wrap
 from . import aten, impl
 
 
@@ -24,16 +24,16 @@ def _axes(x, dim):
 def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
     axes = _axes(x, dim)
     if not axes:  # 0-d input, or nothing to reduce
-        r = wrap(_make(OP.alias, (x._lt,), ()))
+        r = _op(OP.alias, (x._lt,), ())
         if dtype is not None and dtype != x.dtype:
-            r = wrap(_make(OP.convert, (r._lt,), (code(dtype),)))
+            r = _op(OP.convert, (r._lt,), (code(dtype),))
         elif name in ("sum", "prod") and not x.is_floating_point() and x.dtype != torch.int64:
-            r = wrap(_make(OP.convert, (r._lt,), (code(torch.int64),)))
+            r = _op(OP.convert, (r._lt,), (code(torch.int64),))
         elif name in ("any", "all"):
-            r = wrap(_make(OP.convert, (r._lt,), (code(torch.bool),)))
+            r = _op(OP.convert, (r._lt,), (code(torch.bool),))
         return r
     attrs = (axes, bool(keepdim)) + ((code(dtype) if dtype is not None else -1,) if name in ("sum", "mean", "prod") else ()) + extra
-    return wrap(_make(getattr(OP, name), (x._lt,), attrs))
+    return _op(getattr(OP, name), (x._lt,), attrs)
 
 
 @impl(aten.sum.default)
@@ -92,14 +92,14 @@ def min_(x):
 
 def _arg(name, x, dim, keepdim):
     if dim is None:
-        flat = wrap(_make(OP.reshape, (x._lt,), ([x.numel()],)))
-        r = wrap(_make(getattr(OP, name), (flat._lt,), (0, False)))
+        flat = _op(OP.reshape, (x._lt,), ([x.numel()],))
+        r = _op(getattr(OP, name), (flat._lt,), (0, False))
         if keepdim:
-            r = wrap(_make(OP.reshape, (r._lt,), ([1] * x.dim(),)))
+            r = _op(OP.reshape, (r._lt,), ([1] * x.dim(),))
         return r
     if x.dim() == 0:
-        return wrap(_make(OP.full, (), (0.0, code(torch.int64), [])))
-    return wrap(_make(getattr(OP, name), (x._lt,), (dim % x.dim(), bool(keepdim))))
+        return _op(OP.full, (), (0.0, code(torch.int64), []))
+    return _op(getattr(OP, name), (x._lt,), (dim % x.dim(), bool(keepdim)))
 
 
 @impl(aten.argmax.default)
@@ -140,7 +140,7 @@ def var(x, dim=None, *, correction=None, keepdim=False):
 
 @impl(aten.std.correction)
 def std(x, dim=None, *, correction=None, keepdim=False):
-    return wrap(_make(OP.sqrt, (var(x, dim, correction=correction, keepdim=keepdim)._lt,), ()))
+    return _op(OP.sqrt, (var(x, dim, correction=correction, keepdim=keepdim)._lt,), ())
 
 
 @impl(aten.var_mean.correction)

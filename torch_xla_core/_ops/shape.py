@@ -3,7 +3,7 @@
 import torch
 
 from .. import _tensor
-from .._tensor import OP, XlaTensor, _make, _view, wrap
+from .._tensor import OP, XlaTensor, _make, _op, _view, _view_op, wrap
 from . import aten, convert, impl
 
 
@@ -31,7 +31,7 @@ def _infer_size(shape, numel):
 
 
 def reshape_view(x, shape):
-    return wrap(_view(OP.reshape, x._lt, (shape,)))
+    return _view_op(OP.reshape, x._lt, (shape,))
 
 
 @impl(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
@@ -42,19 +42,19 @@ def view(x, size, *_stride):
 @impl(aten.view.dtype)
 def view_dtype(x, dtype):
     if dtype == x.dtype:
-        return wrap(_view(OP.alias, x._lt, ()))
+        return _view_op(OP.alias, x._lt, ())
     raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor (a bitcast) is not supported")
 
 
 @impl(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
 def alias(x):
-    return wrap(_view(OP.alias, x._lt, ()))
+    return _view_op(OP.alias, x._lt, ())
 
 
 @impl(aten.permute.default)
 def permute(x, dims):
     r = x.dim()
-    return wrap(_view(OP.permute, x._lt, ([_dim(d, r) for d in dims],)))
+    return _view_op(OP.permute, x._lt, ([_dim(d, r) for d in dims],))
 
 
 @impl(aten.t.default, aten.numpy_T.default)
@@ -63,7 +63,7 @@ def t(x):
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.dim()}D")
     if x.dim() < 2:
         return alias(x)
-    return wrap(_view(OP.permute, x._lt, ([1, 0],)))
+    return _view_op(OP.permute, x._lt, ([1, 0],))
 
 
 @impl(aten.transpose.int)
@@ -74,7 +74,7 @@ def transpose(x, d0, d1):
     p = list(range(r))
     d0, d1 = _dim(d0, r), _dim(d1, r)
     p[d0], p[d1] = p[d1], p[d0]
-    return wrap(_view(OP.permute, x._lt, (p,)))
+    return _view_op(OP.permute, x._lt, (p,))
 
 
 @impl(aten.expand.default)
@@ -91,7 +91,7 @@ def expand(x, size, *, implicit=False):
             size[i] = x.shape[i - off]
     if size == list(x.shape):
         return alias(x)
-    return wrap(_view(OP.expand, x._lt, (size,)))
+    return _view_op(OP.expand, x._lt, (size,))
 
 
 @impl(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
@@ -123,7 +123,7 @@ def select(x, dim, index):
     n = x.shape[d]
     if not -n <= index < n:
         raise IndexError(f"select(): index {index} out of range for tensor of size {list(x.shape)} at dimension {dim}")
-    return wrap(_view(OP.select, x._lt, (d, index % n)))
+    return _view_op(OP.select, x._lt, (d, index % n))
 
 
 def _slice_bounds(n, start, end, step):
@@ -146,7 +146,7 @@ def slice_(x, dim=0, start=None, end=None, step=1):
     s, e = _slice_bounds(x.shape[d], start, end, step)
     if s == 0 and e == x.shape[d] and step == 1:
         return alias(x)
-    return wrap(_view(OP.slice, x._lt, (d, s, e, step)))
+    return _view_op(OP.slice, x._lt, (d, s, e, step))
 
 
 @impl(aten.narrow.default)
@@ -189,8 +189,8 @@ def cat(tensors, dim=0):
         return alias(tensors[0])
     d = _dim(dim, ts[0].dim())
     if len(ts) == 1:
-        return wrap(_make(OP.alias, (ts[0]._lt,), ()))
-    return wrap(_make(OP.concat, tuple(_tensor.v(t) for t in ts), (d,)))
+        return _op(OP.alias, (ts[0]._lt,), ())
+    return _op(OP.concat, tuple(_tensor.v(t) for t in ts), (d,))
 
 
 @impl(aten.stack.default)
@@ -208,19 +208,19 @@ def constant_pad_nd(x, pad, value=0):
     lo, hi = [0] * r, [0] * r
     for i in range(len(pad) // 2):
         lo[r - 1 - i], hi[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
-    return wrap(_make(OP.pad, (x._lt,), (lo, hi, float(value))))
+    return _op(OP.pad, (x._lt,), (lo, hi, float(value)))
 
 
 @impl(aten.flip.default)
 def flip(x, dims):
-    return wrap(_make(OP.flip, (x._lt,), ([_dim(d, x.dim()) for d in dims],)))
+    return _op(OP.flip, (x._lt,), ([_dim(d, x.dim()) for d in dims],))
 
 
 @impl(aten.slice_scatter.default)
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     d = _dim(dim, x.dim())
     s, e = _slice_bounds(x.shape[d], start, end, step)
-    return wrap(_make(OP.slice_scatter, (x._lt, convert(src, x.dtype)._lt), (d, s, e, step)))
+    return _op(OP.slice_scatter, (x._lt, convert(src, x.dtype)._lt), (d, s, e, step))
 
 
 @impl(aten.select_scatter.default)
@@ -228,9 +228,9 @@ def select_scatter(x, src, dim, index):
     d = _dim(dim, x.dim())
     shape = list(x.shape)
     shape[d] = 1
-    src = wrap(_make(OP.reshape, (convert(src, x.dtype)._lt,), (shape,)))
+    src = _op(OP.reshape, (convert(src, x.dtype)._lt,), (shape,))
     i = index % x.shape[d]
-    return wrap(_make(OP.slice_scatter, (x._lt, src._lt), (d, i, i + 1, 1)))
+    return _op(OP.slice_scatter, (x._lt, src._lt), (d, i, i + 1, 1))
 
 
 # In-place metadata changes: the wrapper's shape changes, and its value becomes
