@@ -110,9 +110,12 @@ def execute(exe, params):
 
 def _put(a: np.ndarray, device):
     # jax truncates 64-bit host data unless x64 is on; scope it to the copy.
+    # The copy: on the CPU, jax may share the host memory of a torch-owned
+    # array (even with may_alias=False), and later writes to the source
+    # tensor would leak into the device buffer. A fresh array is ours alone.
     import jax
     with jax.enable_x64(True):
-        return jax.device_put(a, device)
+        return jax.device_put(np.array(a, copy=True), device)
 
 
 def to_device(t: torch.Tensor, device_index: int = 0):

@@ -56,9 +56,19 @@ def resolve(func):
         if func._schema.name.endswith("_"):
             return _inplace(base)
         return _out(base, func)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return _composite(func)
     if func in _decomps():
         return _decomposed(func)
     return _fallback(func)
+
+
+def _composite(func):
+    """Ops with a CompositeImplicitAutograd kernel (e.g. `to.dtype` called from
+    inside a decomposition) decompose into the ops they are made of."""
+    def h(*args, **kwargs):
+        return func.decompose(*args, **kwargs)
+    return h
 
 
 _DECOMPS = None
@@ -182,7 +192,7 @@ def _fallback(func):
 
 def load_all():
     from . import elementwise, reduce, shape, factory, linalg  # noqa: F401
-    for mod in ("nn", "index", "random"):
+    for mod in ("nn", "index", "random", "conv"):
         try:
             __import__(f"{__name__}.{mod}")
         except ModuleNotFoundError as e:
