@@ -1,0 +1,258 @@
+"""Neural-network aten ops -> fused core ops (csrc/ops/nn.cpp): softmax and
+log_softmax, layer norm, RMS norm, nll loss (so cross_entropy), scaled
+dot-product attention, embedding, mse and bce-with-logits losses, each
+forward and backward.
+
+Two composite ops never reach __torch_dispatch__ on their own (torch
+decomposes them above it, into many small ops); they get xla kernels at the
+AutogradPrivateUse1 key instead:
+- `scaled_dot_product_attention` -> `_scaled_dot_product_fused_attention_overrideable`
+  (torch's autograd formula calls its `_backward`); 2 ops traced forward+backward
+  instead of ~50 for the math path. dropout_p > 0 keeps the math path.
+- `rms_norm` -> an autograd.Function over the fused `rms_norm` core ops
+  (also the handlers of `_fused_rms_norm` and its backward)."""
+import math
+
+import torch
+
+from .._dtypes import code
+from .._tensor import OP, _make, wrap
+from . import aten, impl
+
+_F32 = torch.float32
+_HALF = (torch.float16, torch.bfloat16)
+
+
+# ---- softmax -----------------------------------------------------------------
+_SM, _SMB = OP.softmax, OP.softmax_backward
+
+
+def _half_to_float(name, x, half_to_float):
+    if not half_to_float:
+        return x.dtype
+    if x.dtype not in _HALF:
+        raise RuntimeError(f"{name}: conversion is supported for Half type only")
+    return _F32
+
+
+@impl(aten._softmax.default)
+def _softmax(x, dim, half_to_float):
+    return wrap(_make(_SM, (x._lt,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0)))
+
+
+@impl(aten._log_softmax.default)
+def _log_softmax(x, dim, half_to_float):
+    return wrap(_make(_SM, (x._lt,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0)))
+
+
+@impl(aten.softmax.int)
+def softmax_int(x, dim, dtype=None):
+    return wrap(_make(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 0)))
+
+
+@impl(aten.log_softmax.int)
+def log_softmax_int(x, dim, dtype=None):
+    return wrap(_make(_SM, (x._lt,), (dim, 1, code(dtype or x.dtype), 0)))
+
+
+@impl(aten._safe_softmax.default)
+def _safe_softmax(x, dim, dtype=None):
+    return wrap(_make(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 1)))
+
+
+@impl(aten._softmax_backward_data.default)
+def _softmax_backward_data(grad, out, dim, input_dtype):
+    return wrap(_make(_SMB, (grad._lt, out._lt), (dim, 0, code(input_dtype))))
+
+
+@impl(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad, out, dim, input_dtype):
+    return wrap(_make(_SMB, (grad._lt, out._lt), (dim, 1, code(input_dtype))))
+
+
+# ---- layer norm ----------------------------------------------------------------
+_LN, _LNB = OP.layer_norm, OP.layer_norm_backward
+
+
+def _norm_axis(x, normalized_shape, weight=None):
+    n = len(normalized_shape)
+    axis = x.dim() - n
+    if n == 0 or axis < 0 or tuple(x.shape[axis:]) != tuple(normalized_shape):
+        shape = list(normalized_shape)
+        raise RuntimeError(f"Given normalized_shape={shape}, expected input with shape [*, {', '.join(map(str, shape))}]"
+                           f", but got input of size{list(x.shape)}")
+    return axis
+
+
+@impl(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    axis = _norm_axis(x, normalized_shape)
+    ops = (x._lt,)
+    if weight is not None:
+        ops += (weight._lt,)
+    if bias is not None:
+        ops += (bias._lt,)
+    hw, hb = weight is not None, bias is not None
+    eps = float(eps)
+    return (wrap(_make(_LN, ops, (axis, eps, 0, hw, hb))), wrap(_make(_LN, ops, (axis, eps, 1, hw, hb))),
+            wrap(_make(_LN, ops, (axis, eps, 2, hw, hb))))
+
+
+@impl(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axis = _norm_axis(x, normalized_shape)
+    ops = (grad._lt, x._lt, mean._lt, rstd._lt)
+    hw = weight is not None
+    if hw:
+        ops += (weight._lt,)
+    gi = wrap(_make(_LNB, ops, (axis, 0, hw, code(x.dtype)))) if output_mask[0] else None
+    gw = wrap(_make(_LNB, ops, (axis, 1, hw, code(weight.dtype)))) if output_mask[1] and hw else None
+    gb = (wrap(_make(_LNB, ops, (axis, 2, hw, code(bias.dtype)))) if output_mask[2] and bias is not None
+          else None)
+    return gi, gw, gb
+
+
+# ---- RMS norm ------------------------------------------------------------------
+_RMS, _RMSB = OP.rms_norm, OP.rms_norm_backward
+
+
+def _rms_eps(x, eps):
+    return float(torch.finfo(x.dtype).eps if eps is None else eps)
+
+
+@impl(aten._fused_rms_norm.default)
+def _fused_rms_norm(x, normalized_shape, weight=None, eps=None):
+    axis = _norm_axis(x, normalized_shape)
+    eps = _rms_eps(x, eps)
+    hw = weight is not None
+    ops = (x._lt, weight._lt) if hw else (x._lt,)
+    return wrap(_make(_RMS, ops, (axis, eps, 0, hw))), wrap(_make(_RMS, ops, (axis, eps, 1, hw)))
+
+
+@impl(aten._fused_rms_norm_backward.default)
+def _fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask):
+    axis = _norm_axis(x, normalized_shape)
+    hw = weight is not None
+    ops = (grad._lt, x._lt, rstd._lt) + ((weight._lt,) if hw else ())
+    gi = wrap(_make(_RMSB, ops, (axis, 0, hw, code(x.dtype)))) if output_mask[0] else None
+    gw = wrap(_make(_RMSB, ops, (axis, 1, hw, code(weight.dtype)))) if output_mask[1] and hw else None
+    return gi, gw
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, normalized_shape, eps):
+        out, rstd = _fused_rms_norm(x, normalized_shape, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.normalized_shape = normalized_shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        gi, gw = _fused_rms_norm_backward(grad, x, ctx.normalized_shape, rstd, weight, ctx.needs_input_grad[:2])
+        return gi, gw, None, None
+
+
+def _rms_norm_kernel(x, normalized_shape, weight=None, eps=None):
+    normalized_shape = tuple(normalized_shape)
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        return _RMSNorm.apply(x, weight, normalized_shape, eps)
+    return _fused_rms_norm(x, normalized_shape, weight, eps)[0]
+
+
+# ---- nll loss ------------------------------------------------------------------
+_NLL, _NLLB = OP.nll_loss, OP.nll_loss_backward
+
+
+@impl(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    ops = (x._lt, target._lt) + ((weight._lt,) if weight is not None else ())
+    a = (int(reduction), int(ignore_index))
+    hw = weight is not None
+    return wrap(_make(_NLL, ops, a + (0, hw))), wrap(_make(_NLL, ops, a + (1, hw)))
+
+
+@impl(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    ops = (grad._lt, x._lt, target._lt, total_weight._lt) + ((weight._lt,) if weight is not None else ())
+    return wrap(_make(_NLLB, ops, (int(reduction), int(ignore_index), weight is not None)))
+
+
+# ---- scaled dot-product attention ------------------------------------------------
+_SDPA, _SDPAB = OP.sdpa, OP.sdpa_backward
+_EMPTY_I64 = code(torch.int64)
+
+
+def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    if q.dim() >= 3 and k.dim() == q.dim() and q.shape[-3] != k.shape[-3] and not enable_gqa:
+        raise RuntimeError(f"scaled_dot_product_attention: query has {q.shape[-3]} heads and key/value "
+                           f"{k.shape[-3]}: pass enable_gqa=True for grouped-query attention")
+    if dropout_p > 0:
+        return aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
+                                                       enable_gqa=enable_gqa)[0]
+    return aten._scaled_dot_product_fused_attention_overrideable(q, k, v, attn_mask, 0.0, is_causal, False,
+                                                                 scale=scale)[0]
+
+
+def _scale(q, scale):
+    return float(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+@impl(aten._scaled_dot_product_fused_attention_overrideable.default)
+def sdpa_fused(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    if dropout_p > 0:
+        raise RuntimeError("_scaled_dot_product_fused_attention_overrideable: dropout_p > 0 is not supported on "
+                           "the xla device (scaled_dot_product_attention uses its math path for dropout)")
+    hm = attn_bias is not None
+    ops = (q._lt, k._lt, v._lt) + ((attn_bias._lt,) if hm else ())
+    a = (_scale(q, scale), bool(is_causal))
+    out = wrap(_make(_SDPA, ops, a + (0, hm)))
+    lse = wrap(_make(_SDPA, ops, a + (1, hm)))
+    e = wrap(_make(OP.full, (), (0.0, _EMPTY_I64, [0])))
+    return out, lse, e, e, q.shape[-2], k.shape[-2], e, e, e
+
+
+@impl(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+def sdpa_fused_backward(grad, q, k, v, attn_bias, grad_input_mask, out, lse, cum_seq_q, cum_seq_k, max_q, max_k,
+                        dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    hm = attn_bias is not None
+    ops = (q._lt, k._lt, v._lt, grad._lt, out._lt, lse._lt) + ((attn_bias._lt,) if hm else ())
+    a = (_scale(q, scale), bool(is_causal))
+    r = [wrap(_make(_SDPAB, ops, a + (i, hm))) if grad_input_mask[i] else None for i in range(3)]
+    r.append(wrap(_make(_SDPAB, ops, a + (3, hm))) if hm and grad_input_mask[3] and attn_bias.is_floating_point()
+             else None)
+    return tuple(r)
+
+
+# ---- embedding, losses -------------------------------------------------------------
+_EMB = OP.embedding
+
+
+@impl(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return wrap(_make(_EMB, (weight._lt, indices._lt), ()))
+
+
+@impl(aten.mse_loss.default)
+def mse_loss(x, target, reduction=1):
+    return wrap(_make(OP.mse_loss, (x._lt, target._lt), (int(reduction),)))
+
+
+@impl(aten.mse_loss_backward.default)
+def mse_loss_backward(grad, x, target, reduction):
+    return wrap(_make(OP.mse_loss_backward, (grad._lt, x._lt, target._lt), (int(reduction),)))
+
+
+@impl(aten.binary_cross_entropy_with_logits.default)
+def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
+    ops = (x._lt, target._lt) + ((weight._lt,) if weight is not None else ()) + \
+          ((pos_weight._lt,) if pos_weight is not None else ())
+    return wrap(_make(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None)))
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradPrivateUse1")
+_lib.impl("rms_norm", _rms_norm_kernel, "AutogradPrivateUse1")
