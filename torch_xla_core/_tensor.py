@@ -54,6 +54,14 @@ class XlaTensor(torch.Tensor):
             extra += ", requires_grad=True"
         return s[:-1] + extra + ")"
 
+    def tolist(self):
+        return to_cpu(self).tolist()
+
+    def numpy(self, *, force=False):
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        return to_cpu(self).numpy()
+
     def __reduce_ex__(self, proto):
         # Pickling (torch.save) moves the value to the CPU.
         return (_from_cpu_reduce, (to_cpu(self), self.requires_grad))

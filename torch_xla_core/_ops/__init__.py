@@ -159,7 +159,9 @@ def full_like(x, value, dtype=None):
 
 
 def _fallback(func):
-    name = func._schema.name.split("::")[1] + ("." + func._overloadname if func._overloadname != "default" else "")
+    ns, base = func._schema.name.split("::")
+    name = (base if ns == "aten" else f"{ns}::{base}") + (
+        "." + func._overloadname if func._overloadname != "default" else "")
     mutated = _mutated_args(func)
 
     def to_cpu(x):
@@ -170,7 +172,7 @@ def _fallback(func):
 
     def h(*args, **kwargs):
         metrics.counter_add("fallback::" + name)
-        _tensor.warn_once(name, f"torch_xla_core: aten::{name} has no XLA lowering; it runs on the CPU "
+        _tensor.warn_once(name, f"torch_xla_core: {func._schema.name} has no XLA lowering; it runs on the CPU "
                                 f"(slow: device->host->device). Counted in metrics.fallbacks().")
         flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
         cpu_flat = [to_cpu(x) for x in flat]
@@ -178,7 +180,7 @@ def _fallback(func):
         try:
             r = func(*cargs, **ckwargs)
         except NotImplementedError as e:
-            raise NotImplementedError(f"aten::{name} is not supported on the xla device: it has no XLA lowering "
+            raise NotImplementedError(f"{func._schema.name} is not supported on the xla device: it has no XLA lowering "
                                       f"and no CPU fallback ({e})") from None
         # Write back mutated arguments.
         for i in mutated:

@@ -1,0 +1,140 @@
+"""Runtime behaviour: compile cache, parameters vs constants, dead tensors,
+metrics, fallbacks, device API, PJRT_DEVICE errors, state_dict round trips."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_xla_core as txc
+
+
+def _compiles():
+    return txc.metrics.counters().get("compile", 0)
+
+
+def test_device_api():
+    assert txc.device() == torch.device("xla", 0)
+    assert torch.device("xla").type == "xla"
+    assert txc.device_count() >= 1
+    assert txc.runtime.platform() in ("cpu", "cuda", "tpu")
+    with pytest.raises(ValueError, match="out of range"):
+        txc.device(txc.device_count())
+
+
+def test_same_step_twice_compiles_once(dev):
+    w = torch.randn(8, 8).to(dev)
+    def step(x):
+        return (x @ w).relu().sum()
+    step(torch.randn(4, 8).to(dev)).item()
+    n = _compiles()
+    for _ in range(3):
+        step(torch.randn(4, 8).to(dev)).item()     # new input data, same shapes
+    w.copy_(torch.randn(8, 8))                      # new weights, same shapes
+    step(torch.randn(4, 8).to(dev)).item()
+    assert _compiles() == n
+    step(torch.randn(5, 8).to(dev)).item()           # a new shape compiles once more
+    assert _compiles() == n + 1
+    step(torch.randn(5, 8).to(dev)).item()
+    assert _compiles() == n + 1
+
+
+def test_device_data_is_a_parameter_not_a_constant(dev):
+    x = torch.arange(4.0).to(dev)
+    y = x * 3
+    cut = txc._C.GraphCut([y._lt])
+    text = cut.lower()
+    assert "%arg0: tensor<4xf32>" in text
+    assert "dense<[0" not in text and "dense<0.0" not in text.replace("dense<0.00000000000000000e+00>", "")
+
+
+def test_dead_tensors_are_not_computed(dev):
+    a = torch.ones(3).to(dev)
+    b = a * 2
+    dead = a + 100
+    del dead
+    cut = txc._C.GraphCut(None)
+    assert cut.num_outputs == 1
+    txc.sync()
+    assert b.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_sync_materializes_everything_and_wait(dev):
+    a = torch.ones(3).to(dev) * 5
+    b = a.sum()
+    txc.sync(wait=True)
+    assert a._lt.is_data and b._lt.is_data
+    assert txc._C.GraphCut(None).num_outputs == 0
+
+
+def test_metrics_report_and_clear(dev):
+    txc.metrics.clear()
+    (torch.ones(2).to(dev) + 1).cpu()
+    c = txc.metrics.counters()
+    assert c["transfer_to_device"] >= 1 and c["transfer_to_host"] == 1 and c["execute"] == 1
+    assert set(txc.metrics.timers()) >= {"sync", "execute", "transfer_to_host"}
+    r = txc.metrics.report()
+    assert "execute" in r and "transfer_to_host" in r
+    txc.metrics.clear()
+    assert txc.metrics.counters() == {}
+
+
+def test_fallback_is_counted_and_warned_once(dev):
+    x = torch.rand(5) + 0.5
+    txc.metrics.clear()
+    with pytest.warns(UserWarning, match="no XLA lowering"):
+        out = torch.special.bessel_j0(x.to(dev))
+    torch.testing.assert_close(out.cpu(), torch.special.bessel_j0(x))
+    assert out.device.type == "xla"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.special.bessel_j0(x.to(dev))
+    # special_bessel_j0 decomposes into the prim, which has no lowering
+    assert txc.metrics.fallbacks() == {"prims::bessel_j0": 2}
+
+
+def test_unsupported_dtype_error_names_it(dev):
+    with pytest.raises(TypeError, match="complex128"):
+        torch.zeros(2, dtype=torch.complex128).to(dev)
+
+
+def test_mixed_device_error(dev):
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3).to(dev) + torch.ones(3)
+
+
+def test_state_dict_round_trip(dev):
+    m = torch.nn.Linear(4, 3)
+    mx = torch.nn.Linear(4, 3).to(dev)
+    mx.load_state_dict(m.state_dict())
+    sd = mx.state_dict()
+    assert all(v.device.type == "xla" for v in sd.values())
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(sd[k].cpu(), v)
+    m2 = torch.nn.Linear(4, 3)
+    m2.load_state_dict({k: v.cpu() for k, v in sd.items()})
+    torch.testing.assert_close(m2.weight, m.weight)
+
+
+def test_item_and_bool_and_print(dev):
+    x = torch.tensor([1.5, -2.0]).to(dev)
+    assert x.sum().item() == pytest.approx(-0.5)
+    assert bool((x > 0).any())
+    assert "device='xla:0'" in repr(x)
+    assert x.tolist() == [1.5, -2.0]
+    assert x.numpy().tolist() == [1.5, -2.0]
+
+
+def test_missing_plugin_error():
+    code = "import torch_xla_core as t; t.device()"
+    r = subprocess.run([sys.executable, "-c", code], env={"PJRT_DEVICE": "TPU", "PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "PJRT_DEVICE=TPU" in r.stderr and "pip install" in r.stderr
+
+
+def test_unknown_pjrt_device_error():
+    r = subprocess.run([sys.executable, "-c", "import torch_xla_core as t; t.device()"],
+                       env={"PJRT_DEVICE": "FPGA", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert r.returncode != 0 and "FPGA" in r.stderr and "CPU, CUDA, TPU" in r.stderr
