@@ -1,0 +1,452 @@
+"""Indexing aten ops -> the core ops of csrc/ops/index.cpp: advanced indexing
+(index, index_put, index_select/add/copy/fill), gather and the scatter family,
+masked writes (x[mask] = v, masked_scatter), embedding's backward, cumsum and
+cumprod, sort/topk, tril/triu and diagonal.
+
+Data-dependent shapes: reading x[mask], masked_select and nonzero need the
+mask's values on the host, so they materialize the mask (a sync of its graph)
+and are counted as `data_dependent::<op>` in metrics. Writing through a mask
+(x[mask] = v, masked_scatter, and x[mask]'s backward) stays on the device.
+
+Index values: negative indices wrap like torch; out-of-range indices are not
+checked (that needs a sync): gathers clamp them, scatters drop them (XLA's
+semantics, as in torch_xla)."""
+import torch
+
+from .. import _tensor, metrics
+from .._dtypes import code
+from .._tensor import OP, XlaTensor, _make, _view, wrap
+from . import aten, call, impl
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
+def _dim(d, rank):
+    r = max(rank, 1)
+    if not -r <= d < r:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
+    return d % r
+
+
+def _op(opid, operands, attrs=()):
+    return wrap(_make(opid, operands, attrs))
+
+
+def _host_nonzero(mask, op):
+    """nonzero() of a mask, on the host ([n, mask.dim()] int64 CPU tensor)."""
+    if isinstance(mask, XlaTensor):
+        metrics.counter_add("data_dependent::" + op)
+        mask = _tensor.to_cpu(mask)
+    return torch.nonzero(mask)
+
+
+def _index_lt(i):
+    """The core operand of an integer index tensor (uploading host tensors)."""
+    if isinstance(i, XlaTensor):
+        return i._lt
+    return _tensor.from_cpu(i)._lt
+
+
+def _check_mask(x, mask, d):
+    for j, s in enumerate(mask.shape):
+        if d + j >= x.dim() or x.shape[d + j] != s:
+            raise IndexError(f"The shape of the mask {list(mask.shape)} at index {j} does not match the shape of "
+                             f"the indexed tensor {list(x.shape)} at index {d + j}")
+
+
+def _indices(x, indices, op):
+    """aten's Optional[Tensor] index list -> (dims, index operands); boolean
+    masks become their nonzero() coordinates (a host sync)."""
+    n = sum(1 if i is None else max(i.dim(), 1) if i.dtype in (torch.bool, torch.uint8) else 1 for i in indices)
+    if n > x.dim():
+        raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {n})")
+    dims, lts = [], []
+    d = 0
+    for i in indices:
+        if i is None:
+            d += 1
+            continue
+        if i.dtype not in _INDEX_DTYPES:
+            raise IndexError(f"{op}: tensors used as indices must be long, int, byte or bool tensors, got {i.dtype}")
+        if i.dtype in (torch.bool, torch.uint8):
+            if i.dim() == 0:
+                raise NotImplementedError(f"{op}: a 0-d boolean index is not supported on the xla device")
+            _check_mask(x, i, d)
+            nz = _host_nonzero(i, op)
+            for j in range(i.dim()):
+                dims.append(d + j)
+                lts.append(_tensor.from_cpu(nz[:, j].contiguous())._lt)
+            d += i.dim()
+        else:
+            dims.append(d)
+            lts.append(_index_lt(i))
+            d += 1
+    return dims, lts
+
+
+@impl(aten.index.Tensor, aten._unsafe_index.Tensor)
+def index(x, indices):
+    dims, lts = _indices(x, indices, "index")
+    if not dims:
+        return _op(OP.alias, (x._lt,))
+    return _op(OP.index, (x._lt, *lts), (dims,))
+
+
+def _mask_put(x, mask, values, d, accumulate):
+    """x with x[..., mask, ...] = values (mask on dims d.., values broadcast to
+    the indexing result [*x[:d], K, *x[d+m:]] with K unknown)."""
+    m = mask.dim()
+    _check_mask(x, mask, d)
+    pre, post = list(x.shape[:d]), list(x.shape[d + m:])
+    r = len(pre) + 1 + len(post)
+    vshape = list(values.shape) if isinstance(values, torch.Tensor) else []
+    if len(vshape) > r:
+        raise RuntimeError(f"index_put: shape mismatch: value tensor of shape {vshape} cannot be broadcast to "
+                           f"indexing result of shape {pre + ['K'] + post}")
+    vshape = [1] * (r - len(vshape)) + vshape
+    k = vshape[d]
+    target = pre + [k] + post
+    for a, b in zip(vshape, target):
+        if a != b and a != 1:
+            raise RuntimeError(f"index_put: shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+                               f"broadcast to indexing result of shape {pre + ['K'] + post}")
+    v = _tensor.v(values)
+    if not isinstance(values, XlaTensor) or values.dtype != x.dtype:
+        v = _make(OP.convert, (v,), (code(x.dtype),))
+    if vshape != list(values.shape if isinstance(values, torch.Tensor) else []):
+        v = _make(OP.reshape, (v,), (vshape,))
+    if vshape != target:
+        v = _make(OP.expand, (v,), (target,))
+    mk = mask._lt if mask.dtype == torch.bool else _make(OP.convert, (mask._lt,), (code(torch.bool),))
+    return _op(OP.mask_put, (x._lt, mk, v), (d, bool(accumulate)))
+
+
+@impl(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) == 1 and isinstance(given[0][1], XlaTensor) and given[0][1].dtype in (torch.bool, torch.uint8) \
+            and given[0][1].dim() > 0 and x.dim() > 0:
+        # x[mask] = v: stays on the device (no need to know how many are set).
+        return _mask_put(x, given[0][1], values, given[0][0], accumulate)
+    dims, lts = _indices(x, indices, "index_put")
+    if not dims:
+        return _assign_all(x, values, accumulate)
+    v = _tensor.v(values)
+    return _op(OP.index_put, (x._lt, v, *lts), (dims, bool(accumulate)))
+
+
+def _assign_all(x, values, accumulate):
+    """index_put with no index tensors: every element."""
+    if accumulate:
+        return call(aten.add.Tensor, x, values)
+    r = _op(OP.convert, (_tensor.v(values),), (code(x.dtype),))
+    return _op(OP.expand, (r._lt,), (list(x.shape),)) if tuple(r.shape) != tuple(x.shape) else r
+
+
+@impl(aten.index_select.default)
+def index_select(x, dim, index):
+    if index.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    if index.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError(f"index_select(): Expected dtype int32/int64 for index but got: {index.dtype}")
+    lt = _index_lt(index)
+    if index.dim() == 0:
+        lt = _make(OP.reshape, (lt,), ([1],))
+    if x.dim() == 0:
+        _dim(dim, 0)
+        r = _op(OP.index, (_make(OP.reshape, (x._lt,), ([1],)), lt), ([0],))
+        return _op(OP.reshape, (r._lt,), ([],))
+    return _op(OP.index, (x._lt, lt), ([_dim(dim, x.dim())],))
+
+
+def _put_along(x, dim, index, source, accumulate):
+    if index.dim() > 1:
+        raise IndexError("index_add_(): Index is supposed to be a vector")
+    lt = _index_lt(index)
+    if index.dim() == 0:
+        lt = _make(OP.reshape, (lt,), ([1],))
+    src = _tensor.v(source)
+    if x.dim() == 0:
+        r = _op(OP.index_put, (_make(OP.reshape, (x._lt,), ([1],)), _make(OP.reshape, (src,), ([1],)), lt),
+                ([0], accumulate))
+        return _op(OP.reshape, (r._lt,), ([],))
+    d = _dim(dim, x.dim())
+    if isinstance(source, torch.Tensor) and source.dim() == x.dim() - 1 and index.dim() == 0:
+        src = _make(OP.reshape, (src,), ([*source.shape[:d], 1, *source.shape[d:]],))
+    return _op(OP.index_put, (x._lt, src, lt), ([d], accumulate))
+
+
+@impl(aten.index_add.default)
+def index_add(x, dim, index, source, *, alpha=1):
+    if alpha != 1:
+        source = call(aten.mul.Tensor, source, alpha)
+    return _put_along(x, dim, index, source, True)
+
+
+@impl(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    return _put_along(x, dim, index, source, False)
+
+
+@impl(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    v = _make(OP.full, (), (float(value), code(x.dtype), [])) if not isinstance(value, torch.Tensor) \
+        else _make(OP.convert, (_tensor.v(value),), (code(x.dtype),))
+    return _put_along(x, dim, index, wrap(v), False)
+
+
+# ---- gather / scatter -------------------------------------------------------
+
+def _check_index(op, index):
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
+
+
+@impl(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    _check_index("gather", index)
+    if x.dim() == 0 or index.dim() == 0:
+        if x.dim() > 1 or index.dim() > 1:
+            raise RuntimeError("gather(): Index tensor must have the same number of dimensions as input tensor")
+        _dim(dim, 0)
+        r = _op(OP.gather, (_make(OP.reshape, (x._lt,), ([x.numel()],)),
+                            _make(OP.reshape, (index._lt,), ([index.numel()],))), (0,))
+        return _op(OP.reshape, (r._lt,), (list(index.shape),))
+    return _op(OP.gather, (x._lt, index._lt), (_dim(dim, x.dim()),))
+
+
+def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
+    _check_index(op, index)
+    if isinstance(src, torch.Tensor):
+        s = _tensor.v(src)
+        if src.dtype != x.dtype and isinstance(src, XlaTensor):
+            raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype")
+    else:
+        s = _make(OP.full, (), (float(src), code(x.dtype), []))
+    if x.dim() == 0 or index.dim() == 0:
+        one = lambda t, n: _make(OP.reshape, (t,), ([n],))  # noqa: E731
+        r = _op(OP.scatter, (one(x._lt, 1), one(index._lt, index.numel()),
+                             one(s, 1) if not isinstance(src, torch.Tensor) or src.dim() == 0 else one(s, src.numel())),
+                (0, reduce, bool(include_self)))
+        return _op(OP.reshape, (r._lt,), ([],))
+    return _op(OP.scatter, (x._lt, index._lt, s), (_dim(dim, x.dim()), reduce, bool(include_self)))
+
+
+_OLD_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+@impl(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter("scatter", x, dim, index, src)
+
+
+@impl(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_old(x, dim, index, src, *, reduce):
+    if reduce not in _OLD_REDUCE:
+        raise RuntimeError(f"scatter(): reduce argument must be either add or multiply, got {reduce}")
+    return _scatter("scatter", x, dim, index, src, _OLD_REDUCE[reduce])
+
+
+@impl(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return _scatter("scatter_add", x, dim, index, src, "sum")
+
+
+@impl(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"scatter_reduce(): reduce argument must be one of sum, prod, mean, amax, amin, "
+                           f"got {reduce}")
+    if reduce == "mean" and not (x.is_floating_point() or x.is_complex()):
+        raise NotImplementedError("scatter_reduce(reduce='mean') of integer tensors is not supported on the xla "
+                                  "device (torch rounds with floor division)")
+    return _scatter("scatter_reduce", x, dim, index, src, reduce, include_self)
+
+
+# ---- masks --------------------------------------------------------------------
+
+@impl(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_: expected BoolTensor for mask, got {mask.dtype}")
+    if source.dtype != x.dtype:
+        raise RuntimeError(f"masked_scatter: expected self and source to have same dtypes but got {x.dtype} and "
+                           f"{source.dtype}")
+    shape = list(torch.broadcast_shapes(x.shape, mask.shape))
+    xl, ml = x._lt, mask._lt
+    if list(x.shape) != shape:
+        xl = _make(OP.expand, (xl,), (shape,))
+    if list(mask.shape) != shape:
+        ml = _make(OP.expand, (ml,), (shape,))
+    if not shape:
+        xl, ml, shape0 = _make(OP.reshape, (xl,), ([1],)), _make(OP.reshape, (ml,), ([1],)), [1]
+    else:
+        shape0 = shape
+    n = source.numel()
+    if n == 0:
+        return _op(OP.alias, (xl,)) if shape else _op(OP.reshape, (xl,), ([],))
+    src = _make(OP.reshape, (source._lt,), ([n],))
+    r = _op(OP.mask_put, (xl, ml, src), (0, False))
+    return r if shape0 == shape else _op(OP.reshape, (r._lt,), ([],))
+
+
+@impl(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad, mask, sizes):
+    # out[j] = grad at the j-th set position of mask, zeros past the count.
+    numel = 1
+    for s in sizes:
+        numel *= s
+    gl, ml = grad._lt, mask._lt
+    if list(mask.shape) != list(grad.shape):
+        ml = _make(OP.expand, (ml,), (list(grad.shape),))
+    n = grad.numel()
+    g = wrap(_make(OP.reshape, (gl,), ([n],)))
+    m = wrap(_make(OP.reshape, (ml,), ([n],)))
+    pos = _op(OP.cumsum, (m._lt,), (0, code(torch.int64)))
+    pos = call(aten.sub.Tensor, pos, 1)
+    pos = call(aten.where.self, m, pos, wrap(_make(OP.full, (), (float(numel), code(torch.int64), []))))
+    zeros = _make(OP.full, (), (0.0, code(grad.dtype), [numel]))
+    r = _op(OP.index_put, (zeros, g._lt, pos._lt), ([0], True))
+    return _op(OP.reshape, (r._lt,), (list(sizes),))
+
+
+@impl(aten.masked_select.default)
+def masked_select(x, mask):
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    shape = list(torch.broadcast_shapes(x.shape, mask.shape))
+    xe = x if list(x.shape) == shape else _op(OP.expand, (x._lt,), (shape,))
+    me = mask if list(mask.shape) == shape else _op(OP.expand, (mask._lt,), (shape,))
+    if not shape:
+        xe, me = _op(OP.reshape, (xe._lt,), ([1],)), _op(OP.reshape, (me._lt,), ([1],))
+    nz = _host_nonzero(me, "masked_select")
+    xf = _make(OP.reshape, (xe._lt,), ([xe.numel()],))
+    flat = nz[:, 0]
+    for j in range(1, nz.shape[1]):
+        flat = flat * me.shape[j] + nz[:, j]
+    return _op(OP.index, (xf, _tensor.from_cpu(flat.contiguous())._lt), ([0],))
+
+
+@impl(aten.nonzero.default)
+def nonzero(x):
+    return _tensor.from_cpu(_host_nonzero(x, "nonzero"))
+
+
+@impl(aten.argwhere.default)
+def argwhere(x):
+    return nonzero(x)
+
+
+# ---- embedding -------------------------------------------------------------
+
+@impl(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError(f"embedding_dense_backward: indices must be int64 or int32, got {indices.dtype}")
+    pad = padding_idx if padding_idx >= 0 else -1
+    if scale_grad_by_freq:
+        ones = _make(OP.full, (), (1.0, code(grad.dtype), [*indices.shape, 1]))
+        counts = _make(OP.embedding_backward, (ones, indices._lt), (num_weights, -1))  # [num_weights, 1]
+        per = _op(OP.index, (counts, indices._lt), ([0],))  # [*indices, 1]
+        grad = call(aten.div.Tensor, grad, per)
+    return _op(OP.embedding_backward, (grad._lt, indices._lt), (num_weights, pad))
+
+
+# ---- cumulative ops, sort ---------------------------------------------------
+
+def _cum(opid, x, dim, dtype):
+    return _op(opid, (x._lt,), (_dim(dim, x.dim()), code(dtype) if dtype is not None else -1))
+
+
+@impl(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    return _cum(OP.cumsum, x, dim, dtype)
+
+
+@impl(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    return _cum(OP.cumprod, x, dim, dtype)
+
+
+def _sort(x, dim, descending):
+    if x.dim() == 0:
+        _dim(dim, 0)
+        return _op(OP.alias, (x._lt,)), wrap(_make(OP.full, (), (0.0, code(torch.int64), [])))
+    d = _dim(dim, x.dim())
+    return (_op(OP.sort, (x._lt,), (d, bool(descending), 0)),
+            _op(OP.sort, (x._lt,), (d, bool(descending), 1)))
+
+
+@impl(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    return _sort(x, dim, descending)
+
+
+@impl(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return _sort(x, dim, descending)  # always stable
+
+
+@impl(aten.argsort.default)
+def argsort(x, dim=-1, descending=False):
+    return _sort(x, dim, descending)[1]
+
+
+@impl(aten.argsort.stable)
+def argsort_stable(x, *, stable, dim=-1, descending=False):
+    return _sort(x, dim, descending)[1]
+
+
+@impl(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.dim() == 0:
+        if k not in (0, 1):
+            raise RuntimeError("topk(): selected index k out of range")
+        v, i = _sort(x, dim, largest)
+        return v, i
+    d = _dim(dim, x.dim())
+    if not 0 <= k <= x.shape[d]:
+        raise RuntimeError("topk(): selected index k out of range")
+    v, i = _sort(x, d, largest)
+    return (_op(OP.slice, (v._lt,), (d, 0, k, 1)), _op(OP.slice, (i._lt,), (d, 0, k, 1)))
+
+
+# ---- triangles, diagonals ---------------------------------------------------
+
+@impl(aten.tril.default)
+def tril(x, diagonal=0):
+    if x.dim() < 2:
+        raise RuntimeError("tril: input tensor must have at least 2 dimensions")
+    return _op(OP.tri, (x._lt,), (diagonal, False))
+
+
+@impl(aten.triu.default)
+def triu(x, diagonal=0):
+    if x.dim() < 2:
+        raise RuntimeError("triu: input tensor must have at least 2 dimensions")
+    return _op(OP.tri, (x._lt,), (diagonal, True))
+
+
+def _diag_attrs(x, offset, dim1, dim2):
+    d1, d2 = _dim(dim1, x.dim()), _dim(dim2, x.dim())
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return (offset, d1, d2)
+
+
+@impl(aten.diagonal.default)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    if x.dim() < 2:
+        raise RuntimeError(f"diagonal(): expected a tensor of at least 2 dimensions, got {x.dim()}")
+    return wrap(_view(OP.diagonal, x._lt, _diag_attrs(x, offset, dim1, dim2)))
+
+
+@impl(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    return _op(OP.diagonal_scatter, (x._lt, src._lt), _diag_attrs(x, offset, dim1, dim2))
+
+
+@impl(aten.diagonal_backward.default)
+def diagonal_backward(grad, input_sizes, offset, dim1, dim2):
+    zeros = _op(OP.full, (), (0.0, code(grad.dtype), list(input_sizes)))
+    return diagonal_scatter(zeros, grad, offset, dim1, dim2)
