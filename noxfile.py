@@ -1,11 +1,11 @@
 """nox sessions of torch_xla_core.
 
     nox -s wheels                 both ABI flavors from source: build, auditwheel
-                                  repair, check, install each in a venv
+                                  repair, check, install each in a venv, then
+                                  the packaging tests (pytest -m packaging)
     nox -s wheels -- --fresh      the same from an empty build dir (timed)
     nox -s wheels -- --flavor precxx11
     nox -s reproduce              build a flavor twice, compare the wheels' bytes
-    nox -s packaging              the slow packaging tests (pytest -m packaging)
     nox -s cibuildwheel           both flavors with cibuildwheel in containers
     nox -s tests                  pytest tests (package installed from source)
     nox -s bench                  python bench/trace_overhead.py
@@ -46,20 +46,26 @@ def _jobs_env() -> dict[str, str]:
 
 @nox.session(python=PY, reuse_venv=True)
 def wheels(session: nox.Session) -> None:
-    """Build, repair and check both flavors; then install each with its
-    documented command into this venv and check build_info()."""
-    session.install(*WHEEL_TOOLS)
+    """Build, repair and check both flavors into wheelhouse/<flavor>/; then
+    install each with its documented command into this venv and check
+    build_info(); then the packaging tests on those wheels.
+    Options after --: build/wheels.py's (--fresh, --flavor F), and
+    --no-install-check, --no-tests."""
     args = list(session.posargs)
-    skip_install = "--no-install-check" in args
-    if skip_install:
-        args.remove("--no-install-check")
+    skip = {a for a in ("--no-install-check", "--no-tests") if a in args}
+    args = [a for a in args if a not in skip]
+    session.install(*WHEEL_TOOLS, "pytest>=8")
     env = _jobs_env()
     session.run("python", "build/wheels.py", "all", *args, env=env)
-    if not skip_install:
-        flavors = [a for i, a in enumerate(args) if i and args[i - 1] == "--flavor"]
-        fargs = [x for f in flavors for x in ("--flavor", f)]
+    fargs = [x for i, a in enumerate(args) if i and args[i - 1] == "--flavor"
+             for x in ("--flavor", a)]
+    if "--no-install-check" not in skip:
         session.run("python", "build/wheels.py", "install-check",
                     "--venv", session.virtualenv.location, *fargs, env=env)
+    if "--no-tests" not in skip and "--no-install-check" not in skip and not fargs:
+        # this venv now has torch, jax and a flavor installed, as conftest needs
+        session.run("pytest", "-m", "packaging", "tests/test_build_flavors.py", "-q",
+                    env={"TXC_WHEELHOUSE": str(ROOT / "wheelhouse")})
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)
@@ -68,13 +74,6 @@ def reproduce(session: nox.Session) -> None:
     session.install(*WHEEL_TOOLS)
     session.run("python", "build/wheels.py", "reproduce",
                 *(session.posargs or ["--flavor", MATRIX.default]), env=_jobs_env())
-
-
-@nox.session(python=PY, reuse_venv=True, default=False)
-def packaging(session: nox.Session) -> None:
-    """The packaging tests on real wheels (pytest -m packaging)."""
-    session.install("pytest>=8", *WHEEL_TOOLS)
-    session.run("pytest", "-m", "packaging", "tests", *session.posargs, env=_jobs_env())
 
 
 @nox.session(python=PY, default=False)

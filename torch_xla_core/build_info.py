@@ -11,6 +11,7 @@ importlib.metadata, so it works while the rest of the package does not.
 from __future__ import annotations
 
 import importlib.metadata as _md
+import sys
 
 from torch_xla_core import _C
 
@@ -71,6 +72,18 @@ def build_info() -> dict:
         "jaxlib": _module_version("jaxlib"),
     }
 
+
+class _CallableModule(type(_md)):
+    """Importing this submodule rebinds the package attribute
+    `torch_xla_core.build_info` to the module, hiding a re-exported function
+    of the same name; calling the module keeps `torch_xla_core.build_info()`
+    working whichever of the two that attribute holds."""
+
+    def __call__(self) -> dict:
+        return build_info()
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":  # python -m torch_xla_core.build_info
     import json
