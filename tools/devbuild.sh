@@ -15,5 +15,9 @@ if ! cmake --build .skbuild/dev -j2 >"$log" 2>&1; then
 fi
 rm -f "$log"
 dest=$(python -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")/torch_xla_core
-cp .skbuild/dev/_C*.so "$dest/"
+# Copy then rename: processes that have the old module mapped keep their inode.
+for so in .skbuild/dev/_C*.so; do
+  cp "$so" "$dest/.tmp.$(basename "$so")"
+  mv -f "$dest/.tmp.$(basename "$so")" "$dest/$(basename "$so")"
+done
 echo "devbuild: ok"
