@@ -1,0 +1,275 @@
+// Random numbers. The device RNG state is an ordinary tensor, i64[2] =
+// [seed, counter], held by torch_xla_core/_random.py as a graph parameter
+// (device data), never a constant, so a new seed doesn't recompile. Every
+// random op takes the state as its first operand; `rng_advance` gives the
+// next state (counter + 1). Each draw derives a Threefry key from
+// (seed, counter) with a splitmix64 mix and makes its bits with
+// stablehlo.rng_bit_generator (THREE_FRY: the same bits on every backend),
+// so two draws in one graph, and successive steps, get independent streams
+// while the graph stays the same from step to step.
+//
+// Ops (state first; attributes after ';'):
+//   rng_advance(state)                            -> i64[2]
+//   rng(state; kind, dtype, dims, a, b)           -> floats: kind 0 uniform [a, b),
+//        1 normal (mean a, std b), 2 log-normal, 3 exponential (rate a),
+//        4 cauchy (median a, sigma b)
+//   rng_int(state; dtype, dims, low, range - 1)   -> low + (bits mod range); range is
+//        an unsigned 64-bit count (range - 1 given as its i64 bit pattern)
+//   rng_bernoulli(state[, p]; dtype, dims, p)     -> uniform < p (p: tensor or number)
+//   rng_perm(state; dtype, n)                     -> a random permutation of 0..n-1
+//   masked_scale(x, mask; scale)                  -> x * mask * scale (dropout fwd/bwd)
+#include <cmath>
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace txc {
+namespace {
+
+std::string tstr(const Dims& d, const char* elem) {
+  std::string s = "tensor<";
+  for (auto x : d) s += std::to_string(x) + "x";
+  return s + elem + ">";
+}
+
+std::string u64c(LowerCtx& cx, const char* value, int64_t n) {
+  std::string ty = tstr({n}, "ui64");
+  return cx.op("stablehlo.constant", {}, {}, ty, std::string("value = dense<") + value + "> : " + ty);
+}
+
+std::string ushift(LowerCtx& cx, const std::string& v, const Dims& d, const char* elem, int bits) {
+  std::string ty = tstr(d, elem), c = tstr({}, elem);
+  std::string k = cx.op("stablehlo.constant", {}, {}, c, "value = dense<" + std::to_string(bits) + "> : " + c);
+  if (!d.empty()) k = cx.op("stablehlo.broadcast_in_dim", {k}, {c}, ty, "broadcast_dimensions = array<i64>");
+  return cx.op("stablehlo.shift_right_logical", {v, k}, {ty, ty}, ty);
+}
+
+// The bits of one draw: tensor<dims x elem> (elem "ui32" or "ui64") from the
+// state operand (i64[2] = [seed, counter]).
+std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* elem) {
+  const std::string u1 = tstr({1}, "ui64"), u2 = tstr({2}, "ui64");
+  std::string s = cx.op("stablehlo.bitcast_convert", {cx.in(n, 0)}, {"tensor<2xi64>"}, u2);
+  auto part = [&](int i) {
+    return cx.op("stablehlo.slice", {s}, {u2}, u1,
+                 "start_indices = array<i64: " + std::to_string(i) + ">, limit_indices = array<i64: " +
+                     std::to_string(i + 1) + ">, strides = array<i64: 1>");
+  };
+  auto bin = [&](const char* op, const std::string& a, const std::string& b) {
+    return cx.op(op, {a, b}, {u1, u1}, u1);
+  };
+  // splitmix64(seed + counter * golden)
+  std::string z = bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), u64c(cx, "11400714819323198485", 1)));
+  z = bin("stablehlo.xor", z, ushift(cx, z, {1}, "ui64", 30));
+  z = bin("stablehlo.multiply", z, u64c(cx, "13787848793156543929", 1));
+  z = bin("stablehlo.xor", z, ushift(cx, z, {1}, "ui64", 27));
+  z = bin("stablehlo.multiply", z, u64c(cx, "10723151780598845931", 1));
+  z = bin("stablehlo.xor", z, ushift(cx, z, {1}, "ui64", 31));
+  std::string key = cx.op("stablehlo.concatenate", {z, u64c(cx, "0", 1)}, {u1, u1}, u2, "dimension = 0 : i64");
+  std::string r = cx.op_multi("stablehlo.rng_bit_generator", {key}, {u2}, {u2, tstr(d, elem)},
+                              "rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>");
+  return r + "#1";
+}
+
+// Uniform floats of type c (F32 or F64) from m random bits k (m <= 24 for
+// F32, <= 53 for F64): k * 2^-m in [0, 1), exact in a dtype with m mantissa
+// bits, never 1. With open=true: (2k + 1) * 2^-m - 1 = k * 2^(1-m) + (2^-m - 1),
+// in the open interval (-1, 1), symmetric around 0, computed exactly.
+std::string uniform_bits(LowerCtx& cx, const Node& n, const Dims& d, DType c, int m, bool open) {
+  bool wide = c == DType::F64;
+  const char* elem = wide ? "ui64" : "ui32";
+  std::string bits = draw_bits(cx, n, d, elem);
+  std::string k = ushift(cx, bits, d, elem, (wide ? 64 : 32) - m);
+  std::string ty = LowerCtx::type(c, d);
+  std::string kf = cx.op("stablehlo.convert", {k}, {tstr(d, elem)}, ty);
+  if (!open) return cx.op("stablehlo.multiply", {kf, cx.constant(std::ldexp(1.0, -m), c, d)}, {ty, ty}, ty);
+  std::string s = cx.op("stablehlo.multiply", {kf, cx.constant(std::ldexp(1.0, 1 - m), c, d)}, {ty, ty}, ty);
+  return cx.op("stablehlo.add", {s, cx.constant(std::ldexp(1.0, -m) - 1.0, c, d)}, {ty, ty}, ty);
+}
+
+int mantissa_bits(DType t) {
+  switch (t) {
+    case DType::F16: return 11;
+    case DType::BF16: return 8;
+    case DType::F64: return 53;
+    default: return 24;
+  }
+}
+
+DType compute_t(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+void check_state(const Node& n) {
+  const Node& s = *n.operands.at(0);
+  if (s.dtype != DType::I64 || s.dims != Dims{2})
+    op_error(n, "the RNG state must be an int64 tensor of shape [2], got " + std::string(dtype_name(s.dtype)) +
+                    " " + dims_str(s.dims));
+}
+
+TXC_OP("rng_advance", 1,
+       [](Node& n) {
+         check_state(n);
+         n.dtype = DType::I64;
+         n.dims = {2};
+       },
+       [](LowerCtx& cx, const Node& n) {
+         std::string ty = "tensor<2xi64>";
+         std::string one = cx.op("stablehlo.constant", {}, {}, ty, "value = dense<[0, 1]> : " + ty);
+         return cx.op("stablehlo.add", {cx.in(n, 0), one}, {ty, ty}, ty);
+       });
+
+enum Kind { kUniform, kNormal, kLogNormal, kExponential, kCauchy };
+
+TXC_OP("rng", 1,
+       [](Node& n) {
+         check_state(n);
+         n.dtype = DType(n.attr_int(1));
+         n.dims = n.attr_dims(2);
+         if (!is_floating(n.dtype))
+           op_error(n, std::string("expected a floating-point dtype, got ") + dtype_name(n.dtype));
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Dims& d = n.dims;
+         DType c = compute_t(n.dtype);
+         std::string ty = LowerCtx::type(c, d);
+         double a = n.attr_float(3), b = n.attr_float(4);
+         auto bin = [&](const char* op, const std::string& x, const std::string& y) {
+           return cx.op(op, {x, y}, {ty, ty}, ty);
+         };
+         auto un = [&](const char* op, const std::string& x) { return cx.op(op, {x}, {ty}, ty); };
+         auto k = [&](double v) { return cx.constant(v, c, d); };
+         std::string r;
+         switch (Kind(n.attr_int(0))) {
+           case kUniform: {
+             r = uniform_bits(cx, n, d, c, mantissa_bits(n.dtype), false);
+             if (a != 0 || b != 1) r = bin("stablehlo.add", bin("stablehlo.multiply", r, k(b - a)), k(a));
+             break;
+           }
+           case kNormal:
+           case kLogNormal: {
+             std::string v = uniform_bits(cx, n, d, c, c == DType::F64 ? 53 : 24, true);
+             r = bin("stablehlo.multiply", un("chlo.erf_inv", v), k(M_SQRT2));
+             if (b != 1) r = bin("stablehlo.multiply", r, k(b));
+             if (a != 0) r = bin("stablehlo.add", r, k(a));
+             if (n.attr_int(0) == kLogNormal) r = un("stablehlo.exponential", r);
+             break;
+           }
+           case kExponential: {  // -log(1 - u) / rate
+             std::string u = uniform_bits(cx, n, d, c, c == DType::F64 ? 53 : 24, false);
+             r = bin("stablehlo.divide", un("stablehlo.negate", un("stablehlo.log_plus_one", un("stablehlo.negate", u))),
+                     k(a));
+             break;
+           }
+           case kCauchy: {  // median + sigma * tan(pi * (u - 1/2)), u in (0, 1)
+             std::string v = uniform_bits(cx, n, d, c, c == DType::F64 ? 53 : 24, true);  // (-1, 1)
+             r = un("stablehlo.tan", bin("stablehlo.multiply", v, k(M_PI / 2)));
+             r = bin("stablehlo.add", bin("stablehlo.multiply", r, k(b)), k(a));
+             break;
+           }
+           default: op_error(n, "unknown distribution kind " + std::to_string(n.attr_int(0)));
+         }
+         return cx.convert(r, c, n.dtype, d);
+       });
+
+TXC_OP("rng_int", 1,
+       [](Node& n) {
+         check_state(n);
+         n.dtype = DType(n.attr_int(0));
+         n.dims = n.attr_dims(1);
+         if (is_complex(n.dtype)) op_error(n, "complex dtypes are not supported");
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Dims& d = n.dims;
+         uint64_t range = uint64_t(n.attr_int(3)) + 1;  // 0: all 2^64 values
+         int64_t low = n.attr_int(2);
+         bool wide = range == 0 || range >= (uint64_t(1) << 32);
+         const char* elem = wide ? "ui64" : "ui32";
+         std::string uty = tstr(d, elem), ity = LowerCtx::type(DType::I64, d);
+         std::string r = draw_bits(cx, n, d, elem);
+         if (range != 0) {
+           std::string c = tstr({}, elem);
+           std::string m = cx.op("stablehlo.constant", {}, {}, c,
+                                 "value = dense<" + std::to_string(range) + "> : " + c);
+           if (!d.empty()) m = cx.op("stablehlo.broadcast_in_dim", {m}, {c}, uty, "broadcast_dimensions = array<i64>");
+           r = cx.op("stablehlo.remainder", {r, m}, {uty, uty}, uty);
+         }
+         r = wide ? cx.op("stablehlo.bitcast_convert", {r}, {uty}, ity) : cx.op("stablehlo.convert", {r}, {uty}, ity);
+         if (low != 0) {
+           std::string lc = cx.op("stablehlo.constant", {}, {}, "tensor<i64>",
+                                  "value = dense<" + std::to_string(low) + "> : tensor<i64>");
+           lc = cx.broadcast(lc, DType::I64, {}, d);
+           r = cx.op("stablehlo.add", {r, lc}, {ity, ity}, ity);
+         }
+         return cx.convert(r, DType::I64, n.dtype, d);
+       });
+
+TXC_OP("rng_bernoulli", -1,
+       [](Node& n) {
+         if (n.operands.size() != 1 && n.operands.size() != 2) op_error(n, "expected (state[, p]) operands");
+         check_state(n);
+         n.dtype = DType(n.attr_int(0));
+         n.dims = n.attr_dims(1);
+         if (n.operands.size() == 2) {
+           const Node& p = *n.operands[1];
+           if (!is_floating(p.dtype))
+             op_error(n, std::string("expected a floating-point probability tensor, got ") + dtype_name(p.dtype));
+           if (broadcast_dims(n, p.dims, n.dims) != n.dims)
+             op_error(n, "probability of shape " + dims_str(p.dims) + " doesn't broadcast to " + dims_str(n.dims));
+         }
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Dims& d = n.dims;
+         bool has_p = n.operands.size() == 2;
+         DType c = has_p && n.operands[1]->dtype == DType::F64 ? DType::F64 : DType::F32;
+         std::string ty = LowerCtx::type(c, d);
+         std::string u = uniform_bits(cx, n, d, c, c == DType::F64 ? 53 : 24, false);
+         std::string p = has_p ? cx.coerce(n, 1, c, d) : cx.constant(n.attr_float(2), c, d);
+         std::string lt = cx.op("stablehlo.compare", {u, p}, {ty, ty}, LowerCtx::type(DType::Bool, d),
+                                "compare_type = #stablehlo<comparison_type FLOAT>, "
+                                "comparison_direction = #stablehlo<comparison_direction LT>");
+         if (n.dtype == DType::Bool) return lt;
+         return cx.op("stablehlo.convert", {lt}, {LowerCtx::type(DType::Bool, d)}, LowerCtx::type(n));
+       });
+
+TXC_OP("rng_perm", 1,
+       [](Node& n) {
+         check_state(n);
+         n.dtype = DType(n.attr_int(0));
+         n.dims = {n.attr_int(1)};
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Dims& d = n.dims;
+         std::string keys = draw_bits(cx, n, d, "ui64");
+         std::string ity = LowerCtx::type(DType::I64, d), kty = tstr(d, "ui64");
+         std::string idx = cx.op("stablehlo.iota", {}, {}, ity, "iota_dimension = 0 : i64");
+         std::string a = cx.fresh(), b = cx.fresh(), i = cx.fresh(), j = cx.fresh(), lt = cx.fresh();
+         std::string su = tstr({}, "ui64"), si = "tensor<i64>";
+         std::string region = "({\n    ^bb0(" + a + ": " + su + ", " + b + ": " + su + ", " + i + ": " + si + ", " + j +
+                              ": " + si + "):\n      " + lt + " = \"stablehlo.compare\"(" + a + ", " + b +
+                              ") <{compare_type = #stablehlo<comparison_type UNSIGNED>, comparison_direction = "
+                              "#stablehlo<comparison_direction LT>}> : (" + su + ", " + su +
+                              ") -> tensor<i1>\n      \"stablehlo.return\"(" + lt + ") : (tensor<i1>) -> ()\n    })";
+         std::string r = cx.op_multi("stablehlo.sort", {keys, idx}, {kty, ity}, {kty, ity},
+                                     "dimension = 0 : i64, is_stable = true", region);
+         return cx.convert(r + "#1", DType::I64, n.dtype, d);
+       });
+
+// x * mask * scale, computed in f32 for 16-bit floats (as torch's dropout does).
+TXC_OP("masked_scale", 2,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         const Node& m = *n.operands[1];
+         if (!is_floating(x.dtype)) op_error(n, std::string("expected a floating-point tensor, got ") + dtype_name(x.dtype));
+         if (m.dims != x.dims) op_error(n, "mask shape " + dims_str(m.dims) + " differs from " + dims_str(x.dims));
+         n.dtype = x.dtype;
+         n.dims = x.dims;
+       },
+       [](LowerCtx& cx, const Node& n) {
+         DType c = compute_t(n.dtype);
+         const Dims& d = n.dims;
+         std::string ty = LowerCtx::type(c, d);
+         std::string x = cx.coerce(n, 0, c, d), m = cx.coerce(n, 1, c, d);
+         std::string r = cx.op("stablehlo.multiply", {x, m}, {ty, ty}, ty);
+         r = cx.op("stablehlo.multiply", {r, cx.constant(n.attr_float(0), c, d)}, {ty, ty}, ty);
+         return cx.convert(r, c, n.dtype, d);
+       });
+
+}  // namespace
+}  // namespace txc

@@ -1,0 +1,302 @@
+"""Random ops on the xla device: normal_/uniform_/bernoulli/random_/
+exponential_/log_normal_/cauchy_, the factories randn/rand/randint/randperm/
+normal (PrivateUse1 kernels, as they have no tensor input), the *_like
+factories, and dropout (native_dropout and its backward). Each draw is one
+core op taking the device RNG state from torch_xla_core._random (see
+csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
+device state from that generator instead of the device RNG."""
+import torch
+
+from .. import _random
+from .._dtypes import code
+from .._tensor import OP, _make, op, wrap
+from . import aten, assign, impl
+from .factory import _lib
+
+_state = _random.state
+_RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
+UNIFORM, NORMAL, LOG_NORMAL, EXPONENTIAL, CAUCHY = range(5)
+_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+          torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+          torch.uint8: "Byte", torch.bool: "Bool"}
+
+
+def _float_check(name, dtype):
+    if not dtype.is_floating_point:
+        raise NotImplementedError(f"{name}: expected a floating-point tensor, got {_NAMES.get(dtype, dtype)} "
+                                  f"(\"{name}\" not implemented for '{_NAMES.get(dtype, dtype)}')")
+
+
+def _draw(kind, dtype, shape, a, b, generator):
+    return wrap(_make(_RNG, (_state(generator),), (kind, code(dtype), [int(s) for s in shape], float(a), float(b))))
+
+
+def _dt(dtype):
+    return dtype if dtype is not None else torch.get_default_dtype()
+
+
+# --- in-place distributions -------------------------------------------------
+
+@impl(aten.normal_.default)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    _float_check("normal_", self.dtype)
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    assign(self, _draw(NORMAL, self.dtype, self.shape, mean, std, generator))
+    return self
+
+
+@impl(aten.uniform.default)
+def uniform(self, from_=0.0, to=1.0, *, generator=None):
+    _float_check("uniform_", self.dtype)
+    if from_ > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
+    return _draw(UNIFORM, self.dtype, self.shape, from_, to, generator)
+
+
+@impl(aten.uniform_.default)
+def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    assign(self, uniform(self, from_, to, generator=generator))
+    return self
+
+
+@impl(aten.exponential.default)
+def exponential(self, lambd=1.0, *, generator=None):
+    if not self.dtype.is_floating_point:
+        raise RuntimeError("Exponential distribution is a continuous probability distribution. dtype must be a "
+                           f"floating point but you specified {_NAMES.get(self.dtype, self.dtype)}")
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
+    return _draw(EXPONENTIAL, self.dtype, self.shape, lambd, 0.0, generator)
+
+
+@impl(aten.exponential_.default)
+def exponential_(self, lambd=1.0, *, generator=None):
+    assign(self, exponential(self, lambd, generator=generator))
+    return self
+
+
+@impl(aten.log_normal_.default)
+def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
+    _float_check("log_normal_", self.dtype)
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
+    assign(self, _draw(LOG_NORMAL, self.dtype, self.shape, mean, std, generator))
+    return self
+
+
+@impl(aten.cauchy_.default)
+def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
+    _float_check("cauchy_", self.dtype)
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
+    assign(self, _draw(CAUCHY, self.dtype, self.shape, median, sigma, generator))
+    return self
+
+
+# --- normal with tensor mean/std --------------------------------------------
+
+def _normal_t(mean, std, generator):
+    ref = mean if isinstance(mean, torch.Tensor) else std
+    shape = torch.broadcast_shapes(*(t.shape for t in (mean, std) if isinstance(t, torch.Tensor)))
+    dtype = torch.result_type(mean, std) if isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor) \
+        else ref.dtype
+    _float_check("normal", dtype)
+    z = _draw(NORMAL, dtype, shape, 0.0, 1.0, generator)
+    return op("add", mean, op("mul", std, z))
+
+
+@impl(aten.normal.Tensor_float)
+def normal_tensor_float(mean, std=1.0, *, generator=None):
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    return _normal_t(mean, std, generator)
+
+
+@impl(aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def normal_tensor(mean, std, *, generator=None):
+    return _normal_t(mean, std, generator)
+
+
+# --- bernoulli --------------------------------------------------------------
+
+def _bern(dtype, shape, p, generator):
+    if isinstance(p, torch.Tensor):
+        return wrap(_make(_BERN, (_state(generator), p._lt), (code(dtype), [int(s) for s in shape], 0.0)))
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
+    return wrap(_make(_BERN, (_state(generator),), (code(dtype), [int(s) for s in shape], float(p))))
+
+
+@impl(aten.bernoulli.default)
+def bernoulli(self, *, generator=None):
+    return _bern(self.dtype, self.shape, self, generator)
+
+
+@impl(aten.bernoulli.p)
+def bernoulli_p(self, p, *, generator=None):
+    return _bern(self.dtype, self.shape, p, generator)
+
+
+@impl(aten.bernoulli.Tensor)
+def bernoulli_t(self, p, *, generator=None):
+    return _bern(self.dtype, self.shape, p, generator)
+
+
+@impl(aten.bernoulli_.float, aten.bernoulli_.Tensor)
+def bernoulli_(self, p=0.5, *, generator=None):
+    assign(self, _bern(self.dtype, self.shape, p, generator))
+    return self
+
+
+# --- integers ---------------------------------------------------------------
+
+def _int_bounds(dtype):
+    """[lo, hi] of the values random_() may produce for dtype."""
+    if dtype == torch.bool:
+        return 0, 1
+    if dtype.is_floating_point:
+        return -(1 << _DIGITS[dtype]), 1 << _DIGITS[dtype]
+    info = torch.iinfo(dtype)
+    return info.min, info.max
+
+
+def _ints(dtype, shape, low, high, generator, name="random_"):
+    """Uniform integers in [low, high) (high=None: up to the dtype's max, inclusive)."""
+    lo, hi = _int_bounds(dtype)
+    if high is None:
+        high = hi + 1 if not dtype.is_floating_point else (1 << _DIGITS[dtype]) + 1
+    if low >= high:
+        raise RuntimeError(f"{name} expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    tname = _NAMES.get(dtype, str(dtype))
+    if not lo <= low <= hi:
+        raise RuntimeError(f"from is out of bounds for {tname.lower() if dtype != torch.uint8 else 'unsigned char'}")
+    if not lo <= high - 1 <= hi:
+        raise RuntimeError(f"to - 1 is out of bounds for {tname.lower() if dtype != torch.uint8 else 'unsigned char'}")
+    r1 = (high - low - 1) & ((1 << 64) - 1)
+    if r1 >= 1 << 63:
+        r1 -= 1 << 64
+    return wrap(_make(_INT, (_state(generator),), (code(dtype), [int(s) for s in shape], int(low), r1)))
+
+
+@impl(aten.random.default)
+def random(self, *, generator=None):
+    lo = 0
+    return _ints(self.dtype, self.shape, lo, None, generator)
+
+
+@impl(aten.random.to)
+def random_to(self, to, *, generator=None):
+    return _ints(self.dtype, self.shape, 0, to, generator)
+
+
+@impl(getattr(aten.random, "from"))
+def random_from(self, from_, to, *, generator=None):
+    return _ints(self.dtype, self.shape, from_, to, generator)
+
+
+@impl(aten.random_.default)
+def random_(self, *, generator=None):
+    assign(self, random(self, generator=generator))
+    return self
+
+
+@impl(aten.random_.to)
+def random_to_(self, to, *, generator=None):
+    assign(self, random_to(self, to, generator=generator))
+    return self
+
+
+@impl(getattr(aten.random_, "from"))
+def random_from_(self, from_, to, *, generator=None):
+    assign(self, random_from(self, from_, to, generator=generator))
+    return self
+
+
+# --- factories (device="xla": PrivateUse1 kernels) ---------------------------
+
+def _randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = _dt(dtype)
+    _float_check("randn", dtype)
+    return _draw(NORMAL, dtype, size, 0.0, 1.0, generator)
+
+
+def _rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = _dt(dtype)
+    _float_check("rand", dtype)
+    return _draw(UNIFORM, dtype, size, 0.0, 1.0, generator)
+
+
+def _randint_low(low, high, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    return _ints(dtype or torch.int64, size, low, high, generator, "random_")
+
+
+def _randint(high, size, **kw):
+    return _randint_low(0, high, size, **kw)
+
+
+def _randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    if n < 0:
+        raise RuntimeError(f"randperm: n must be non-negative, got {n}")
+    return wrap(_make(_PERM, (_state(generator),), (code(dtype or torch.int64), int(n))))
+
+
+def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+    dtype = _dt(dtype)
+    _float_check("normal", dtype)
+    return _draw(NORMAL, dtype, size, mean, std, generator)
+
+
+for _name, _fn in [
+    ("randn", _randn), ("randn.generator", _randn),
+    ("rand", _rand), ("rand.generator", _rand),
+    ("randint", _randint), ("randint.generator", _randint),
+    ("randint.low", _randint_low), ("randint.low_generator", _randint_low),
+    ("randperm", _randperm), ("randperm.generator", _randperm),
+    ("normal.float_float", _normal_ff),
+]:
+    _lib.impl(_name, _fn, "PrivateUse1")
+
+
+@impl(aten.randn_like.default, aten.randn_like.generator)
+def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _randn(x.shape, generator=generator, dtype=dtype or x.dtype)
+
+
+@impl(aten.rand_like.default, aten.rand_like.generator)
+def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _rand(x.shape, generator=generator, dtype=dtype or x.dtype)
+
+
+@impl(aten.randint_like.default, aten.randint_like.generator)
+def randint_like(x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                 memory_format=None):
+    return _ints(dtype or x.dtype, x.shape, 0, high, generator)
+
+
+@impl(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)
+def randint_like_low(x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
+                     memory_format=None):
+    return _ints(dtype or x.dtype, x.shape, low, high, generator)
+
+
+# --- dropout ----------------------------------------------------------------
+
+@impl(aten.native_dropout.default)
+def native_dropout(x, p, train):
+    if train is not None and not train:
+        return op("alias", x), wrap(_make(OP.full, (), (1.0, code(torch.bool), list(x.shape))))
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    p1m = 1.0 - p
+    scale = 0.0 if p1m == 0 else 1.0 / p1m
+    mask = wrap(_make(_BERN, (_state(),), (code(torch.bool), list(x.shape), p1m)))
+    return wrap(_make(OP.masked_scale, (x._lt, mask._lt), (scale,))), mask
+
+
+@impl(aten.native_dropout_backward.default)
+def native_dropout_backward(grad, mask, scale):
+    return wrap(_make(OP.masked_scale, (grad._lt, mask._lt), (float(scale),)))
