@@ -1,0 +1,236 @@
+"""CNN ops -> core ops in csrc/ops/conv.cpp: convolution (any spatial rank,
+transposed too) and its gradients, max/avg/adaptive-avg pooling and their
+gradients, batch norm (train and eval, running-stat updates in place) and
+its gradient. One core op per result."""
+from .. import _tensor
+from .._dtypes import code
+from .._tensor import OP, _make, wrap
+from . import aten, assign, call, impl
+
+_CONV, _CONV_GI, _CONV_GW = OP.convolution, OP.convolution_backward_input, OP.convolution_backward_weight
+_MAXP, _MAXP_I, _MAXP_B = OP.max_pool, OP.max_pool_indices, OP.max_pool_backward
+_AVGP, _AVGP_B = OP.avg_pool, OP.avg_pool_backward
+_ADP, _ADP_B = OP.adaptive_avg_pool, OP.adaptive_avg_pool_backward
+_BN_STATS, _BN_INVSTD, _BN_APPLY, _BN_UPDATE = OP.batch_norm_stats, OP.batch_norm_invstd, OP.batch_norm_apply, OP.batch_norm_update
+_BN_GI, _BN_GW, _SUM, _FULL = OP.batch_norm_backward_input, OP.batch_norm_backward_weight, OP.sum, OP.full
+
+
+def _exp(v, n, name="convolution", what="stride"):
+    """Expands an int or 1-element list to n ints (torch's expand_param_if_needed)."""
+    if isinstance(v, int):
+        return [v] * n
+    v = list(v)
+    if len(v) == 1 and n != 1:
+        return v * n
+    if len(v) != n:
+        raise RuntimeError(f"{name}: expected {what} to be a single integer value or a list of {n} values to match "
+                           f"the convolution dimensions, but got {what}={v}")
+    return v
+
+
+# ---- convolution ----
+
+def _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups):
+    return (_exp(stride, ns, what="stride"), _exp(padding, ns, what="padding"), _exp(dilation, ns, what="dilation"),
+            int(bool(transposed)), _exp(output_padding, ns, what="output_padding"), int(groups))
+
+
+@impl(aten.convolution.default)
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if isinstance(padding, str):
+        raise RuntimeError(f"convolution: string padding '{padding}' must be resolved before aten::convolution")
+    unbatched = x.dim() == w.dim() - 1 and w.dim() >= 3
+    if unbatched:
+        x = call(aten.unsqueeze.default, x, 0)
+    ns = max(w.dim() - 2, 0)
+    attrs = _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups)
+    ops = (x._lt, w._lt) if bias is None else (x._lt, w._lt, bias._lt)
+    r = wrap(_make(_CONV, ops, attrs))
+    return call(aten.squeeze.dim, r, 0) if unbatched else r
+
+
+@impl(aten.convolution_backward.default)
+def convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+                         output_mask):
+    ns = w.dim() - 2
+    attrs = _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups)
+    gi = gw = gb = None
+    if output_mask[0]:
+        gi = wrap(_make(_CONV_GI, (g._lt, w._lt), attrs + (list(x.shape),)))
+    if output_mask[1]:
+        gw = wrap(_make(_CONV_GW, (x._lt, g._lt), attrs + (list(w.shape),)))
+    if output_mask[2]:
+        gb = wrap(_make(_SUM, (g._lt,), ([0] + list(range(2, g.dim())), 0, -1)))
+    return gi, gw, gb
+
+
+# ---- pooling ----
+
+def _pool_args(name, ns, kernel_size, stride, padding, dilation=1):
+    k = _exp(kernel_size, ns, name, "kernel_size")
+    s = _exp(stride, ns, name, "stride") if stride not in (None, [], ()) else k
+    return k, s, _exp(padding, ns, name, "padding"), _exp(dilation, ns, name, "dilation")
+
+
+def _max_pool(ns):
+    name = f"max_pool{ns}d"
+
+    def fwd(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        k, s, p, d = _pool_args(name, ns, kernel_size, stride, padding, dilation)
+        attrs = (k, s, p, d, int(bool(ceil_mode)))
+        lt = x._lt
+        return wrap(_make(_MAXP, (lt,), attrs)), wrap(_make(_MAXP_I, (lt,), attrs))
+
+    def bwd(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+        return wrap(_make(_MAXP_B, (g._lt, indices._lt), (list(x.shape), ns)))
+    return fwd, bwd
+
+
+_mp2, _mp2b = _max_pool(2)
+_mp3, _mp3b = _max_pool(3)
+impl(aten.max_pool2d_with_indices.default)(_mp2)
+impl(aten.max_pool2d_with_indices_backward.default)(_mp2b)
+impl(aten.max_pool3d_with_indices.default)(_mp3)
+impl(aten.max_pool3d_with_indices_backward.default)(_mp3b)
+
+
+def _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    k, s, p, _ = _pool_args(name, ns, kernel_size, stride, padding)
+    if divisor_override is not None and divisor_override == 0:
+        raise RuntimeError(f"{name}: divisor must be not zero")
+    return (k, s, p, int(bool(ceil_mode)), int(bool(count_include_pad)), int(divisor_override or 0))
+
+
+def _avg_pool(ns):
+    name = f"avg_pool{ns}d"
+
+    def fwd(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        attrs = _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        return wrap(_make(_AVGP, (x._lt,), attrs))
+
+    def bwd(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        attrs = _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        return wrap(_make(_AVGP_B, (g._lt,), attrs + (list(x.shape),)))
+    return fwd, bwd
+
+
+_ap2, _ap2b = _avg_pool(2)
+_ap3, _ap3b = _avg_pool(3)
+impl(aten.avg_pool2d.default)(_ap2)
+impl(aten.avg_pool2d_backward.default)(_ap2b)
+impl(aten.avg_pool3d.default)(_ap3)
+impl(aten.avg_pool3d_backward.default)(_ap3b)
+
+
+def _adaptive(ns):
+    def fwd(x, output_size):
+        return wrap(_make(_ADP, (x._lt,), (_exp(output_size, ns, f"adaptive_avg_pool{ns}d", "output_size"),)))
+
+    def bwd(g, x):
+        return wrap(_make(_ADP_B, (g._lt,), (list(x.shape), ns)))
+    return fwd, bwd
+
+
+_ad2, _ad2b = _adaptive(2)
+_ad3, _ad3b = _adaptive(3)
+impl(aten._adaptive_avg_pool2d.default)(_ad2)
+impl(aten._adaptive_avg_pool2d_backward.default)(_ad2b)
+impl(aten._adaptive_avg_pool3d.default)(_ad3)
+impl(aten._adaptive_avg_pool3d_backward.default)(_ad3b)
+
+
+# ---- batch norm ----
+
+def _empty(dtype):
+    return wrap(_make(_FULL, (), (0.0, code(dtype), [0])))
+
+
+def _bn_train(x, w, b, rm, rv, momentum, eps, update):
+    """Normalizes with batch statistics. update: write running stats in place
+    (True) or return their new values (False)."""
+    sdt = code((rm if rm is not None else w if w is not None else x).dtype)
+    lt = x._lt
+    mean = _make(_BN_STATS, (lt,), (0, float(eps), sdt))
+    invstd = _make(_BN_STATS, (lt,), (1, float(eps), sdt))
+    ops = [lt, mean, invstd]
+    if w is not None:
+        ops.append(w._lt)
+    if b is not None:
+        ops.append(b._lt)
+    out = wrap(_make(_BN_APPLY, tuple(ops), (0, float(eps), int(w is not None), int(b is not None))))
+    new_rm = new_rv = None
+    if rm is not None:
+        new_rm = wrap(_make(_BN_UPDATE, (rm._lt, mean), (float(momentum),)))
+    if rv is not None:
+        var_u = _make(_BN_STATS, (lt,), (2, float(eps), sdt))
+        new_rv = wrap(_make(_BN_UPDATE, (rv._lt, var_u), (float(momentum),)))
+    if update:
+        if new_rm is not None:
+            assign(rm, new_rm)
+        if new_rv is not None:
+            assign(rv, new_rv)
+    return out, wrap(mean), wrap(invstd), new_rm, new_rv
+
+
+def _bn_eval(x, w, b, rm, rv, eps):
+    if rm is None or rv is None:
+        raise RuntimeError("native_batch_norm: running_mean and running_var must be defined in evaluation mode")
+    ops = [x._lt, rm._lt, rv._lt]
+    if w is not None:
+        ops.append(w._lt)
+    if b is not None:
+        ops.append(b._lt)
+    return wrap(_make(_BN_APPLY, tuple(ops), (1, float(eps), int(w is not None), int(b is not None))))
+
+
+@impl(aten.native_batch_norm.default)
+def native_batch_norm(x, w, b, rm, rv, training, momentum, eps):
+    if training:
+        return _bn_train(x, w, b, rm, rv, momentum, eps, True)[:3]
+    sdt = (rm if rm is not None else x).dtype
+    return _bn_eval(x, w, b, rm, rv, eps), _empty(sdt), _empty(sdt)
+
+
+@impl(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(x, w, b, rm, rv, training, momentum, eps):
+    return native_batch_norm(x, w, b, rm, rv, training, momentum, eps)
+
+
+@impl(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(x, w, b, training, momentum, eps):
+    return _bn_train(x, w, b, None, None, momentum, eps, True)[:3]
+
+
+@impl(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps):
+    return native_batch_norm(x, w, b, rm, rv, False, momentum, eps)
+
+
+@impl(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(x, w, b, rm, rv, training, momentum, eps):
+    if training:
+        return _bn_train(x, w, b, rm, rv, momentum, eps, False)
+    return (_bn_eval(x, w, b, rm, rv, eps), _empty(rm.dtype), _empty(rm.dtype),
+            call(aten.clone.default, rm), call(aten.clone.default, rv))
+
+
+@impl(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(g, x, w, rm, rv, save_mean, save_invstd, train, eps, output_mask):
+    if train:
+        if save_mean is None or save_invstd is None:
+            raise RuntimeError("native_batch_norm_backward: save_mean and save_invstd are required when train=True")
+        mean, invstd = save_mean._lt, save_invstd._lt
+    else:
+        if rm is None or rv is None:
+            raise RuntimeError("native_batch_norm_backward: running_mean and running_var are required when train=False")
+        mean, invstd = rm._lt, _make(_BN_INVSTD, (rv._lt,), (float(eps),))
+    gi = gw = gb = None
+    if output_mask[0]:
+        ops = (g._lt, x._lt, mean, invstd) + ((w._lt,) if w is not None else ())
+        gi = wrap(_make(_BN_GI, ops, (int(bool(train)), int(w is not None))))
+    pdt = (w if w is not None else x).dtype
+    if output_mask[1]:
+        gw = wrap(_make(_BN_GW, (g._lt, x._lt, mean, invstd), (code(pdt),)))
+    if output_mask[2]:
+        gb = wrap(_make(_SUM, (g._lt,), ([0] + list(range(2, g.dim())), 0, code(pdt))))
+    return gi, gw, gb
