@@ -43,6 +43,16 @@ class _DeviceModule:
         _random.manual_seed(seed)
 
     @staticmethod
+    def get_rng_state(device="xla"):
+        from . import _random
+        return _random.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state, device="xla"):
+        from . import _random
+        _random.set_rng_state(state)
+
+    @staticmethod
     def get_amp_supported_dtype():
         return [torch.bfloat16, torch.float16]
 
