@@ -15,7 +15,6 @@ def _r(*shape, grad=True, seed=0):
 
 
 @pytest.mark.parametrize("stride,padding,dilation,groups,bias", [
-    (1, 0, 1, 1, True),
     (2, 1, 1, 1, False),
     (1, 2, 2, 1, True),
     (3, 1, 1, 2, True),   # leftover input rows the strided window never reaches
@@ -43,7 +42,6 @@ def test_conv_unbatched_and_same_padding():
 
 
 @pytest.mark.parametrize("stride,padding,output_padding,dilation,groups", [
-    (1, 0, 0, 1, 1),
     (2, 1, 1, 1, 1),
     (3, 0, 2, 1, 2),
     (2, 2, 0, 2, 2),
@@ -70,7 +68,6 @@ def test_conv_float64():
 
 @pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", [
     (2, None, 0, 1, False),
-    (3, 2, 1, 1, False),
     (3, 2, 1, 1, True),
     ((2, 3), (1, 2), (1, 1), 1, False),
     (2, 1, 0, 2, False),
@@ -98,7 +95,6 @@ def test_max_pool3d():
 
 @pytest.mark.parametrize("kernel,stride,padding,ceil_mode,count_include_pad,divisor_override", [
     (2, None, 0, False, True, None),
-    (3, 2, 1, False, True, None),
     (3, 2, 1, False, False, None),
     (3, 2, 1, True, True, None),
     (3, 2, 1, True, False, None),
@@ -111,7 +107,7 @@ def test_avg_pool2d(kernel, stride, padding, ceil_mode, count_include_pad, divis
                                               divisor_override), x)
 
 
-@pytest.mark.parametrize("out", [1, (1, 1), 2, (4, 2), (3, 5), (5, 7)])
+@pytest.mark.parametrize("out", [1, (4, 2), (3, 5)])
 def test_adaptive_avg_pool2d(out):
     assert_matches_cpu(lambda x: F.adaptive_avg_pool2d(x, out), _r(2, 3, 8, 7))
 
@@ -121,8 +117,7 @@ def test_adaptive_avg_pool2d_unbatched_and_3d():
     assert_matches_cpu(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), _r(1, 2, 5, 6, 4))
 
 
-@pytest.mark.parametrize("affine", [True, False])
-@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 3), (4, 3, 7)])
+@pytest.mark.parametrize("affine,shape", [(True, (4, 3, 5, 5)), (False, (6, 3)), (True, (4, 3, 7))])
 def test_batch_norm_train(affine, shape):
     x = _r(*shape) * 3 + 1
     x = x.detach().requires_grad_()
@@ -190,19 +185,24 @@ def test_small_cnn_train_step():
     before = dict(txc.metrics.fallbacks())
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_d = torch.optim.SGD(dev.parameters(), lr=0.1)
-    for _ in range(2):
-        for model, opt, xx, yy in ((ref, opt_r, x, y), (dev, opt_d, x.to(txc.device()), y.to(txc.device()))):
+    xd, yd = x.to(txc.device()), y.to(txc.device())
+    for step in range(3):
+        if step == 2:
+            compiles = txc.metrics.counters().get("compile", 0)
+        for model, opt, xx, yy in ((ref, opt_r, x, y), (dev, opt_d, xd, yd)):
             opt.zero_grad()
             loss = F.cross_entropy(model(xx), yy)
             loss.backward()
             opt.step()
-        txc.sync() if hasattr(txc, "sync") else None
+        txc.sync()
+    # the step's graph is stable: the third step reuses the second's executable
+    assert txc.metrics.counters().get("compile", 0) == compiles
     sd_r, sd_d = ref.state_dict(), dev.state_dict()
     for k in sd_r:
         torch.testing.assert_close(sd_d[k].cpu(), sd_r[k], atol=1e-4, rtol=1e-4, msg=lambda m: f"{k}: {m}")
     for (k, p_r), p_d in zip(ref.named_parameters(), dev.parameters()):
         torch.testing.assert_close(p_d.grad.cpu(), p_r.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{k}.grad: {m}")
-    assert sd_d["bn1.num_batches_tracked"].item() == 2
+    assert sd_d["bn1.num_batches_tracked"].item() == 3
     # running stats really moved from their initial values
     assert not torch.allclose(sd_d["bn1.running_mean"].cpu(), torch.zeros(8))
     ref.eval()
