@@ -58,6 +58,7 @@ def _setitem(fn):
     ("tensor_dim1_scalar", lambda y, i, m: y.__setitem__((slice(None), i), 7.0)),
     ("mask_scalar", lambda y, i, m: y.__setitem__(m, 0.0)),
     ("mask_row", lambda y, i, m: y.__setitem__(m[:, 0], y[0] * 2)),
+    ("mask_dim1_rows", lambda y, i, m: y.__setitem__((slice(None), m[0]), y[:, :1] + 1)),
     ("int_slice", lambda y, i, m: y.__setitem__((1, slice(0, 3)), -1.0)),
     ("iadd_tensor", lambda y, i, m: y[:, 1:3].add_(y[:, 3:5])),
     ("ellipsis", lambda y, i, m: y.__setitem__((Ellipsis, 0), y[..., 1])),
@@ -77,6 +78,10 @@ def test_setitem_mask_values_stays_on_device():
     out = assert_matches_cpu(_setitem(lambda y, m, v: y.__setitem__(m, v)), x, mask, v)
     assert txc.metrics.counters().get("data_dependent::index_put", 0) == before.get("data_dependent::index_put", 0)
     assert out.shape == x.shape
+    cols = mask[0]  # x[:, cols] = v with v holding one column per selected column
+    w = torch.randn(4, int(cols.sum()))
+    assert_matches_cpu(_setitem(lambda y, c, w: y.__setitem__((slice(None), c), w)), x, cols, w)
+    assert txc.metrics.counters().get("data_dependent::index_put", 0) == before.get("data_dependent::index_put", 0)
 
 
 def test_mask_backward_stays_on_device():
@@ -125,6 +130,7 @@ def test_gather():
     assert_matches_cpu(lambda x, i: torch.take_along_dim(x, i.abs(), dim=1), x, i)
 
 
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
 def test_scatter_src_value_add():
     x = rand(3, 5)
     src = rand(3, 4)
@@ -193,6 +199,19 @@ def test_cumsum_cumprod():
     assert_matches_cpu(lambda x: x.cumsum(0), torch.tensor([True, False, True]))
     out = assert_matches_cpu(lambda x: x.cumsum(-1), torch.arange(5, dtype=torch.int32))
     assert out.dtype == torch.int64
+
+
+def test_cummax_cummin():
+    x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 5.0, 0.0], [2.0, 1.0, 1.0, 0.0, 4.0, 4.0]]).requires_grad_()
+    assert_matches_cpu(lambda x: torch.cummax(x, 1), x)
+    assert_matches_cpu(lambda x: torch.cummin(x, 1), x)
+    assert_matches_cpu(lambda x: torch.cummax(x, 0), torch.tensor([[3, 1], [3, 5], [2, 5]]))
+
+
+def test_kthvalue():
+    x = torch.randn(3, 6).requires_grad_()
+    assert_matches_cpu(lambda x: torch.kthvalue(x, 2, 1), x)
+    assert_matches_cpu(lambda x: torch.kthvalue(x, 3, 0, keepdim=True), x)
 
 
 def test_sort_topk_argsort():

@@ -473,8 +473,9 @@ TXC_OP("embedding_backward", 2,
        });
 
 // ---- cumulative ops ---------------------------------------------------------
-// cumsum/cumprod(x; dim, dtype): dtype -1 means torch's default (integers and
-// bools accumulate in int64). A reduce_window over a window the size of dim.
+// cumsum/cumprod/cummax/cummin(x; dim, dtype): dtype -1 means torch's default
+// (integers and bools accumulate in int64). A reduce_window over a window the
+// size of dim (XLA rewrites it into an efficient scan).
 void reg_cum(const char* name, const char* body, double init) {
   register_op(OpDef{
       name, 1,
@@ -489,12 +490,15 @@ void reg_cum(const char* name, const char* body, double init) {
         const Node& x = *n.operands[0];
         std::string v = cx.convert(cx.in(n, 0), x.dtype, n.dtype, x.dims);
         if (x.rank() == 0 || x.numel() == 0) return v;
-        return cumulative(cx, v, n.dtype, x.dims, n.attr_int(0), body, init);
+        double i = std::isinf(init) ? (init < 0 ? lowest(n.dtype) : highest(n.dtype)) : init;
+        return cumulative(cx, v, n.dtype, x.dims, n.attr_int(0), body, i);
       }});
 }
 [[maybe_unused]] const bool registered_cum = [] {
   reg_cum("cumsum", "stablehlo.add", 0);
   reg_cum("cumprod", "stablehlo.multiply", 1);
+  reg_cum("cummax", "stablehlo.maximum", -INFINITY);  // pass dtype = x's; init clamps to the dtype below
+  reg_cum("cummin", "stablehlo.minimum", INFINITY);
   return true;
 }();
 

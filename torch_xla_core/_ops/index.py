@@ -368,6 +368,33 @@ def cumprod(x, dim, *, dtype=None):
     return _cum(OP.cumprod, x, dim, dtype)
 
 
+def _cumext(opid, x, dim):
+    """cummax/cummin: running extreme and the (last) index where it was reached."""
+    if x.dim() == 0:
+        _dim(dim, 0)
+        return _op(OP.alias, (x._lt,)), wrap(_make(OP.full, (), (0.0, code(torch.int64), [])))
+    d = _dim(dim, x.dim())
+    v = _op(opid, (x._lt,), (d, code(x.dtype)))
+    # the extreme was reached at i where x[i] == running[i] (or x[i] is NaN);
+    # the index for j is the last such i <= j: a running max of those i.
+    hit = call(aten.eq.Tensor, x, v)
+    if x.is_floating_point():
+        hit = call(aten.logical_or.default, hit, call(aten.ne.Tensor, x, x))
+    pos = wrap(_make(OP.iota, (), (code(torch.int64), list(x.shape), d)))
+    pos = call(aten.where.self, hit, pos, wrap(_make(OP.full, (), (-1.0, code(torch.int64), []))))
+    return v, _op(OP.cummax, (pos._lt,), (d, code(torch.int64)))
+
+
+@impl(aten.cummax.default)
+def cummax(x, dim):
+    return _cumext(OP.cummax, x, dim)
+
+
+@impl(aten.cummin.default)
+def cummin(x, dim):
+    return _cumext(OP.cummin, x, dim)
+
+
 def _sort(x, dim, descending):
     if x.dim() == 0:
         _dim(dim, 0)
@@ -409,6 +436,23 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
         raise RuntimeError("topk(): selected index k out of range")
     v, i = _sort(x, d, largest)
     return (_op(OP.slice, (v._lt,), (d, 0, k, 1)), _op(OP.slice, (i._lt,), (d, 0, k, 1)))
+
+
+@impl(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    d = _dim(dim, x.dim())
+    n = x.shape[d] if x.dim() else 1
+    if not 1 <= k <= n:
+        raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
+    v, i = _sort(x, d, False)
+    if x.dim() == 0:
+        return v, i
+    v, i = _op(OP.select, (v._lt,), (d, k - 1)), _op(OP.select, (i._lt,), (d, k - 1))
+    if keepdim:
+        shape = list(x.shape)
+        shape[d] = 1
+        v, i = _op(OP.reshape, (v._lt,), (shape,)), _op(OP.reshape, (i._lt,), (shape,))
+    return v, i
 
 
 # ---- triangles, diagonals ---------------------------------------------------
