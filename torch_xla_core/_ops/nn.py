@@ -16,7 +16,7 @@ import math
 import torch
 
 from .._dtypes import code
-from .._tensor import OP, _make, wrap
+from .._tensor import OP, _op
 from . import aten, impl
 
 _F32 = torch.float32
@@ -37,37 +37,37 @@ def _half_to_float(name, x, half_to_float):
 
 @impl(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
-    return wrap(_make(_SM, (x._lt,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0)))
+    return _op(_SM, (x._lt,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0))
 
 
 @impl(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
-    return wrap(_make(_SM, (x._lt,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0)))
+    return _op(_SM, (x._lt,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0))
 
 
 @impl(aten.softmax.int)
 def softmax_int(x, dim, dtype=None):
-    return wrap(_make(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 0)))
+    return _op(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 0))
 
 
 @impl(aten.log_softmax.int)
 def log_softmax_int(x, dim, dtype=None):
-    return wrap(_make(_SM, (x._lt,), (dim, 1, code(dtype or x.dtype), 0)))
+    return _op(_SM, (x._lt,), (dim, 1, code(dtype or x.dtype), 0))
 
 
 @impl(aten._safe_softmax.default)
 def _safe_softmax(x, dim, dtype=None):
-    return wrap(_make(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 1)))
+    return _op(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 1))
 
 
 @impl(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad, out, dim, input_dtype):
-    return wrap(_make(_SMB, (grad._lt, out._lt), (dim, 0, code(input_dtype))))
+    return _op(_SMB, (grad._lt, out._lt), (dim, 0, code(input_dtype)))
 
 
 @impl(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad, out, dim, input_dtype):
-    return wrap(_make(_SMB, (grad._lt, out._lt), (dim, 1, code(input_dtype))))
+    return _op(_SMB, (grad._lt, out._lt), (dim, 1, code(input_dtype)))
 
 
 # ---- layer norm ----------------------------------------------------------------
@@ -94,8 +94,8 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         ops += (bias._lt,)
     hw, hb = weight is not None, bias is not None
     eps = float(eps)
-    return (wrap(_make(_LN, ops, (axis, eps, 0, hw, hb))), wrap(_make(_LN, ops, (axis, eps, 1, hw, hb))),
-            wrap(_make(_LN, ops, (axis, eps, 2, hw, hb))))
+    return (_op(_LN, ops, (axis, eps, 0, hw, hb)), _op(_LN, ops, (axis, eps, 1, hw, hb)),
+            _op(_LN, ops, (axis, eps, 2, hw, hb)))
 
 
 @impl(aten.native_layer_norm_backward.default)
@@ -105,9 +105,9 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
     hw = weight is not None
     if hw:
         ops += (weight._lt,)
-    gi = wrap(_make(_LNB, ops, (axis, 0, hw, code(x.dtype)))) if output_mask[0] else None
-    gw = wrap(_make(_LNB, ops, (axis, 1, hw, code(weight.dtype)))) if output_mask[1] and hw else None
-    gb = (wrap(_make(_LNB, ops, (axis, 2, hw, code(bias.dtype)))) if output_mask[2] and bias is not None
+    gi = _op(_LNB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
+    gw = _op(_LNB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
+    gb = (_op(_LNB, ops, (axis, 2, hw, code(bias.dtype))) if output_mask[2] and bias is not None
           else None)
     return gi, gw, gb
 
@@ -126,7 +126,7 @@ def _fused_rms_norm(x, normalized_shape, weight=None, eps=None):
     eps = _rms_eps(x, eps)
     hw = weight is not None
     ops = (x._lt, weight._lt) if hw else (x._lt,)
-    return wrap(_make(_RMS, ops, (axis, eps, 0, hw))), wrap(_make(_RMS, ops, (axis, eps, 1, hw)))
+    return _op(_RMS, ops, (axis, eps, 0, hw)), _op(_RMS, ops, (axis, eps, 1, hw))
 
 
 @impl(aten._fused_rms_norm_backward.default)
@@ -134,8 +134,8 @@ def _fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mas
     axis = _norm_axis(x, normalized_shape)
     hw = weight is not None
     ops = (grad._lt, x._lt, rstd._lt) + ((weight._lt,) if hw else ())
-    gi = wrap(_make(_RMSB, ops, (axis, 0, hw, code(x.dtype)))) if output_mask[0] else None
-    gw = wrap(_make(_RMSB, ops, (axis, 1, hw, code(weight.dtype)))) if output_mask[1] and hw else None
+    gi = _op(_RMSB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
+    gw = _op(_RMSB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
     return gi, gw
 
 
@@ -170,13 +170,13 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     ops = (x._lt, target._lt) + ((weight._lt,) if weight is not None else ())
     a = (int(reduction), int(ignore_index))
     hw = weight is not None
-    return wrap(_make(_NLL, ops, a + (0, hw))), wrap(_make(_NLL, ops, a + (1, hw)))
+    return _op(_NLL, ops, a + (0, hw)), _op(_NLL, ops, a + (1, hw))
 
 
 @impl(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
     ops = (grad._lt, x._lt, target._lt, total_weight._lt) + ((weight._lt,) if weight is not None else ())
-    return wrap(_make(_NLLB, ops, (int(reduction), int(ignore_index), weight is not None)))
+    return _op(_NLLB, ops, (int(reduction), int(ignore_index), weight is not None))
 
 
 # ---- scaled dot-product attention ------------------------------------------------
@@ -209,9 +209,9 @@ def sdpa_fused(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_d
     hm = attn_bias is not None
     ops = (q._lt, k._lt, v._lt) + ((attn_bias._lt,) if hm else ())
     a = (_scale(q, scale), bool(is_causal))
-    out = wrap(_make(_SDPA, ops, a + (0, hm)))
-    lse = wrap(_make(_SDPA, ops, a + (1, hm)))
-    e = wrap(_make(OP.full, (), (0.0, _EMPTY_I64, [0])))
+    out = _op(_SDPA, ops, a + (0, hm))
+    lse = _op(_SDPA, ops, a + (1, hm))
+    e = _op(OP.full, (), (0.0, _EMPTY_I64, [0]))
     return out, lse, e, e, q.shape[-2], k.shape[-2], e, e, e
 
 
@@ -221,8 +221,8 @@ def sdpa_fused_backward(grad, q, k, v, attn_bias, grad_input_mask, out, lse, cum
     hm = attn_bias is not None
     ops = (q._lt, k._lt, v._lt, grad._lt, out._lt, lse._lt) + ((attn_bias._lt,) if hm else ())
     a = (_scale(q, scale), bool(is_causal))
-    r = [wrap(_make(_SDPAB, ops, a + (i, hm))) if grad_input_mask[i] else None for i in range(3)]
-    r.append(wrap(_make(_SDPAB, ops, a + (3, hm))) if hm and grad_input_mask[3] and attn_bias.is_floating_point()
+    r = [_op(_SDPAB, ops, a + (i, hm)) if grad_input_mask[i] else None for i in range(3)]
+    r.append(_op(_SDPAB, ops, a + (3, hm)) if hm and grad_input_mask[3] and attn_bias.is_floating_point()
              else None)
     return tuple(r)
 
@@ -233,24 +233,24 @@ _EMB = OP.embedding
 
 @impl(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return wrap(_make(_EMB, (weight._lt, indices._lt), ()))
+    return _op(_EMB, (weight._lt, indices._lt), ())
 
 
 @impl(aten.mse_loss.default)
 def mse_loss(x, target, reduction=1):
-    return wrap(_make(OP.mse_loss, (x._lt, target._lt), (int(reduction),)))
+    return _op(OP.mse_loss, (x._lt, target._lt), (int(reduction),))
 
 
 @impl(aten.mse_loss_backward.default)
 def mse_loss_backward(grad, x, target, reduction):
-    return wrap(_make(OP.mse_loss_backward, (grad._lt, x._lt, target._lt), (int(reduction),)))
+    return _op(OP.mse_loss_backward, (grad._lt, x._lt, target._lt), (int(reduction),))
 
 
 @impl(aten.binary_cross_entropy_with_logits.default)
 def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     ops = (x._lt, target._lt) + ((weight._lt,) if weight is not None else ()) + \
           ((pos_weight._lt,) if pos_weight is not None else ())
-    return wrap(_make(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None)))
+    return _op(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None))
 
 
 _lib = torch.library.Library("aten", "IMPL")
