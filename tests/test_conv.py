@@ -117,6 +117,17 @@ def test_adaptive_avg_pool2d_unbatched_and_3d():
     assert_matches_cpu(lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), _r(1, 2, 5, 6, 4))
 
 
+@pytest.mark.parametrize("out", [(4, 2), (3, 5), 1])
+def test_adaptive_max_pool2d(out):
+    x = _r(2, 3, 8, 7)
+    x.data[0, 0, :2, :2] = 5.0  # a tie inside one window: the first index wins
+    _, idx = assert_matches_cpu(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), x)
+    assert idx.dtype == torch.int64
+
+
+def test_adaptive_max_pool3d_unbatched():
+    assert_matches_cpu(lambda x: F.adaptive_max_pool3d(x, (2, 3, 2), return_indices=True), _r(2, 5, 6, 4))
+
 @pytest.mark.parametrize("affine,shape", [(True, (4, 3, 5, 5)), (False, (6, 3)), (True, (4, 3, 7))])
 def test_batch_norm_train(affine, shape):
     x = _r(*shape) * 3 + 1

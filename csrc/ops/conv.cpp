@@ -453,6 +453,67 @@ TXC_OP("max_pool", 1,
          return reduce_window(cx, cx.in(n, 0), x.dtype, x.dims, n.dims, w, "stablehlo.maximum", lowest_of(x.dtype));
        });
 
+// Region of a (value, index) max-reduction: NaN wins, ties pick the smaller index.
+std::string argmax_region(LowerCtx& cx, DType t) {
+  std::string it = LowerCtx::type(DType::I64, {});
+  std::string st = LowerCtx::type(t, {});
+  std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh();
+  std::string cmpt = is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
+  std::string body;
+  auto cmp = [&](const std::string& l, const std::string& r, const char* dir, const std::string& ct,
+                 const std::string& ty) {
+    std::string o = cx.fresh();
+    body += "        " + o + " = \"stablehlo.compare\"(" + l + ", " + r +
+            ") <{compare_type = #stablehlo<comparison_type " + ct +
+            ">, comparison_direction = #stablehlo<comparison_direction " + dir + ">}> : (" + ty + ", " + ty +
+            ") -> tensor<i1>\n";
+    return o;
+  };
+  auto bin = [&](const char* op, const std::string& l, const std::string& r) {
+    std::string o = cx.fresh();
+    body += "        " + o + " = \"stablehlo." + op + "\"(" + l + ", " + r + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
+    return o;
+  };
+  // take b when: b > a, or b is NaN and a is not, or (equal or both NaN) and bi < ai.
+  std::string gt = cmp(b, a, "GT", cmpt, st);
+  std::string eq = cmp(b, a, "EQ", cmpt, st);
+  std::string an = cmp(a, a, "NE", cmpt, st);
+  std::string bn = cmp(b, b, "NE", cmpt, st);
+  std::string lt = cmp(bi, ai, "LT", "SIGNED", it);
+  std::string t_true = cx.fresh();
+  body += "        " + t_true + " = \"stablehlo.constant\"() <{value = dense<true> : tensor<i1>}> : () -> tensor<i1>\n";
+  std::string nan_a = cx.fresh();
+  body += "        " + nan_a + " = \"stablehlo.xor\"(" + an + ", " + t_true + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
+  std::string bnan_only = bin("and", bn, nan_a);
+  std::string both_nan = bin("and", an, bn);
+  std::string same = bin("or", eq, both_nan);
+  std::string tie = bin("and", same, lt);
+  std::string take = bin("or", bin("or", gt, bnan_only), tie);
+  std::string rv = cx.fresh(), ri = cx.fresh();
+  body += "        " + rv + " = \"stablehlo.select\"(" + take + ", " + b + ", " + a + ") : (tensor<i1>, " + st +
+          ", " + st + ") -> " + st + "\n";
+  body += "        " + ri + " = \"stablehlo.select\"(" + take + ", " + bi + ", " + ai + ") : (tensor<i1>, " + it +
+          ", " + it + ") -> " + it + "\n";
+  body += "        \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + st + ", " + it + ") -> ()\n";
+  std::string region = "({\n      ^bb0(" + a + ": " + st + ", " + ai + ": " + it + ", " + b + ": " + st + ", " +
+                       bi + ": " + it + "):\n" + body + "    })";
+  return region;
+}
+
+// int64 tensor of x's dims holding each element's flat index within its
+// plane of the trailing ns dims.
+std::string plane_index(LowerCtx& cx, const Dims& xd, size_t ns) {
+  size_t lead = xd.size() - ns;
+  Dims plane(xd.begin() + lead, xd.end());
+  int64_t np = 1;
+  for (auto d : plane) np *= d;
+  std::string flat = cx.op("stablehlo.iota", {}, {}, LowerCtx::type(DType::I64, {np}), "iota_dimension = 0 : i64");
+  std::string pl = cx.reshape(flat, DType::I64, {np}, plane);
+  Dims map;
+  for (size_t j = 0; j < ns; ++j) map.push_back(int64_t(lead + j));
+  return cx.broadcast_in_dim(pl, DType::I64, plane, xd, map);
+}
+
 // max_pool_indices(x; same attrs): int64 index of each window's maximum,
 // flattened within its input plane (torch's convention). Ties pick the first.
 TXC_OP("max_pool_indices", 1,
@@ -463,59 +524,11 @@ TXC_OP("max_pool_indices", 1,
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[0];
          PoolP p = max_pool_params(n);
-         size_t ns = p.k.size(), lead = x.dims.size() - ns;
          Window w = pool_window(x.dims, n.dims, p);
          DType t = x.dtype;
-         Dims plane(x.dims.begin() + lead, x.dims.end());
-         int64_t np = 1;
-         for (auto d : plane) np *= d;
-         std::string it = LowerCtx::type(DType::I64, {});
-         std::string flat = cx.op("stablehlo.iota", {}, {}, LowerCtx::type(DType::I64, {np}), "iota_dimension = 0 : i64");
-         std::string pl = cx.reshape(flat, DType::I64, {np}, plane);
-         Dims map;
-         for (size_t j = 0; j < ns; ++j) map.push_back(int64_t(lead + j));
-         std::string idx = cx.broadcast_in_dim(pl, DType::I64, plane, x.dims, map);
-         std::string st = LowerCtx::type(t, {}), bt = "tensor<i1>";
-         std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh();
-         std::string cmpt = is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
-         std::string body;
-         auto cmp = [&](const std::string& l, const std::string& r, const char* dir, const std::string& ct,
-                        const std::string& ty) {
-           std::string o = cx.fresh();
-           body += "        " + o + " = \"stablehlo.compare\"(" + l + ", " + r +
-                   ") <{compare_type = #stablehlo<comparison_type " + ct +
-                   ">, comparison_direction = #stablehlo<comparison_direction " + dir + ">}> : (" + ty + ", " + ty +
-                   ") -> tensor<i1>\n";
-           return o;
-         };
-         auto bin = [&](const char* op, const std::string& l, const std::string& r) {
-           std::string o = cx.fresh();
-           body += "        " + o + " = \"stablehlo." + op + "\"(" + l + ", " + r + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
-           return o;
-         };
-         // take b when: b > a, or b is NaN and a is not, or (equal or both NaN) and bi < ai.
-         std::string gt = cmp(b, a, "GT", cmpt, st);
-         std::string eq = cmp(b, a, "EQ", cmpt, st);
-         std::string an = cmp(a, a, "NE", cmpt, st);
-         std::string bn = cmp(b, b, "NE", cmpt, st);
-         std::string lt = cmp(bi, ai, "LT", "SIGNED", it);
-         std::string t_true = cx.fresh();
-         body += "        " + t_true + " = \"stablehlo.constant\"() <{value = dense<true> : tensor<i1>}> : () -> tensor<i1>\n";
-         std::string nan_a = cx.fresh();
-         body += "        " + nan_a + " = \"stablehlo.xor\"(" + an + ", " + t_true + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
-         std::string bnan_only = bin("and", bn, nan_a);
-         std::string both_nan = bin("and", an, bn);
-         std::string same = bin("or", eq, both_nan);
-         std::string tie = bin("and", same, lt);
-         std::string take = bin("or", bin("or", gt, bnan_only), tie);
-         std::string rv = cx.fresh(), ri = cx.fresh();
-         body += "        " + rv + " = \"stablehlo.select\"(" + take + ", " + b + ", " + a + ") : (tensor<i1>, " + st +
-                 ", " + st + ") -> " + st + "\n";
-         body += "        " + ri + " = \"stablehlo.select\"(" + take + ", " + bi + ", " + ai + ") : (tensor<i1>, " + it +
-                 ", " + it + ") -> " + it + "\n";
-         body += "        \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + st + ", " + it + ") -> ()\n";
-         std::string region = "({\n      ^bb0(" + a + ": " + st + ", " + ai + ": " + it + ", " + b + ": " + st + ", " +
-                              bi + ": " + it + "):\n" + body + "    })";
+         std::string idx = plane_index(cx, x.dims, p.k.size());
+         std::string st = LowerCtx::type(t, {}), it = LowerCtx::type(DType::I64, {});
+         std::string region = argmax_region(cx, t);
          std::string r = cx.op_multi(
              "stablehlo.reduce_window",
              {cx.in(n, 0), idx, cx.constant(lowest_of(t), t), cx.constant(double(int64_t(1) << 62), DType::I64)},
@@ -756,6 +769,77 @@ TXC_OP("adaptive_avg_pool_backward", 1,
          v = adaptive_apply(cx, v, g.dims, t, ns, Dims(n.dims.end() - ns, n.dims.end()),
                             Dims(g.dims.end() - ns, g.dims.end()), true);
          return cx.convert(v, t, g.dtype, n.dims);
+       });
+
+// adaptive_max_pool(x; output_size, want_indices): values (or int64 flat
+// plane indices) of the max over torch's adaptive windows [floor(o*I/O),
+// ceil((o+1)*I/O)). Each spatial dim is gathered into O windows of the
+// longest window's length K (short windows repeat their last element, which
+// leaves max and first-index unchanged), then K is reduced.
+TXC_OP("adaptive_max_pool", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         const Dims& os = n.attr_dims(0);
+         size_t ns = os.size();
+         if (x.dims.size() != ns + 1 && x.dims.size() != ns + 2)
+           op_error(n, "Expected " + std::to_string(ns + 1) + "D or " + std::to_string(ns + 2) +
+                           "D tensor for input, but got a tensor of shape " + dims_str(x.dims));
+         for (size_t i = 1; i < x.dims.size(); ++i)
+           if (x.dims[i] == 0)
+             op_error(n, "Expected input to have non-zero size for non-batch dimensions, but input has sizes " +
+                             dims_str(x.dims) + " with dimension " + std::to_string(i) + " being empty");
+         for (auto o : os)
+           if (o <= 0) op_error(n, "output_size must be positive, got " + dims_str(os));
+         n.dtype = n.attr_int(1) ? DType::I64 : x.dtype;
+         n.dims = Dims(x.dims.begin(), x.dims.end() - ns);
+         n.dims.insert(n.dims.end(), os.begin(), os.end());
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Node& x = *n.operands[0];
+         const Dims& os = n.attr_dims(0);
+         size_t ns = os.size(), lead = x.dims.size() - ns;
+         DType t = x.dtype;
+         std::string v = cx.in(n, 0), idx = plane_index(cx, x.dims, ns);
+         Dims d = x.dims, split(x.dims.begin(), x.dims.begin() + lead), red;
+         for (size_t j = 0; j < ns; ++j) {
+           int64_t a = int64_t(lead + j), I = d[a], O = os[j], K = 0;
+           for (int64_t o = 0; o < O; ++o) K = std::max(K, ((o + 1) * I + O - 1) / O - (o * I) / O);
+           std::vector<double> gi;
+           for (int64_t o = 0; o < O; ++o) {
+             int64_t s0 = (o * I) / O, e0 = ((o + 1) * I + O - 1) / O;
+             for (int64_t k = 0; k < K; ++k) gi.push_back(double(std::min(s0 + k, e0 - 1)));
+           }
+           std::string ix = cx.reshape(dense_const(cx, gi, DType::I64, {O * K}), DType::I64, {O * K}, {O * K, 1});
+           Dims nd = d, sizes = d;
+           nd[a] = O * K;
+           sizes[a] = 1;
+           std::string off = "[";
+           for (int64_t i = 0, c = 0; i < int64_t(d.size()); ++i)
+             if (i != a) off += (c++ ? ", " : "") + std::to_string(i);
+           off += "]";
+           std::string props = "dimension_numbers = #stablehlo.gather<offset_dims = " + off +
+                               ", collapsed_slice_dims = [" + std::to_string(a) + "], start_index_map = [" +
+                               std::to_string(a) + "], index_vector_dim = 1>, indices_are_sorted = true, slice_sizes = " +
+                               LowerCtx::i64_array(sizes);
+           std::string ixt = LowerCtx::type(DType::I64, {O * K, 1});
+           v = cx.op("stablehlo.gather", {v, ix}, {LowerCtx::type(t, d), ixt}, LowerCtx::type(t, nd), props);
+           idx = cx.op("stablehlo.gather", {idx, ix}, {LowerCtx::type(DType::I64, d), ixt}, LowerCtx::type(DType::I64, nd),
+                       props);
+           d = nd;
+           split.push_back(O);
+           split.push_back(K);
+           red.push_back(int64_t(lead + 2 * j + 1));
+         }
+         v = cx.reshape(v, t, d, split);
+         idx = cx.reshape(idx, DType::I64, d, split);
+         std::string st = LowerCtx::type(t, {}), it = LowerCtx::type(DType::I64, {});
+         std::string r = cx.op_multi(
+             "stablehlo.reduce",
+             {v, idx, cx.constant(lowest_of(t), t), cx.constant(double(int64_t(1) << 62), DType::I64)},
+             {LowerCtx::type(t, split), LowerCtx::type(DType::I64, split), st, it},
+             {LowerCtx::type(t, n.dims), LowerCtx::type(DType::I64, n.dims)},
+             "dimensions = " + LowerCtx::i64_array(red), argmax_region(cx, t));
+         return r + (n.attr_int(1) ? "#1" : "#0");
        });
 
 // ---- batch norm (channel dim 1; statistics over every other dim) ----

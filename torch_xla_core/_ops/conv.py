@@ -1,7 +1,7 @@
 """CNN ops -> core ops in csrc/ops/conv.cpp: convolution (any spatial rank,
 transposed too) and its gradients, max/avg/adaptive-avg pooling and their
 gradients, batch norm (train and eval, running-stat updates in place) and
-its gradient. One core op per result."""
+its gradient; adaptive max pooling. One core op per result."""
 from .. import _tensor
 from .._dtypes import code
 from .._tensor import OP, _make, wrap
@@ -10,7 +10,7 @@ from . import aten, assign, call, impl
 _CONV, _CONV_GI, _CONV_GW = OP.convolution, OP.convolution_backward_input, OP.convolution_backward_weight
 _MAXP, _MAXP_I, _MAXP_B = OP.max_pool, OP.max_pool_indices, OP.max_pool_backward
 _AVGP, _AVGP_B = OP.avg_pool, OP.avg_pool_backward
-_ADP, _ADP_B = OP.adaptive_avg_pool, OP.adaptive_avg_pool_backward
+_ADP, _ADP_B, _ADMP = OP.adaptive_avg_pool, OP.adaptive_avg_pool_backward, OP.adaptive_max_pool
 _BN_STATS, _BN_INVSTD, _BN_APPLY, _BN_UPDATE = OP.batch_norm_stats, OP.batch_norm_invstd, OP.batch_norm_apply, OP.batch_norm_update
 _BN_GI, _BN_GW, _SUM, _FULL = OP.batch_norm_backward_input, OP.batch_norm_backward_weight, OP.sum, OP.full
 
@@ -138,6 +138,24 @@ impl(aten._adaptive_avg_pool2d_backward.default)(_ad2b)
 impl(aten._adaptive_avg_pool3d.default)(_ad3)
 impl(aten._adaptive_avg_pool3d_backward.default)(_ad3b)
 
+
+def _adaptive_max(ns):
+    def fwd(x, output_size):
+        os = _exp(output_size, ns, f"adaptive_max_pool{ns}d", "output_size")
+        lt = x._lt
+        return wrap(_make(_ADMP, (lt,), (os, 0))), wrap(_make(_ADMP, (lt,), (os, 1)))
+
+    def bwd(g, x, indices):
+        return wrap(_make(_MAXP_B, (g._lt, indices._lt), (list(x.shape), ns)))
+    return fwd, bwd
+
+
+_am2, _am2b = _adaptive_max(2)
+_am3, _am3b = _adaptive_max(3)
+impl(aten.adaptive_max_pool2d.default)(_am2)
+impl(aten.adaptive_max_pool2d_backward.default)(_am2b)
+impl(aten.adaptive_max_pool3d.default)(_am3)
+impl(aten.adaptive_max_pool3d_backward.default)(_am3b)
 
 # ---- batch norm ----
 
