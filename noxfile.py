@@ -54,7 +54,7 @@ def wheels(session: nox.Session) -> None:
     args = list(session.posargs)
     skip = {a for a in ("--no-install-check", "--no-tests") if a in args}
     args = [a for a in args if a not in skip]
-    session.install(*WHEEL_TOOLS, "pytest>=8")
+    session.install(*WHEEL_TOOLS, "pytest>=8", "pybind11>=3")
     env = _jobs_env()
     session.run("python", "build/wheels.py", "all", *args, env=env)
     fargs = [x for i, a in enumerate(args) if i and args[i - 1] == "--flavor"
@@ -79,12 +79,11 @@ def reproduce(session: nox.Session) -> None:
 @nox.session(python=PY, default=False)
 def cibuildwheel(session: nox.Session) -> None:
     """Both flavors with cibuildwheel, one run per flavor into
-    wheelhouse/<flavor>/. Uses docker when a daemon answers and the real
-    manylinux image can be pulled; otherwise podman with the local
+    wheelhouse/cibuildwheel/<flavor>/. Uses docker when a daemon answers and
+    the real manylinux image can be had; otherwise podman with the local
     manylinux-like builder image (build/builder/), and says which."""
-    session.install("cibuildwheel>=4.3")
-    session.run("python", "build/cibuildwheel.py", *session.posargs,
-                env={"CIBW_BUILD_FRONTEND": "pip"})
+    session.install("cibuildwheel==4.3.3")  # 4.3.5 needs a certifi newer than the index has
+    session.run("python", "build/cibuildwheel.py", *session.posargs, env=_jobs_env())
 
 
 @nox.session(python=PY, reuse_venv=True)

@@ -275,6 +275,13 @@ def check_wheel(whl: Path, flavor: fl.Flavor, *, repaired: bool = True) -> dict:
             if not flavor.cxx11_abi and tagged:
                 problems.append(f"nm -D {so}: {tagged} cxx11-tagged symbols in a "
                                 f"pre-C++11 build, e.g. {examples}")
+        cfg = tmp / "torch_xla_core/share/cmake/torch_xla_core/torch_xla_coreConfig.cmake"
+        headers = list((tmp / "torch_xla_core/include/torch_xla_core").rglob("*.h"))
+        if not cfg.is_file() or not headers:
+            problems.append("no CMake package config or no C++ API headers in the wheel")
+        elif f'set(torch_xla_core_FLAVOR "{flavor.name}")' not in cfg.read_text():
+            problems.append(f"{cfg.name} does not name flavor {flavor.name}")
+        result["headers"] = len(headers)
         info = isolated_build_info(whl, tmp)
     if info is not None:
         result["build_info"] = {k: info[k] for k in ("flavor", "cxx11_abi", "compiler",

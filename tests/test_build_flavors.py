@@ -267,3 +267,45 @@ def test_switching_flavor_needs_force_reinstall(built, tmp_path):
     assert installed() == f"{base}+precxx11"      # the trap
     pip_install(f"torch_xla_core=={base}", "-f", str(cx), "--force-reinstall")
     assert installed() == base
+
+
+_EXT_CMAKE = """cmake_minimum_required(VERSION 3.24)
+project(ext LANGUAGES CXX)
+find_package(Python 3.11 COMPONENTS Interpreter Development.Module REQUIRED)
+find_package(torch_xla_core 0.1 CONFIG REQUIRED)
+if(NOT torch_xla_core_FLAVOR STREQUAL "${WANT_FLAVOR}")
+  message(FATAL_ERROR "flavor ${torch_xla_core_FLAVOR}")
+endif()
+pybind11_add_module(ext ext.cpp)
+target_link_libraries(ext PRIVATE torch_xla_core::headers)
+"""
+_EXT_CPP = """#include <torch_xla_core/ops/registry.h>
+static_assert(_GLIBCXX_USE_CXX11_ABI == WANT_ABI, "the flavor's ABI reaches the extension");
+PYBIND11_MODULE(ext, m) { m.def("abi", [] { return _GLIBCXX_USE_CXX11_ABI; }); }
+"""
+
+
+@pytest.mark.packaging
+@pytest.mark.parametrize("name", FLAVORS)
+def test_extension_builds_against_wheel_headers(built, name, tmp_path):
+    """find_package(torch_xla_core) from the unpacked wheel gives the API
+    headers and compiles an extension with the wheel's ABI."""
+    pybind11 = pytest.importorskip("pybind11")
+    if not shutil.which("cmake"):
+        pytest.skip("no cmake")
+    f = MATRIX[name]
+    site = tmp_path / "site"
+    with zipfile.ZipFile(built[name]) as z:
+        z.extractall(site)
+    proj = tmp_path / "ext"
+    proj.mkdir()
+    (proj / "CMakeLists.txt").write_text(_EXT_CMAKE)
+    (proj / "ext.cpp").write_text(_EXT_CPP)
+    cmake_dir = site / "torch_xla_core/share/cmake/torch_xla_core"
+    subprocess.run(["cmake", "-S", str(proj), "-B", str(proj / "b"),
+                    f"-Dtorch_xla_core_DIR={cmake_dir}", f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+                    f"-DPython_EXECUTABLE={sys.executable}", f"-DWANT_FLAVOR={name}",
+                    f"-DCMAKE_CXX_FLAGS=-DWANT_ABI={int(f.cxx11_abi)}"],
+                   check=True, capture_output=True)
+    res = subprocess.run(["cmake", "--build", str(proj / "b")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:]

@@ -73,6 +73,24 @@ def build_info() -> dict:
     }
 
 
+def get_include() -> str:
+    """The folder holding the core's C++ API headers (the wheel's
+    torch_xla_core/include): `#include <torch_xla_core/ops/registry.h>`."""
+    return str(_pkg_dir() / "include")
+
+
+def get_cmake_dir() -> str:
+    """The folder of torch_xla_coreConfig.cmake, for find_package(torch_xla_core)
+    (set torch_xla_core_DIR to it, or add it to CMAKE_PREFIX_PATH)."""
+    return str(_pkg_dir() / "share" / "cmake" / "torch_xla_core")
+
+
+def _pkg_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent
+
+
 class _CallableModule(type(_md)):
     """Importing this submodule rebinds the package attribute
     `torch_xla_core.build_info` to the module, hiding a re-exported function

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Build every ABI flavor with cibuildwheel, in containers.
+
+    python build/cibuildwheel.py [--flavor F ...] [--engine auto|docker|podman-local]
+
+Owns picking the container route and running cibuildwheel once per flavor
+(TXC_ABI=<flavor>, passed into the container by [tool.cibuildwheel]
+environment-pass) into wheelhouse/cibuildwheel/<flavor>/, then the same
+per-wheel checks as build/wheels.py. Routes, first that works:
+
+  docker        a Docker daemon answers and the official manylinux_2_28
+                image is present or can be pulled: the real release route;
+  podman-local  podman with build/builder/containers.conf and the local
+                manylinux-like image from build/builder/make-image.sh (made
+                on demand): a local check, glibc 2.36, cp311 only.
+
+It says which route and image it used. cibuildwheel runs on a clean copy of
+the tree (git's tracked and untracked-not-ignored files): it tars its
+working directory into the container, and .nox/.skbuild must not go along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import flavors as fl  # noqa: E402
+import wheels  # noqa: E402
+
+ROOT = fl.ROOT
+MATRIX = fl.load()
+OUT = ROOT / "wheelhouse" / "cibuildwheel"
+REAL_IMAGE = "quay.io/pypa/manylinux_2_28_x86_64"
+LOCAL_IMAGE = "localhost/txc-manylinux-local:bookworm"
+BUILDER = HERE / "builder"
+
+
+def log(msg: str) -> None:
+    print(f"[cibuildwheel] {msg}", flush=True)
+
+
+def _ok(cmd: list[str], timeout: float = 60, env=None) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=timeout, env=env).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def podman_env() -> dict[str, str]:
+    return {**os.environ, "CONTAINERS_CONF": str(BUILDER / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(BUILDER / "storage.conf")}
+
+
+def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
+    """(route, extra env for cibuildwheel, why)."""
+    if engine in ("auto", "docker") and shutil.which("docker"):
+        if _ok(["docker", "info"], 20):
+            if _ok(["docker", "image", "inspect", REAL_IMAGE], 20) or \
+                    _ok(["docker", "pull", REAL_IMAGE], 300):
+                return "docker", {"CIBW_CONTAINER_ENGINE": "docker"}, \
+                    f"docker daemon answers; official image {REAL_IMAGE}"
+            why = f"docker answers but {REAL_IMAGE} cannot be pulled"
+        else:
+            why = "no Docker daemon answers"
+    else:
+        why = "docker not asked for" if engine != "auto" else "no docker CLI"
+    if engine == "docker":
+        raise SystemExit(f"[cibuildwheel] docker route not available: {why}")
+    env = podman_env()
+    if not _ok(["podman", "image", "exists", LOCAL_IMAGE], 30, env):
+        log(f"{why}; making the local builder image {LOCAL_IMAGE} (build/builder/make-image.sh)")
+        subprocess.run(["bash", str(BUILDER / "make-image.sh")], check=True,
+                       env={**env, "IMAGE": LOCAL_IMAGE})
+    env.update({"CIBW_CONTAINER_ENGINE": "podman",
+                "CIBW_MANYLINUX_X86_64_IMAGE": LOCAL_IMAGE,
+                "CIBW_BUILD": "cp311-manylinux_x86_64"})
+    return "podman-local", env, (f"{why}; podman with the local manylinux-like image "
+                                 f"{LOCAL_IMAGE} (glibc 2.36, cp311 only: a local check, "
+                                 "not a release build)")
+
+
+def export_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.split(b"\0")
+    for f in filter(None, files):
+        src = ROOT / f.decode()
+        if src.is_file():
+            (dest / f.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f.decode())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--flavor", action="append", choices=MATRIX.names())
+    p.add_argument("--engine", choices=["auto", "docker", "podman-local"], default="auto")
+    a = p.parse_args(argv)
+    route, env, why = pick_route(a.engine)
+    log(f"route: {route} -- {why}")
+    env["SOURCE_DATE_EPOCH"] = wheels.source_date_epoch()
+    env.setdefault("MAX_JOBS", "2")
+    report = {"route": route, "why": why, "flavors": {}}
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="txc-cibw-") as t:
+        src = Path(t) / "src"
+        export_tree(src)
+        for name in a.flavor or MATRIX.names():
+            f = MATRIX[name]
+            out = OUT / name
+            shutil.rmtree(out, ignore_errors=True)
+            cmd = [sys.executable, "-m", "cibuildwheel", "--platform", "linux",
+                   "--output-dir", str(out), "."]
+            log(f"{name}: {MATRIX.env_var}={name} cibuildwheel --output-dir {out.relative_to(ROOT)}")
+            t0 = time.monotonic()
+            rc = subprocess.run(cmd, cwd=src, env={**env, MATRIX.env_var: name}).returncode
+            secs = time.monotonic() - t0
+            entry = {"seconds": round(secs, 1), "rc": rc}
+            if rc == 0:
+                whl = wheels.one_wheel(out)
+                try:
+                    wheels.check_wheel(whl, f)
+                    entry.update(wheel=whl.name, bytes=whl.stat().st_size, check="ok")
+                    log(f"{name}: OK {whl.name} in {secs:.0f} s (checked: label, tags, nm -D, build_info)")
+                except wheels.CheckError as e:
+                    entry["check"] = str(e)
+                    failed = True
+                    log(f"{name}: CHECK FAILED {e}")
+            else:
+                failed = True
+                log(f"{name}: cibuildwheel failed (rc={rc}) after {secs:.0f} s")
+            report["flavors"][name] = entry
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log(f"route used: {route}; report: {(OUT / 'report.json').relative_to(ROOT)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
