@@ -236,6 +236,8 @@ def test_errors_name_the_op():
         F.conv2d(torch.randn(1, 3, 2, 2).to(d), w)
     with pytest.raises(RuntimeError, match=r"convolution.*Input type \(float64\) and weight type \(float32\)"):
         F.conv2d(x[:, :3].double(), w)
+    with pytest.raises(RuntimeError, match=r"same device.*xla:0 and cpu"):
+        F.conv2d(x[:, :3], torch.randn(4, 3, 3, 3))
     with pytest.raises(RuntimeError, match=r"max_pool.*pad should be at most half"):
         F.max_pool2d(x, 2, padding=2)
     with pytest.raises(RuntimeError, match=r"avg_pool.*Output size is too small"):

@@ -2,9 +2,8 @@
 transposed too) and its gradients, max/avg/adaptive-avg pooling and their
 gradients, batch norm (train and eval, running-stat updates in place) and
 its gradient; adaptive max pooling. One core op per result."""
-from .. import _tensor
 from .._dtypes import code
-from .._tensor import OP, _make, wrap
+from .._tensor import OP, _make, v, wrap
 from . import aten, assign, call, impl
 
 _CONV, _CONV_GI, _CONV_GW = OP.convolution, OP.convolution_backward_input, OP.convolution_backward_weight
@@ -15,17 +14,17 @@ _BN_STATS, _BN_INVSTD, _BN_APPLY, _BN_UPDATE = OP.batch_norm_stats, OP.batch_nor
 _BN_GI, _BN_GW, _SUM, _FULL = OP.batch_norm_backward_input, OP.batch_norm_backward_weight, OP.sum, OP.full
 
 
-def _exp(v, n, name="convolution", what="stride"):
+def _exp(val, n, name="convolution", what="stride"):
     """Expands an int or 1-element list to n ints (torch's expand_param_if_needed)."""
-    if isinstance(v, int):
-        return [v] * n
-    v = list(v)
-    if len(v) == 1 and n != 1:
-        return v * n
-    if len(v) != n:
+    if isinstance(val, int):
+        return [val] * n
+    val = list(val)
+    if len(val) == 1 and n != 1:
+        return val * n
+    if len(val) != n:
         raise RuntimeError(f"{name}: expected {what} to be a single integer value or a list of {n} values to match "
-                           f"the convolution dimensions, but got {what}={v}")
-    return v
+                           f"the convolution dimensions, but got {what}={val}")
+    return val
 
 
 # ---- convolution ----
@@ -44,7 +43,7 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
         x = call(aten.unsqueeze.default, x, 0)
     ns = max(w.dim() - 2, 0)
     attrs = _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups)
-    ops = (x._lt, w._lt) if bias is None else (x._lt, w._lt, bias._lt)
+    ops = (v(x), v(w)) if bias is None else (v(x), v(w), v(bias))
     r = wrap(_make(_CONV, ops, attrs))
     return call(aten.squeeze.dim, r, 0) if unbatched else r
 
@@ -56,11 +55,11 @@ def convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transpo
     attrs = _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups)
     gi = gw = gb = None
     if output_mask[0]:
-        gi = wrap(_make(_CONV_GI, (g._lt, w._lt), attrs + (list(x.shape),)))
+        gi = wrap(_make(_CONV_GI, (v(g), v(w)), attrs + (list(x.shape),)))
     if output_mask[1]:
-        gw = wrap(_make(_CONV_GW, (x._lt, g._lt), attrs + (list(w.shape),)))
+        gw = wrap(_make(_CONV_GW, (v(x), v(g)), attrs + (list(w.shape),)))
     if output_mask[2]:
-        gb = wrap(_make(_SUM, (g._lt,), ([0] + list(range(2, g.dim())), 0, -1)))
+        gb = wrap(_make(_SUM, (v(g),), ([0] + list(range(2, g.dim())), 0, -1)))
     return gi, gw, gb
 
 
@@ -78,11 +77,11 @@ def _max_pool(ns):
     def fwd(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         k, s, p, d = _pool_args(name, ns, kernel_size, stride, padding, dilation)
         attrs = (k, s, p, d, int(bool(ceil_mode)))
-        lt = x._lt
+        lt = v(x)
         return wrap(_make(_MAXP, (lt,), attrs)), wrap(_make(_MAXP_I, (lt,), attrs))
 
     def bwd(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-        return wrap(_make(_MAXP_B, (g._lt, indices._lt), (list(x.shape), ns)))
+        return wrap(_make(_MAXP_B, (v(g), v(indices)), (list(x.shape), ns)))
     return fwd, bwd
 
 
@@ -106,11 +105,11 @@ def _avg_pool(ns):
 
     def fwd(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
         attrs = _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-        return wrap(_make(_AVGP, (x._lt,), attrs))
+        return wrap(_make(_AVGP, (v(x),), attrs))
 
     def bwd(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
         attrs = _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-        return wrap(_make(_AVGP_B, (g._lt,), attrs + (list(x.shape),)))
+        return wrap(_make(_AVGP_B, (v(g),), attrs + (list(x.shape),)))
     return fwd, bwd
 
 
@@ -124,10 +123,10 @@ impl(aten.avg_pool3d_backward.default)(_ap3b)
 
 def _adaptive(ns):
     def fwd(x, output_size):
-        return wrap(_make(_ADP, (x._lt,), (_exp(output_size, ns, f"adaptive_avg_pool{ns}d", "output_size"),)))
+        return wrap(_make(_ADP, (v(x),), (_exp(output_size, ns, f"adaptive_avg_pool{ns}d", "output_size"),)))
 
     def bwd(g, x):
-        return wrap(_make(_ADP_B, (g._lt,), (list(x.shape), ns)))
+        return wrap(_make(_ADP_B, (v(g),), (list(x.shape), ns)))
     return fwd, bwd
 
 
@@ -142,11 +141,11 @@ impl(aten._adaptive_avg_pool3d_backward.default)(_ad3b)
 def _adaptive_max(ns):
     def fwd(x, output_size):
         os = _exp(output_size, ns, f"adaptive_max_pool{ns}d", "output_size")
-        lt = x._lt
+        lt = v(x)
         return wrap(_make(_ADMP, (lt,), (os, 0))), wrap(_make(_ADMP, (lt,), (os, 1)))
 
     def bwd(g, x, indices):
-        return wrap(_make(_MAXP_B, (g._lt, indices._lt), (list(x.shape), ns)))
+        return wrap(_make(_MAXP_B, (v(g), v(indices)), (list(x.shape), ns)))
     return fwd, bwd
 
 
@@ -167,21 +166,21 @@ def _bn_train(x, w, b, rm, rv, momentum, eps, update):
     """Normalizes with batch statistics. update: write running stats in place
     (True) or return their new values (False)."""
     sdt = code((rm if rm is not None else w if w is not None else x).dtype)
-    lt = x._lt
+    lt = v(x)
     mean = _make(_BN_STATS, (lt,), (0, float(eps), sdt))
     invstd = _make(_BN_STATS, (lt,), (1, float(eps), sdt))
     ops = [lt, mean, invstd]
     if w is not None:
-        ops.append(w._lt)
+        ops.append(v(w))
     if b is not None:
-        ops.append(b._lt)
+        ops.append(v(b))
     out = wrap(_make(_BN_APPLY, tuple(ops), (0, float(eps), int(w is not None), int(b is not None))))
     new_rm = new_rv = None
     if rm is not None:
-        new_rm = wrap(_make(_BN_UPDATE, (rm._lt, mean), (float(momentum),)))
+        new_rm = wrap(_make(_BN_UPDATE, (v(rm), mean), (float(momentum),)))
     if rv is not None:
         var_u = _make(_BN_STATS, (lt,), (2, float(eps), sdt))
-        new_rv = wrap(_make(_BN_UPDATE, (rv._lt, var_u), (float(momentum),)))
+        new_rv = wrap(_make(_BN_UPDATE, (v(rv), var_u), (float(momentum),)))
     if update:
         if new_rm is not None:
             assign(rm, new_rm)
@@ -193,11 +192,11 @@ def _bn_train(x, w, b, rm, rv, momentum, eps, update):
 def _bn_eval(x, w, b, rm, rv, eps):
     if rm is None or rv is None:
         raise RuntimeError("native_batch_norm: running_mean and running_var must be defined in evaluation mode")
-    ops = [x._lt, rm._lt, rv._lt]
+    ops = [v(x), v(rm), v(rv)]
     if w is not None:
-        ops.append(w._lt)
+        ops.append(v(w))
     if b is not None:
-        ops.append(b._lt)
+        ops.append(v(b))
     return wrap(_make(_BN_APPLY, tuple(ops), (1, float(eps), int(w is not None), int(b is not None))))
 
 
@@ -237,18 +236,18 @@ def native_batch_norm_backward(g, x, w, rm, rv, save_mean, save_invstd, train, e
     if train:
         if save_mean is None or save_invstd is None:
             raise RuntimeError("native_batch_norm_backward: save_mean and save_invstd are required when train=True")
-        mean, invstd = save_mean._lt, save_invstd._lt
+        mean, invstd = v(save_mean), v(save_invstd)
     else:
         if rm is None or rv is None:
             raise RuntimeError("native_batch_norm_backward: running_mean and running_var are required when train=False")
-        mean, invstd = rm._lt, _make(_BN_INVSTD, (rv._lt,), (float(eps),))
+        mean, invstd = v(rm), _make(_BN_INVSTD, (v(rv),), (float(eps),))
     gi = gw = gb = None
     if output_mask[0]:
-        ops = (g._lt, x._lt, mean, invstd) + ((w._lt,) if w is not None else ())
+        ops = (v(g), v(x), mean, invstd) + ((v(w),) if w is not None else ())
         gi = wrap(_make(_BN_GI, ops, (int(bool(train)), int(w is not None))))
     pdt = (w if w is not None else x).dtype
     if output_mask[1]:
-        gw = wrap(_make(_BN_GW, (g._lt, x._lt, mean, invstd), (code(pdt),)))
+        gw = wrap(_make(_BN_GW, (v(g), v(x), mean, invstd), (code(pdt),)))
     if output_mask[2]:
-        gb = wrap(_make(_SUM, (g._lt,), ([0] + list(range(2, g.dim())), 0, code(pdt))))
+        gb = wrap(_make(_SUM, (v(g),), ([0] + list(range(2, g.dim())), 0, code(pdt))))
     return gi, gw, gb
