@@ -28,9 +28,7 @@ IDX = torch.tensor([0, 2, -1, 2])  # negative and repeated
     ("ellipsis", lambda x, i: x[..., i.abs()]),
     ("separated", lambda x, i: x.reshape(4, 3, 5)[i, :, i.abs()]),
     ("adjacent_middle", lambda x, i: x.reshape(4, 3, 5)[:, i.abs() % 3, i.abs()]),
-    pytest.param("list", lambda x, i: x[[0, 3]], marks=pytest.mark.xfail(
-        reason="a Python list index is copied CPU->xla through aten::_copy_from, which has no xla kernel yet "
-               "(same as torch.tensor(..., device='xla'))", strict=False)),
+    ("list", lambda x, i: x[[0, 3]]),
 ])
 def test_getitem(name, fn):
     assert_matches_cpu(fn, rand(4, 5 if name not in ("separated", "adjacent_middle") else 15), IDX)

@@ -138,3 +138,10 @@ def test_unknown_pjrt_device_error():
     r = subprocess.run([sys.executable, "-c", "import torch_xla_core as t; t.device()"],
                        env={"PJRT_DEVICE": "FPGA", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert r.returncode != 0 and "FPGA" in r.stderr and "CPU, CUDA, TPU" in r.stderr
+
+
+def test_tensor_constructor_on_device(dev):
+    t = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=dev)
+    assert t.device.type == "xla" and t.cpu().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert torch.arange(5, device=dev).cpu().tolist() == list(range(5))
+    assert torch.full((2,), 7, device=dev).dtype == torch.int64

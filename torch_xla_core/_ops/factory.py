@@ -112,3 +112,23 @@ def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_m
 @impl(aten.new_empty_strided.default)
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     return full(size, 0, dtype or x.dtype)
+
+
+def _copy_from(src, dst, non_blocking=False):
+    # Reached with the Python key excluded (e.g. torch.tensor(..., device="xla")):
+    # CPU's copy_ hands the copy to the destination's backend.
+    from .elementwise import copy_
+    if isinstance(dst, _tensor.XlaTensor):
+        return copy_(dst, src)
+    dst.copy_(_tensor.to_cpu(src))
+    return dst
+
+
+def _copy_from_and_resize(src, dst):
+    if tuple(dst.shape) != tuple(src.shape):
+        _tensor.set_meta(dst, src.shape)
+    return _copy_from(src, dst)
+
+
+_lib.impl("_copy_from", _copy_from, "PrivateUse1")
+_lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
