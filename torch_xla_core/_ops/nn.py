@@ -37,37 +37,37 @@ def _half_to_float(name, x, half_to_float):
 
 @impl(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
-    return _op(_SM, (x._lt,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0))
+    return _op(_SM, (x,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0))
 
 
 @impl(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
-    return _op(_SM, (x._lt,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0))
+    return _op(_SM, (x,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0))
 
 
 @impl(aten.softmax.int)
 def softmax_int(x, dim, dtype=None):
-    return _op(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 0))
+    return _op(_SM, (x,), (dim, 0, code(dtype or x.dtype), 0))
 
 
 @impl(aten.log_softmax.int)
 def log_softmax_int(x, dim, dtype=None):
-    return _op(_SM, (x._lt,), (dim, 1, code(dtype or x.dtype), 0))
+    return _op(_SM, (x,), (dim, 1, code(dtype or x.dtype), 0))
 
 
 @impl(aten._safe_softmax.default)
 def _safe_softmax(x, dim, dtype=None):
-    return _op(_SM, (x._lt,), (dim, 0, code(dtype or x.dtype), 1))
+    return _op(_SM, (x,), (dim, 0, code(dtype or x.dtype), 1))
 
 
 @impl(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad, out, dim, input_dtype):
-    return _op(_SMB, (grad._lt, out._lt), (dim, 0, code(input_dtype)))
+    return _op(_SMB, (grad, out), (dim, 0, code(input_dtype)))
 
 
 @impl(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad, out, dim, input_dtype):
-    return _op(_SMB, (grad._lt, out._lt), (dim, 1, code(input_dtype)))
+    return _op(_SMB, (grad, out), (dim, 1, code(input_dtype)))
 
 
 # ---- layer norm ----------------------------------------------------------------
@@ -87,11 +87,11 @@ def _norm_axis(x, normalized_shape, weight=None):
 @impl(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     axis = _norm_axis(x, normalized_shape)
-    ops = (x._lt,)
+    ops = (x,)
     if weight is not None:
-        ops += (weight._lt,)
+        ops += (weight,)
     if bias is not None:
-        ops += (bias._lt,)
+        ops += (bias,)
     hw, hb = weight is not None, bias is not None
     eps = float(eps)
     return (_op(_LN, ops, (axis, eps, 0, hw, hb)), _op(_LN, ops, (axis, eps, 1, hw, hb)),
@@ -101,10 +101,10 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 @impl(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     axis = _norm_axis(x, normalized_shape)
-    ops = (grad._lt, x._lt, mean._lt, rstd._lt)
+    ops = (grad, x, mean, rstd)
     hw = weight is not None
     if hw:
-        ops += (weight._lt,)
+        ops += (weight,)
     gi = _op(_LNB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
     gw = _op(_LNB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
     gb = (_op(_LNB, ops, (axis, 2, hw, code(bias.dtype))) if output_mask[2] and bias is not None
@@ -125,7 +125,7 @@ def _fused_rms_norm(x, normalized_shape, weight=None, eps=None):
     axis = _norm_axis(x, normalized_shape)
     eps = _rms_eps(x, eps)
     hw = weight is not None
-    ops = (x._lt, weight._lt) if hw else (x._lt,)
+    ops = (x, weight) if hw else (x,)
     return _op(_RMS, ops, (axis, eps, 0, hw)), _op(_RMS, ops, (axis, eps, 1, hw))
 
 
@@ -133,7 +133,7 @@ def _fused_rms_norm(x, normalized_shape, weight=None, eps=None):
 def _fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mask):
     axis = _norm_axis(x, normalized_shape)
     hw = weight is not None
-    ops = (grad._lt, x._lt, rstd._lt) + ((weight._lt,) if hw else ())
+    ops = (grad, x, rstd) + ((weight,) if hw else ())
     gi = _op(_RMSB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
     gw = _op(_RMSB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
     return gi, gw
@@ -167,7 +167,7 @@ _NLL, _NLLB = OP.nll_loss, OP.nll_loss_backward
 
 @impl(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
-    ops = (x._lt, target._lt) + ((weight._lt,) if weight is not None else ())
+    ops = (x, target) + ((weight,) if weight is not None else ())
     a = (int(reduction), int(ignore_index))
     hw = weight is not None
     return _op(_NLL, ops, a + (0, hw)), _op(_NLL, ops, a + (1, hw))
@@ -175,7 +175,7 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 @impl(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    ops = (grad._lt, x._lt, target._lt, total_weight._lt) + ((weight._lt,) if weight is not None else ())
+    ops = (grad, x, target, total_weight) + ((weight,) if weight is not None else ())
     return _op(_NLLB, ops, (int(reduction), int(ignore_index), weight is not None))
 
 
@@ -207,7 +207,7 @@ def sdpa_fused(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_d
         raise RuntimeError("_scaled_dot_product_fused_attention_overrideable: dropout_p > 0 is not supported on "
                            "the xla device (scaled_dot_product_attention uses its math path for dropout)")
     hm = attn_bias is not None
-    ops = (q._lt, k._lt, v._lt) + ((attn_bias._lt,) if hm else ())
+    ops = (q, k, v) + ((attn_bias,) if hm else ())
     a = (_scale(q, scale), bool(is_causal))
     out = _op(_SDPA, ops, a + (0, hm))
     lse = _op(_SDPA, ops, a + (1, hm))
@@ -219,7 +219,7 @@ def sdpa_fused(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_d
 def sdpa_fused_backward(grad, q, k, v, attn_bias, grad_input_mask, out, lse, cum_seq_q, cum_seq_k, max_q, max_k,
                         dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
     hm = attn_bias is not None
-    ops = (q._lt, k._lt, v._lt, grad._lt, out._lt, lse._lt) + ((attn_bias._lt,) if hm else ())
+    ops = (q, k, v, grad, out, lse) + ((attn_bias,) if hm else ())
     a = (_scale(q, scale), bool(is_causal))
     r = [_op(_SDPAB, ops, a + (i, hm)) if grad_input_mask[i] else None for i in range(3)]
     r.append(_op(_SDPAB, ops, a + (3, hm)) if hm and grad_input_mask[3] and attn_bias.is_floating_point()
@@ -233,23 +233,23 @@ _EMB = OP.embedding
 
 @impl(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return _op(_EMB, (weight._lt, indices._lt), ())
+    return _op(_EMB, (weight, indices), ())
 
 
 @impl(aten.mse_loss.default)
 def mse_loss(x, target, reduction=1):
-    return _op(OP.mse_loss, (x._lt, target._lt), (int(reduction),))
+    return _op(OP.mse_loss, (x, target), (int(reduction),))
 
 
 @impl(aten.mse_loss_backward.default)
 def mse_loss_backward(grad, x, target, reduction):
-    return _op(OP.mse_loss_backward, (grad._lt, x._lt, target._lt), (int(reduction),))
+    return _op(OP.mse_loss_backward, (grad, x, target), (int(reduction),))
 
 
 @impl(aten.binary_cross_entropy_with_logits.default)
 def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
-    ops = (x._lt, target._lt) + ((weight._lt,) if weight is not None else ()) + \
-          ((pos_weight._lt,) if pos_weight is not None else ())
+    ops = (x, target) + ((weight,) if weight is not None else ()) + \
+          ((pos_weight,) if pos_weight is not None else ())
     return _op(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None))
 
 
