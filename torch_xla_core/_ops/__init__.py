@@ -84,10 +84,18 @@ def _decomps():
 
 def _decomposed(func):
     d = _decomps()[func]
+    name = "decomposed::" + func._schema.name.split("::")[1]
+    fallback = None
 
     def h(*args, **kwargs):
-        metrics.counter_add("decomposed::" + func._schema.name.split("::")[1])
-        return d(*args, **kwargs)
+        nonlocal fallback
+        r = d(*args, **kwargs)
+        if r is NotImplemented:  # the decomposition declined these inputs
+            if fallback is None:
+                fallback = _fallback(func)
+            return fallback(*args, **kwargs)
+        metrics.counter_add(name)
+        return r
     return h
 
 
