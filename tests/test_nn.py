@@ -167,6 +167,9 @@ def test_sdpa_bool_mask_cross_attention():
     m[:, 0] = True
     assert_matches_cpu(lambda q, k, v, m: sdpa(q, k, v, attn_mask=m), rg(2, 3, 5, 4), rg(2, 3, 7, 4), rg(2, 3, 7, 6),
                        m, atol=1e-4)
+    # causal with L != S: top-left aligned, as torch's tril(ones(L, S))
+    assert_matches_cpu(lambda q, k, v: sdpa(q, k, v, is_causal=True), rg(1, 2, 4, 8), rg(1, 2, 6, 8), rg(1, 2, 6, 8),
+                       atol=1e-4)
 
 
 def test_sdpa_fully_masked_row():
