@@ -18,3 +18,4 @@ def dev():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    txc.metrics.clear()
