@@ -36,8 +36,4 @@ def sync(wait: bool = False) -> None:
     """Compiles (once per graph) and runs everything traced so far; with
     wait=True, also blocks until the device has finished."""
     _tensor.sync_lazy(None, wait=wait)
-
-
-def build_info() -> dict:
-    from .build_info import build_info as _bi
-    return _bi()
+from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
