@@ -120,11 +120,9 @@ def sync_lazy(lts=None, wait=False) -> None:
             return
         exe = runtime.executable(cut)
         params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
-        outs = runtime.execute(exe, params)
+        outs = runtime.execute(exe, params, wait=wait)
         cut.assign(outs)
         metrics.counter_add("execute")
-    if wait:
-        runtime.wait(outs)
 
 
 def materialize(t: XlaTensor):
@@ -134,7 +132,7 @@ def materialize(t: XlaTensor):
         return lt.data
     if lt.is_view:
         lt = _make(OP.alias, (lt,), ())  # a storage of its own holding the view's value
-    sync_lazy([lt])
+    sync_lazy([lt], wait=True)
     return lt.data
 
 

@@ -4,6 +4,7 @@ executables cached by graph hash, executes them on device buffers, and moves
 data between host and device. jaxlib's compile entry points are
 semi-private; this module is the only place that touches them."""
 import os
+import time
 
 import numpy as np
 import torch
@@ -103,9 +104,18 @@ def scalar(value, dtype_code: int):
     return buf
 
 
-def execute(exe, params):
-    with metrics.timed("execute"):
-        return exe.execute(params)
+def execute(exe, params, wait: bool = False):
+    """Runs an executable. Timers: "execute_launch" (the asynchronous launch);
+    with wait=True also "execute" (launch until the outputs are ready)."""
+    t0 = time.perf_counter()
+    outs = exe.execute(params)
+    t1 = time.perf_counter()
+    metrics.timer_add("execute_launch", t1 - t0)
+    if wait:
+        for b in outs:
+            b.block_until_ready()
+        metrics.timer_add("execute", time.perf_counter() - t0)
+    return outs
 
 
 def _put(a: np.ndarray, device):
