@@ -15,6 +15,7 @@ namespace py = pybind11;
 
 namespace txc {
 DType elementwise_scalar_dtype(const Node& n);  // ops/elementwise.cpp
+namespace ext { void bind_ext_api(py::module_& m); }  // ext/api.cpp: C++ API for extensions
 
 namespace {
 
@@ -135,6 +136,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace txc;
   m.doc() = "torch_xla_core's C++ lazy-tensor core";
   bind_build_info(m);
+  ext::bind_ext_api(m);
   bind_bench_core(m);
 
   m.def("op_ids", [] {
