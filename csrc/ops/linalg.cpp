@@ -1,5 +1,6 @@
-// Matrix products: dot(a, b; lhs_batch, rhs_batch, lhs_contract, rhs_contract)
-// is stablehlo.dot_general; result dims are batch, then lhs free, then rhs free.
+// Matrix products: dot(a, b[, c]; lhs_batch, rhs_batch, lhs_contract,
+// rhs_contract) is stablehlo.dot_general, plus c broadcast-added when given
+// (addmm/linear in one node); result dims are batch, then lhs free, then rhs free.
 #include "lower/emitter.h"
 #include "ops/registry.h"
 
@@ -11,8 +12,9 @@ bool has(const Dims& d, int64_t v) {
   return false;
 }
 
-TXC_OP("dot", 2,
+TXC_OP("dot", -1,
        [](Node& n) {
+         if (n.operands.size() != 2 && n.operands.size() != 3) op_error(n, "expected 2 or 3 operands");
          const Node &a = *n.operands[0], &b = *n.operands[1];
          const Dims &lb = n.attr_dims(0), &rb = n.attr_dims(1), &lc = n.attr_dims(2), &rc = n.attr_dims(3);
          if (lb.size() != rb.size() || lc.size() != rc.size()) op_error(n, "mismatched dimension lists");
@@ -32,6 +34,15 @@ TXC_OP("dot", 2,
          for (auto d : lb) n.dims.push_back(a.dims[d]);
          for (int i = 0; i < a.rank(); ++i) if (!has(lb, i) && !has(lc, i)) n.dims.push_back(a.dims[i]);
          for (int i = 0; i < b.rank(); ++i) if (!has(rb, i) && !has(rc, i)) n.dims.push_back(b.dims[i]);
+         if (n.operands.size() == 3) {
+           const Node& c = *n.operands[2];
+           if (c.dtype != a.dtype)
+             op_error(n, std::string("expected the addend to have dtype ") + dtype_name(a.dtype) + ", got " +
+                             dtype_name(c.dtype));
+           if (broadcast_dims(n, c.dims, n.dims) != n.dims)
+             op_error(n, "the addend of shape " + dims_str(c.dims) + " does not broadcast to the product's shape " +
+                             dims_str(n.dims));
+         }
        },
        [](LowerCtx& cx, const Node& n) {
          auto list = [](const Dims& d) {
@@ -49,8 +60,13 @@ TXC_OP("dot", 2,
          parts.push_back("rhs_contracting_dimensions = " + list(n.attr_dims(3)));
          for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
          dn += ">, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]";
-         return cx.op("stablehlo.dot_general", {cx.in(n, 0), cx.in(n, 1)},
-                      {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])}, LowerCtx::type(n), dn);
+         std::string r = cx.op("stablehlo.dot_general", {cx.in(n, 0), cx.in(n, 1)},
+                               {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])}, LowerCtx::type(n), dn);
+         if (n.operands.size() == 3) {
+           std::string c = cx.coerce(n, 2, n.dtype, n.dims), ty = LowerCtx::type(n);
+           r = cx.op("stablehlo.add", {r, c}, {ty, ty}, ty);
+         }
+         return r;
        });
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Reductions over a set of axes (sum, mean, amax, amin, prod, any, all, var)
 // and arg-reductions (argmax, argmin). Attributes: axes (sorted, non-empty),
 // keepdim, and for sum/mean/prod an explicit result dtype (-1: torch's default).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include "lower/emitter.h"
@@ -63,11 +64,33 @@ double highest(DType t) {
   return std::ldexp(1.0, bit_width(t) - 1) - 1;
 }
 
+// Canonical axes (in place, before the node is hashed): an empty list means
+// every dim; negative dims wrap; sorted, without repeats. A 0-d input
+// accepts dim 0 or -1 and reduces nothing.
+void normalize_axes(Node& n, int rank) {
+  Dims& axes = std::get<Dims>(n.attrs.at(0));
+  if (axes.empty()) {
+    for (int i = 0; i < rank; ++i) axes.push_back(i);
+    return;
+  }
+  Dims out;
+  for (auto a : axes) {
+    int64_t d = norm_dim(n, a, rank);
+    if (rank == 0) continue;
+    if (std::find(out.begin(), out.end(), d) != out.end())
+      op_error(n, "dim " + std::to_string(d) + " appears multiple times in the list of dims");
+    out.push_back(d);
+  }
+  std::sort(out.begin(), out.end());
+  axes = out;
+}
+
 void reg(const char* name, RK k) {
   register_op(OpDef{
       name, 1,
       [k](Node& n) {
         const Node& x = *n.operands[0];
+        normalize_axes(n, x.rank());
         n.dtype = result_dtype(n, k);
         n.dims = reduced_dims(n, x.dims, n.attr_dims(0), n.attr_int(1) != 0);
       },

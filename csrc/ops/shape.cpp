@@ -26,12 +26,24 @@ TXC_OP("reshape", 1,
        [](Node& n) {
          const Node& x = *n.operands[0];
          n.dtype = x.dtype;
-         n.dims = n.attr_dims(0);
-         int64_t numel = 1;
-         for (auto d : n.dims) {
-           if (d < 0) op_error(n, "negative size in " + dims_str(n.dims));
-           numel *= d;
+         // One -1 is inferred (written back, before hashing, so the node is canonical).
+         Dims& want = std::get<Dims>(n.attrs.at(0));
+         int infer = -1;
+         int64_t known = 1;
+         for (size_t i = 0; i < want.size(); ++i) {
+           if (want[i] == -1 && infer < 0) infer = int(i);
+           else if (want[i] == -1) op_error(n, "only one dimension can be inferred");
+           else if (want[i] < 0) op_error(n, "invalid shape dimension " + std::to_string(want[i]));
+           else known *= want[i];
          }
+         if (infer >= 0) {
+           if (known == 0 || x.numel() % known)
+             op_error(n, "shape " + dims_str(want) + " is invalid for input of size " + std::to_string(x.numel()));
+           want[infer] = x.numel() / known;
+         }
+         n.dims = want;
+         int64_t numel = 1;
+         for (auto d : n.dims) numel *= d;
          if (numel != x.numel())
            op_error(n, "shape " + dims_str(n.dims) + " is invalid for input of size " + std::to_string(x.numel()) +
                            " (shape " + dims_str(x.dims) + ")");

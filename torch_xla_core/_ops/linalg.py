@@ -1,5 +1,5 @@
 """Matrix products -> the core `dot` op (stablehlo.dot_general)."""
-from .._tensor import OP, _make, _op, v, wrap
+from .._tensor import XlaTensor, OP, _make, _op, v, wrap
 from . import aten, impl
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
@@ -41,6 +41,8 @@ def _scaled_sum(c, p, beta, alpha):
 
 @impl(aten.addmm.default)
 def addmm(c, a, b, *, beta=1, alpha=1):
+    if beta == 1 and alpha == 1 and type(c) is XlaTensor:
+        return _op(_DOT, (a, b, c), _MM)  # one node: the product plus c
     _check_dtypes("addmm", a, b)
     return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _MM), beta, alpha)
 

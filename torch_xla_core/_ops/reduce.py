@@ -6,34 +6,12 @@ from .._tensor import OP, _make, _op, wrap
 from . import aten, impl
 
 
-def _axes(x, dim):
-    r = x.dim()
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        return list(range(r))
-    if isinstance(dim, int):
-        dim = [dim]
-    out = []
-    for d in dim:
-        if not -max(r, 1) <= d < max(r, 1):
-            raise IndexError(f"Dimension out of range (expected to be in range of [{-max(r, 1)}, {max(r, 1) - 1}], "
-                             f"but got {d})")
-        out.append(d % max(r, 1))
-    return sorted(set(a for a in out if a < r))
-
-
 def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
-    axes = _axes(x, dim)
-    if not axes:  # 0-d input, or nothing to reduce
-        r = _op(OP.alias, (x._lt,), ())
-        if dtype is not None and dtype != x.dtype:
-            r = _op(OP.convert, (r._lt,), (code(dtype),))
-        elif name in ("sum", "prod") and not x.is_floating_point() and x.dtype != torch.int64:
-            r = _op(OP.convert, (r._lt,), (code(torch.int64),))
-        elif name in ("any", "all"):
-            r = _op(OP.convert, (r._lt,), (code(torch.bool),))
-        return r
-    attrs = (axes, bool(keepdim)) + ((code(dtype) if dtype is not None else -1,) if name in ("sum", "mean", "prod") else ()) + extra
-    return _op(getattr(OP, name), (x._lt,), attrs)
+    # The core normalizes dims (None/[] = all, negatives, order) and checks them.
+    axes = [] if dim is None else [dim] if isinstance(dim, int) else dim
+    if name in ("sum", "mean", "prod"):
+        return _op(getattr(OP, name), (x,), (axes, bool(keepdim), code(dtype) if dtype is not None else -1))
+    return _op(getattr(OP, name), (x,), (axes, bool(keepdim)) + extra)
 
 
 @impl(aten.sum.default)

@@ -14,29 +14,13 @@ def _dim(d, rank):
     return d % r
 
 
-def _infer_size(shape, numel):
-    shape = list(shape)
-    neg = [i for i, s in enumerate(shape) if s == -1]
-    if len(neg) > 1:
-        raise RuntimeError("only one dimension can be inferred")
-    if neg:
-        known = 1
-        for i, s in enumerate(shape):
-            if i != neg[0]:
-                known *= s
-        if known == 0 or numel % known:
-            raise RuntimeError(f"shape '{shape}' is invalid for input of size {numel}")
-        shape[neg[0]] = numel // known
-    return shape
-
-
 def reshape_view(x, shape):
     return _view_op(OP.reshape, x._lt, (shape,))
 
 
 @impl(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
 def view(x, size, *_stride):
-    return reshape_view(x, _infer_size(size, x.numel()))
+    return _view_op(OP.reshape, x, (size,))  # the core infers a -1
 
 
 @impl(aten.view.dtype)
