@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,6 +214,20 @@ def test_example_extension_matching_flavor(tree_builds):
     flavor = _installed_flavor()
     res = _run([sys.executable, "-c", USE_SCRIPT], env=_env_with(tree_builds[flavor]), cwd=ROOT)
     _check_works(_last_json(res), flavor)
+
+
+def test_example_extension_exports_no_core_symbol(tree_builds):
+    """The forwarders and the extension's API state are its own (hidden):
+    never interposed with the core's or shared with another extension."""
+    if not shutil.which("nm"):
+        pytest.skip("no nm")
+    for name, d in tree_builds.items():
+        (so,) = (d / "txc_scaled_tanh").glob("_C*.so")
+        res = _run(["nm", "-D", "--defined-only", str(so)])
+        syms = [ln.split()[-1] for ln in res.stdout.splitlines() if ln.strip()]
+        assert "PyInit__C" in syms
+        ours = [s for s in syms if re.match(r"_ZN[KVR]*3txc", s)]  # txc::... itself
+        assert ours == [], (name, ours[:5])
 
 
 def test_example_extension_other_flavor_is_refused(tree_builds):

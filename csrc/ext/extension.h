@@ -39,6 +39,10 @@
 #include <vector>
 #include "ext/api.h"
 
+// Everything below is this extension's own: hidden, so that two extensions
+// never share (GNU-unique) inline state such as g_api or the pending ops.
+#pragma GCC visibility push(hidden)
+
 namespace txc {
 namespace ext {
 
@@ -78,7 +82,8 @@ inline std::string flavor_mismatch_message(const std::string& ext_name, const st
                                            const std::string& core) {
   std::string version = py_lookup("__import__('importlib.metadata').metadata.version('torch_xla_core')", "");
   std::string base = version.substr(0, version.find('+'));
-  std::string label = py_lookup(("__import__('torch_xla_core.build_info').build_info.LOCAL_LABEL['" + mine + "']").c_str(),
+  std::string label = py_lookup(
+      ("__import__('importlib').import_module('torch_xla_core.build_info').LOCAL_LABEL['" + mine + "']").c_str(),
                                 mine == "cxx11" ? "" : mine);
   std::string want = "torch_xla_core==" + (base.empty() ? std::string("<version>") : base) +
                      (label.empty() ? "" : "+" + label);
@@ -162,7 +167,6 @@ inline void publish_ops(pybind11::module_& m) {
 
 // ---- The core's functions, forwarded through the table (hidden: they are
 // this extension's own definitions, never exported or interposed).
-#pragma GCC visibility push(hidden)
 
 uint16_t register_op(OpDef def) {
   if (!ext::g_api) {
@@ -243,9 +247,9 @@ std::string LowerCtx::reduce(const std::string& v, DType t, const Dims& in, cons
   return ext::api().reduce(*this, v, t, in, axes, body_op, init);
 }
 
-#pragma GCC visibility pop
-
 }  // namespace txc
+
+#pragma GCC visibility pop
 
 // The extension's module: PYBIND11_MODULE, with the core's API imported and
 // checked (flavor, version) before the body runs, and the module's core ops
