@@ -16,6 +16,7 @@ namespace py = pybind11;
 namespace txc {
 DType elementwise_scalar_dtype(const Node& n);  // ops/elementwise.cpp
 namespace ext { void bind_ext_api(py::module_& m); }  // ext/api.cpp: C++ API for extensions
+void bind_scan(py::module_& m);                 // ops/scan.cpp
 
 namespace {
 
@@ -221,4 +222,6 @@ PYBIND11_MODULE(_C, m) {
       .def("params", &GraphCut::params)
       .def("output_specs", &GraphCut::output_specs)
       .def("assign", &GraphCut::assign);
+
+  bind_scan(m);
 }

@@ -40,6 +40,7 @@ void rehash(Node& n) {
   for (auto d : n.dims) h = hash_mix(h, uint64_t(d));
   h = hash_mix(h, n.dims.size());
   for (const auto& o : n.operands) h = hash_mix(h, o->hash);
+  if (n.body) h = hash_mix(h, n.body->hash);
   n.hash = hash_attrs(h, n.attrs);
 }
 

@@ -21,6 +21,7 @@ using Attrs = std::vector<Attr>;
 
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
+struct Body;
 
 struct Node {
   uint16_t op = 0;        // index into the op registry
@@ -33,6 +34,8 @@ struct Node {
   pybind11::object data;
   double scalar = 0;
   bool wrapped = false;  // a Python number: weakly typed in promotion
+  // Sub-graph ops (a scan loop): the body they run; its hash is part of n.hash.
+  std::shared_ptr<const Body> body;
   // Scratch for graph walks (lowering, parameter collection).
   mutable uint64_t visit = 0;
   mutable int ssa = -1;
@@ -43,6 +46,21 @@ struct Node {
   double attr_float(size_t i) const { return std::get<double>(attrs.at(i)); }
   const Dims& attr_dims(size_t i) const { return std::get<Dims>(attrs.at(i)); }
   const std::string& attr_str(size_t i) const { return std::get<std::string>(attrs.at(i)); }
+};
+
+// A sub-graph (a loop body): ordinary nodes over placeholder parameters
+// (core op "placeholder", attribute 0 = its index), built by ops/scan.cpp.
+// The hash is structural (ops, shapes, wiring), so equal bodies share
+// compiled code and different ones never do.
+struct Body {
+  std::vector<NodePtr> params;    // placeholders; params[i] has index i
+  std::vector<NodePtr> outputs;
+  // Leaves the body read that are not its inputs (device data, Python
+  // numbers): passed to the sub-graph op as its last operands, seen by the
+  // body as its last params.
+  std::vector<NodePtr> consts;
+  std::vector<const Node*> order;  // params, then the rest in post-order
+  uint64_t hash = 0;
 };
 
 // 64-bit hash mixing (splitmix64 finalizer).

@@ -140,6 +140,56 @@ std::string LowerCtx::reduce(const std::string& v, DType t, const Dims& in_dims,
             region);
 }
 
+std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<std::string>& args) {
+  if (args.size() != b.params.size())
+    throw std::runtime_error("lower_body: " + std::to_string(args.size()) + " arguments for a body of " +
+                             std::to_string(b.params.size()) + " parameters");
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    b.params[i]->ssa = int(names_.size());
+    names_.push_back(args[i]);
+  }
+  try {
+    for (const Node* n : b.order) {
+      if (n->ssa >= 0) continue;  // a parameter
+      const OpDef& def = op_def(n->op);
+      if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
+      std::string r = def.lower(*this, *n);
+      n->ssa = int(names_.size());
+      names_.push_back(r);
+    }
+  } catch (...) {
+    for (const Node* n : b.order) n->ssa = -1;  // the body may be lowered again later
+    throw;
+  }
+  std::vector<std::string> outs;
+  for (const auto& o : b.outputs) outs.push_back(names_[o->ssa]);
+  for (const Node* n : b.order) n->ssa = -1;
+  return outs;
+}
+
+std::string LowerCtx::region_text(const std::vector<std::string>& args, const std::vector<std::string>& types,
+                                  const std::function<void()>& emit) {
+  std::string saved;
+  saved.swap(body_);
+  int outer = indent_;
+  std::string head(outer, ' ');
+  body_ = head + "^bb0(";
+  for (size_t i = 0; i < args.size(); ++i) body_ += (i ? ", " : "") + args[i] + ": " + types[i];
+  body_ += "):\n";
+  indent_ = outer + 2;
+  try {
+    emit();
+  } catch (...) {
+    indent_ = outer;
+    body_.swap(saved);
+    throw;
+  }
+  indent_ = outer;
+  std::string r = "{\n" + body_ + head + "}";
+  body_.swap(saved);
+  return r;
+}
+
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
                         const std::vector<const Node*>& outputs) {
   LowerCtx cx;

@@ -4,6 +4,7 @@
 // broadcasts, constants, reductions). lower_graph() wraps a graph into a
 // module with one public @main.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 #include "ir/node.h"
@@ -40,6 +41,15 @@ class LowerCtx {
   // Reduces v over `axes` with a binary body op ("stablehlo.add", ...) from `init`.
   std::string reduce(const std::string& v, DType t, const Dims& in, const Dims& axes, const std::string& body_op,
                      double init);
+  // Lowers a sub-graph (a loop body) into the current text at the current
+  // indent: b.params[i] is the value named args[i]. Returns the names of
+  // b.outputs. Region ops (stablehlo.while) wrap this with region_text().
+  std::vector<std::string> lower_body(const Body& b, const std::vector<std::string>& args);
+  // The text of one region "{\n ^bb0(args): ... }" whose block arguments are
+  // named `args` (with `types`); `emit` writes the region's ops (ending with
+  // its terminator) through this context.
+  std::string region_text(const std::vector<std::string>& args, const std::vector<std::string>& types,
+                          const std::function<void()>& emit);
   static std::string i64_array(const Dims& d);  // "array<i64: 1, 2>"
   static std::string literal(double v, DType t);  // constant element text
 
