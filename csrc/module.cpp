@@ -65,7 +65,21 @@ LazyTensor& lazy_of_wrapper(py::handle h) {
   return lt.cast<LazyTensor&>();  // the wrapper keeps lt alive
 }
 
+// Autograd runs the backward of xla tensors on its own device thread, and
+// every op there enters Python through a GIL acquire that, when the thread
+// has no Python thread state yet, creates one and deletes it again on
+// release: a thread state per op. Holding one extra reference to this
+// thread's state (once per thread; never released) keeps it alive.
+void keep_thread_state() {
+  thread_local bool kept = false;
+  if (!kept) {
+    PyGILState_Ensure();
+    kept = true;
+  }
+}
+
 py::object wrap(LazyTensor&& t) {
+  keep_thread_state();
   const NodePtr& v = t.value();
   py::tuple shape(v->dims.size());
   for (size_t i = 0; i < v->dims.size(); ++i) PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(v->dims[i]));
