@@ -8,7 +8,9 @@
     nox -s reproduce              build a flavor twice, compare the wheels' bytes
     nox -s cibuildwheel           both flavors with cibuildwheel in containers
     nox -s tests                  pytest tests (package installed from source)
-    nox -s bench                  python bench/trace_overhead.py
+    nox -s bench                  both flavors side by side (bench/flavors.py):
+                                  table, bench/results/flavors.{json,png}
+    nox -s bench -- --peer /work/venvs/peer/bin/python   + a torch-xla column
 
 The flavor matrix is build/flavors.toml; the wheel pipeline is
 build/wheels.py (plain Python: usable without nox). torch is pinned to the
@@ -97,7 +99,60 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PY, reuse_venv=True, default=False)
 def bench(session: nox.Session) -> None:
-    """Placeholder: the package built from source, then the tracing bench."""
-    session.install(TORCH)
-    session.install(".", env=_jobs_env())
-    session.run("python", "bench/trace_overhead.py", *session.posargs)
+    """Both ABI flavors side by side: reuse wheelhouse/<flavor>/ when it holds
+    a wheel of the current version that has _C.bench_core (else build it with
+    build/wheels.py), install each flavor with its documented command into its
+    own venv (.nox/bench-flavors/<flavor>; build_info() checked), then
+    bench/flavors.py: interleaved runs, one table, bench/results/flavors.json
+    and .png. Options after --: --rebuild (build the wheels even if present),
+    --peer PYTHON (a torch-xla column), and bench/flavors.py's (--repeats N,
+    --quick, --models, ...)."""
+    args = list(session.posargs)
+    rebuild = "--rebuild" in args
+    args = [a for a in args if a != "--rebuild"]
+    session.install(*WHEEL_TOOLS, "matplotlib")
+    env = _jobs_env()
+    base = flavors.base_version()
+    pythons = []
+    for f in MATRIX:
+        why = "--rebuild" if rebuild else _stale_wheel(f, base)
+        if why:
+            session.log(f"{f.name}: building ({why})")
+            session.run("python", "build/wheels.py", "all", "--flavor", f.name, env=env)
+        else:
+            newer = _newer_sources(f)
+            session.log(f"{f.name}: reusing {f.wheelhouse}/ (version {f.version(base)})"
+                        + (f"; NOTE {len(newer)} source files changed since it was built, "
+                           f"e.g. {newer[0]}" if newer else "")
+                        + "; `nox -s bench -- --rebuild` to rebuild")
+        venv = ROOT / ".nox" / "bench-flavors" / f.name
+        # the documented install command in a venv of its own; checks build_info()
+        session.run("python", "build/wheels.py", "install-check", "--venv", str(venv),
+                    "--flavor", f.name, env=env)
+        pythons += ["--flavor", f"{f.name}={venv / 'bin' / 'python'}"]
+    session.run("python", "bench/flavors.py", *pythons, *args)
+
+
+def _stale_wheel(f: "flavors.Flavor", base: str) -> str | None:
+    """Why wheelhouse/<flavor>/ can't be reused, or None if it can."""
+    import zipfile
+    want = f.version(base)
+    whls = sorted(f.wheelhouse_dir().glob(f"{flavors.DIST}-*.whl"))
+    if len(whls) != 1:
+        return f"{len(whls)} wheels in {f.wheelhouse}/"
+    if whls[0].name.split("-")[1] != want:
+        return f"{whls[0].name} is not version {want}"
+    with zipfile.ZipFile(whls[0]) as z:
+        sos = [n for n in z.namelist() if "/_C." in n and ".libs/" not in n]
+        if not sos or b"bench_core" not in z.read(sos[0]):
+            return f"{whls[0].name} predates _C.bench_core"
+    return None
+
+
+def _newer_sources(f: "flavors.Flavor") -> list[str]:
+    """Source files modified after the flavor's wheel was built."""
+    (whl,) = f.wheelhouse_dir().glob(f"{flavors.DIST}-*.whl")
+    built = whl.stat().st_mtime
+    files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml",
+             *(ROOT / "csrc").rglob("*.[ch]*"), *(ROOT / "torch_xla_core").rglob("*.py")]
+    return [str(p.relative_to(ROOT)) for p in files if p.is_file() and p.stat().st_mtime > built]
