@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Compile and trace cost of a decoder stack: a Python for loop over the
+layers vs torch_xla_core.scan.scan_layers (one loop in the graph).
+
+A program, not a test: it prints a table and writes JSON. For each number of
+layers N (16, 64, 128, 256; --quick: 4, 16) and each phase (fwd: forward
+under torch.no_grad(); fwd+bwd: forward, loss, backward), for each method
+(loop, scan) on fresh layers (tests/models.py Block, width --d) with empty
+compile and trace caches:
+
+  trace       seconds to trace the first step (Python + core, no sync)
+  compile     seconds in XLA compile (+ lowering) for the first step
+  first       wall seconds of the first step: trace + lower + compile + run
+  step        median wall seconds of later steps (trace + cache hit + run)
+  step_trace  median seconds to trace a later step (scan reuses its body)
+
+and the ratios loop/scan. Usage:
+
+  python bench/scan_compile.py [--quick] [--layers 16 64] [--out FILE.json]
+"""
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import torch_xla_core as txc  # noqa: E402
+from torch_xla_core import runtime  # noqa: E402
+from torch_xla_core.scan import clear_cache, scan_layers  # noqa: E402
+from models import Block  # noqa: E402
+
+SCHEMA = "torch_xla_core/bench/scan_compile/1"
+
+
+def _timer(name):
+    return txc.metrics.timers().get(name, (0, 0.0))[1]
+
+
+def run_case(n, phase, method, args):
+    dev = txc.device()
+    torch.manual_seed(0)
+    layers = nn.ModuleList([Block(args.d, args.heads) for _ in range(n)]).to(dev)
+    x = torch.randn(args.batch, args.seq, args.d).to(dev)
+    txc.sync(wait=True)
+    runtime.clear_cache()
+    clear_cache()
+    gc.collect()
+
+    def forward():
+        if method == "scan":
+            return scan_layers(layers, x)
+        h = x
+        for layer in layers:
+            h = layer(h)
+        return h
+
+    def step():
+        t0 = time.perf_counter()
+        if phase == "fwd":
+            with torch.no_grad():
+                out = forward()
+        else:
+            for p in layers.parameters():
+                p.grad = None
+            out = forward()
+            out.pow(2).mean().backward()
+        t1 = time.perf_counter()
+        txc.sync(wait=True)
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t0
+
+    c0, l0, compiles0 = _timer("compile"), _timer("lower"), txc.metrics.counters().get("compile", 0)
+    trace, first = step()
+    compile_s = _timer("compile") - c0 + _timer("lower") - l0
+    compiles = txc.metrics.counters().get("compile", 0) - compiles0
+    traces, walls = [], []
+    for _ in range(args.repeats):
+        t, w = step()
+        traces.append(t)
+        walls.append(w)
+    later_compiles = txc.metrics.counters().get("compile", 0) - compiles0 - compiles
+    return {"trace": trace, "compile": compile_s, "first": first, "compiles_first": compiles,
+            "step": statistics.median(walls), "step_trace": statistics.median(traces),
+            "compiles_later": later_compiles}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N = 4, 16 and 2 repeats")
+    ap.add_argument("--layers", type=int, nargs="*", default=None)
+    ap.add_argument("--phases", nargs="*", default=["fwd", "fwd+bwd"])
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scan_compile.json"))
+    args = ap.parse_args()
+    if args.layers is None:
+        args.layers = [4, 16] if args.quick else [16, 64, 128, 256]
+    if args.quick:
+        args.repeats = 2
+    rows = []
+    hdr = (f"{'N':>4} {'phase':8} {'method':6} {'trace s':>8} {'compile s':>9} {'first s':>8} {'step s':>8} "
+           f"{'steptrace s':>11} {'compiles':>8}")
+    print(f"decoder stack: Block(d={args.d}, heads={args.heads}), x [{args.batch}, {args.seq}, {args.d}], "
+          f"platform {runtime.platform()}")
+    print(hdr)
+    for n in args.layers:
+        for phase in args.phases:
+            res = {}
+            for method in ("loop", "scan"):
+                r = run_case(n, phase, method, args)
+                res[method] = r
+                print(f"{n:>4} {phase:8} {method:6} {r['trace']:8.3f} {r['compile']:9.3f} {r['first']:8.3f} "
+                      f"{r['step']:8.4f} {r['step_trace']:11.4f} {r['compiles_first']:>4}+{r['compiles_later']}",
+                      flush=True)
+            ratio = {k: (res["loop"][k] / res["scan"][k] if res["scan"][k] else None)
+                     for k in ("trace", "compile", "first", "step", "step_trace")}
+            print(f"{'':4} {'':8} {'ratio':6} " + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v),
+                  flush=True)
+            rows.append({"layers": n, "phase": phase, "loop": res["loop"], "scan": res["scan"],
+                         "loop_over_scan": ratio})
+    doc = {"schema": SCHEMA, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+           "platform": runtime.platform(), "config": vars(args), "results": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
