@@ -60,6 +60,10 @@ y.backward(g.to(txc.device()))
 xb = torch.randn(5, dtype=torch.bfloat16)
 yb = st.scaled_tanh(xb.to(txc.device())).cpu()
 via_name = _tensor.op("scaled_tanh", xx.detach(), attrs=(2.0, 1.0)).cpu()
+st.scaled_tanh(torch.randn(3, 7).to(txc.device()), 2.0, 1.0).cpu()
+compiles = txc.metrics.counters().get("compile", 0)
+st.scaled_tanh(torch.randn(3, 7).to(txc.device()), 2.0, 1.0).cpu()  # same graph, new data
+recompiles = txc.metrics.counters().get("compile", 0) - compiles
 try:
     st.scaled_tanh(torch.arange(4).to(txc.device()))
     int_error = None
@@ -75,6 +79,7 @@ print(json.dumps({
     "bf16_err": (yb.float() - (1.7159 * torch.tanh(2 / 3 * xb.float()))).abs().max().item(),
     "by_name_err": (via_name - 2.0 * torch.tanh(x.detach())).abs().max().item(),
     "int_error": int_error,
+    "recompiles": recompiles,
 }))
 """
 
@@ -108,6 +113,7 @@ def _check_works(facts: dict, flavor: str) -> None:
     assert facts["fwd_err"] < 1e-5 and facts["grad_err"] < 1e-5, facts
     assert facts["bf16_err"] < 2e-2, facts
     assert facts["by_name_err"] < 1e-5, facts
+    assert facts["recompiles"] == 0, "an extension op's graph is cached like any other"
     assert facts["int_error"].startswith("RuntimeError: scaled_tanh: expected a floating-point"), facts
 
 
@@ -284,13 +290,26 @@ def venvs(wheels_by_flavor, tmp_path_factory):
     wheel installed, the example built and installed with pip."""
     if not shutil.which("cmake"):
         pytest.skip("no cmake")
-    pytest.importorskip("scikit_build_core")
+    pytest.importorskip("pybind11")
+    try:
+        import scikit_build_core  # noqa: F401
+        with_pip = True
+    except ImportError:  # e.g. nox's venv: CMake directly, as CMake users do
+        with_pip = False
     got = {}
     for name, whl in wheels_by_flavor.items():
         d = tmp_path_factory.mktemp(f"venv-{name}")
         py = _make_venv(d / "venv", whl)
-        _run([str(py), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--no-index",
-              str(EXAMPLE)], cwd=d)
+        if with_pip:  # the README's command
+            _run([str(py), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--no-index",
+                  str(EXAMPLE)], cwd=d)
+        else:
+            site = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"]).stdout.strip()
+            _run(["cmake", "-S", str(EXAMPLE), "-B", str(d / "build"), f"-DPython_EXECUTABLE={py}",
+                  f"-DCMAKE_INSTALL_PREFIX={site}", "-DCMAKE_BUILD_TYPE=Release"], cwd=d)
+            _run(["cmake", "--build", str(d / "build")], cwd=d)
+            _run(["cmake", "--install", str(d / "build")], cwd=d)
+            shutil.copy(EXAMPLE / "txc_scaled_tanh" / "__init__.py", Path(site) / "txc_scaled_tanh")
         site = Path(_run([str(py), "-c", "import txc_scaled_tanh as m, os; print(os.path.dirname(m._C.__file__))"],
                          cwd=d).stdout.strip())
         # A copy of the built package alone, to import it into the other venv.
