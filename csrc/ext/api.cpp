@@ -63,6 +63,9 @@ const Api kApi = {
     [](LowerCtx& cx, const Node& n, size_t i, DType t, const Dims& d) { return cx.coerce(n, i, t, d); },
     [](LowerCtx& cx, const std::string& v, DType t, const Dims& in, const Dims& axes, const std::string& body_op,
        double init) { return cx.reduce(v, t, in, axes, body_op, init); },
+    [](LowerCtx& cx, const Body& b, const std::vector<std::string>& args) { return cx.lower_body(b, args); },
+    [](LowerCtx& cx, const std::vector<std::string>& args, const std::vector<std::string>& types,
+       const std::function<void()>& emit) { return cx.region_text(args, types, emit); },
 };
 
 }  // namespace

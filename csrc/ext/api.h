@@ -16,6 +16,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 #include "ir/node.h"
@@ -109,6 +110,9 @@ struct Api {
   std::string (*coerce)(LowerCtx& cx, const Node& n, size_t i, DType t, const Dims& d);
   std::string (*reduce)(LowerCtx& cx, const std::string& v, DType t, const Dims& in, const Dims& axes,
                         const std::string& body_op, double init);
+  std::vector<std::string> (*lower_body)(LowerCtx& cx, const Body& b, const std::vector<std::string>& args);
+  std::string (*region_text)(LowerCtx& cx, const std::vector<std::string>& args, const std::vector<std::string>& types,
+                             const std::function<void()>& emit);
 };
 
 }  // namespace ext

@@ -25,9 +25,10 @@
 // are queued and enter the core's registry when the module imports (the id
 // TXC_OP returns is not yet valid then; look it up with op_id(name), or in
 // Python from the module's `ops` dict, or torch_xla_core._C.op_ids()). Ops
-// registered inside the module body get their id at once. A lowering may
-// use the LowerCtx helpers forwarded here; LowerCtx::lower_body and
-// region_text are not in API v1 yet.
+// registered inside the module body get their id at once. Forwarded: the
+// functions of ops/registry.h, ir/node.h, ir/dtype.h and LowerCtx
+// (lower/emitter.h); using another core function fails at import with an
+// undefined symbol (add it to the table: ext/api.h).
 #pragma once
 #include <Python.h>
 #include <pybind11/eval.h>
@@ -245,6 +246,13 @@ std::string LowerCtx::coerce(const Node& n, size_t i, DType t, const Dims& d) {
 std::string LowerCtx::reduce(const std::string& v, DType t, const Dims& in, const Dims& axes,
                              const std::string& body_op, double init) {
   return ext::api().reduce(*this, v, t, in, axes, body_op, init);
+}
+std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<std::string>& args) {
+  return ext::api().lower_body(*this, b, args);
+}
+std::string LowerCtx::region_text(const std::vector<std::string>& args, const std::vector<std::string>& types,
+                                  const std::function<void()>& emit) {
+  return ext::api().region_text(*this, args, types, emit);
 }
 
 }  // namespace txc
