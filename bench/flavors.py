@@ -20,10 +20,10 @@ goes first, so drifts in machine load hit every flavor alike. Figures:
                   forward / forward+backward traced without syncing, wall and
                   process-CPU µs per aten op
   cached overhead trace + sync (compile-cache hit) + wait minus device execution
-  core ns/node    _C.bench_core: the C++ work alone on a graph of --core-n op
-                  nodes built through the op registry: build (make_node: shape
-                  rules, attributes, node hash), hash (GraphCut walk + graph
-                  hash), lower (StableHLO text)
+  core ns/node    _C.bench_core: the C++ work alone (thread CPU time) on a graph
+                  of --core-n op nodes built through the op registry: build
+                  (make_node: shape rules, attributes, node hash), hash
+                  (GraphCut walk + graph hash), lower (StableHLO text)
   wheel           repaired wheel size, _C size, build time (wheelhouse/report.json)
 
 Every timed figure is a per-repeat value (median of the repeat's samples);
@@ -237,8 +237,8 @@ MODEL_FIGURES = [
     ("cached_fwd_bwd_overhead_ms", "cached fwd+bwd overhead ms", "ms",
      lambda s, st: 1e3 * s["step_forward_backward"]["overhead_s"]),
 ]
-CORE_LABELS = {"build": "core build ns/node", "hash": "core hash ns/node",
-               "lower": "core lower ns/node"}
+CORE_LABELS = {"build": "core build CPU ns/node", "hash": "core hash CPU ns/node",
+               "lower": "core lower CPU ns/node"}
 
 
 def figures(models_res, core_res, names, flavor_names):
