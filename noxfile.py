@@ -67,7 +67,7 @@ def wheels(session: nox.Session) -> None:
     if "--no-tests" not in skip and "--no-install-check" not in skip and not fargs:
         # this venv now has torch, jax and a flavor installed, as conftest needs
         session.run("pytest", "-m", "packaging", "tests/test_build_flavors.py",
-                    "tests/test_extras.py", "-q", "-rs",
+                    "tests/test_extras.py", "tests/test_extension.py", "-q", "-rs",
                     env={"TXC_WHEELHOUSE": str(ROOT / "wheelhouse")})
 
 
