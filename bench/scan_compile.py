@@ -14,6 +14,9 @@ compile and trace caches:
   step        median wall seconds of later steps (trace + cache hit + run)
   step_trace  median seconds to trace a later step (scan reuses its body)
 
+(after a warm-up run of each method at N=2, so first-use costs such as
+imports are not counted)
+
 and the ratios loop/scan. Usage:
 
   python bench/scan_compile.py [--quick] [--layers 16 64] [--out FILE.json]
@@ -112,6 +115,9 @@ def main():
         args.layers = [4, 16] if args.quick else [16, 64, 128, 256]
     if args.quick:
         args.repeats = 2
+    for phase in args.phases:  # warm-up: first-use costs (imports, torch.func) out of the measurements
+        for method in ("loop", "scan"):
+            run_case(2, phase, method, argparse.Namespace(**{**vars(args), "repeats": 1}))
     rows = []
     hdr = (f"{'N':>4} {'phase':8} {'method':6} {'trace s':>8} {'compile s':>9} {'first s':>8} {'step s':>8} "
            f"{'steptrace s':>11} {'compiles':>8}")
