@@ -1,6 +1,7 @@
 // Element types and PyTorch's type-promotion rules (c10/core/ScalarType.h,
 // ATen/native/TypeProperties.cpp), restated for the core's dtypes.
 #include "ir/dtype.h"
+#include <cmath>
 #include <stdexcept>
 
 namespace txc {
@@ -16,6 +17,19 @@ const char* dtype_name(DType t) {
 int bit_width(DType t) {
   static const int w[] = {1, 8, 8, 16, 32, 64, 16, 16, 32, 64, 64};
   return w[int(t)];
+}
+
+double lowest_value(DType t) {
+  if (is_floating(t)) return -INFINITY;
+  if (t == DType::Bool || t == DType::U8) return 0;
+  return -std::ldexp(1.0, bit_width(t) - 1);
+}
+
+double highest_value(DType t) {
+  if (is_floating(t)) return INFINITY;
+  if (t == DType::Bool) return 1;
+  if (t == DType::U8) return 255;
+  return std::ldexp(1.0, bit_width(t) - 1) - 1;
 }
 
 DType promote_types(DType a, DType b) {

@@ -17,6 +17,11 @@ inline bool is_integral(DType t) { return t >= DType::U8 && t <= DType::I64; }
 inline bool is_floating(DType t) { return t >= DType::F16 && t <= DType::F64; }
 inline bool is_complex(DType t) { return t == DType::C64; }
 
+// The smallest and largest values of a dtype (-inf/inf for floating types):
+// the identities of max and min reductions.
+double lowest_value(DType t);
+double highest_value(DType t);
+
 // torch.promote_types for two dtypes.
 DType promote_types(DType a, DType b);
 

@@ -267,17 +267,6 @@ TXC_OP("gather", 2,
                       LowerCtx::type(n), gather_props({}, all_dims(r), all_dims(r), r, Dims(r, 1)));
        });
 
-double lowest(DType t) {
-  if (is_floating(t)) return -INFINITY;
-  if (t == DType::Bool || t == DType::U8) return 0;
-  return -std::ldexp(1.0, bit_width(t) - 1);
-}
-double highest(DType t) {
-  if (is_floating(t)) return INFINITY;
-  if (t == DType::Bool) return 1;
-  if (t == DType::U8) return 255;
-  return std::ldexp(1.0, bit_width(t) - 1) - 1;
-}
 
 // scatter(x, idx, src; dim, reduce, include_self): x with src[p] written to
 // (reduced into) x[p with p[dim] = idx[p]] for every p in idx. reduce is one
@@ -334,7 +323,7 @@ TXC_OP("scatter", 3,
                             : red == "amax" ? (b ? "stablehlo.or" : "stablehlo.maximum")
                             : red == "amin" ? (b ? "stablehlo.and" : "stablehlo.minimum")
                                             : (b ? "stablehlo.or" : "stablehlo.add");
-         double ident = red == "prod" ? 1 : red == "amax" ? lowest(t) : red == "amin" ? highest(t) : 0;
+         double ident = red == "prod" ? 1 : red == "amax" ? lowest_value(t) : red == "amin" ? highest_value(t) : 0;
          std::string base = cx.in(n, 0), touched;
          if (!include_self || red == "mean") {
            std::string cnt = sc(cx.constant(0, DType::I64, x.dims), cx.constant(1, DType::I64, idx.dims), DType::I64,
@@ -490,7 +479,7 @@ void reg_cum(const char* name, const char* body, double init) {
         const Node& x = *n.operands[0];
         std::string v = cx.convert(cx.in(n, 0), x.dtype, n.dtype, x.dims);
         if (x.rank() == 0 || x.numel() == 0) return v;
-        double i = std::isinf(init) ? (init < 0 ? lowest(n.dtype) : highest(n.dtype)) : init;
+        double i = std::isinf(init) ? (init < 0 ? lowest_value(n.dtype) : highest_value(n.dtype)) : init;
         return cumulative(cx, v, n.dtype, x.dims, n.attr_int(0), body, i);
       }});
 }

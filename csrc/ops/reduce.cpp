@@ -51,18 +51,6 @@ DType result_dtype(const Node& n, RK k) {
   }
 }
 
-double lowest(DType t) {
-  if (is_floating(t)) return -INFINITY;
-  if (t == DType::Bool) return 0;
-  if (t == DType::U8) return 0;
-  return -std::ldexp(1.0, bit_width(t) - 1);
-}
-double highest(DType t) {
-  if (is_floating(t)) return INFINITY;
-  if (t == DType::Bool) return 1;
-  if (t == DType::U8) return 255;
-  return std::ldexp(1.0, bit_width(t) - 1) - 1;
-}
 
 // Canonical axes (in place, before the node is hashed): an empty list means
 // every dim; negative dims wrap; sorted, without repeats. A 0-d input
@@ -104,8 +92,8 @@ void reg(const char* name, RK k) {
         switch (k) {
           case RK::Sum: r = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0); break;
           case RK::Prod: r = cx.reduce(v, t, x.dims, axes, "stablehlo.multiply", 1); break;
-          case RK::Max: r = cx.reduce(v, t, x.dims, axes, "stablehlo.maximum", lowest(t)); break;
-          case RK::Min: r = cx.reduce(v, t, x.dims, axes, "stablehlo.minimum", highest(t)); break;
+          case RK::Max: r = cx.reduce(v, t, x.dims, axes, "stablehlo.maximum", lowest_value(t)); break;
+          case RK::Min: r = cx.reduce(v, t, x.dims, axes, "stablehlo.minimum", highest_value(t)); break;
           case RK::Any: r = cx.reduce(v, t, x.dims, axes, "stablehlo.or", 0); break;
           case RK::All: r = cx.reduce(v, t, x.dims, axes, "stablehlo.and", 1); break;
           case RK::Mean: {
@@ -162,7 +150,7 @@ void reg_arg(const char* name, bool is_max) {
         Dims flat = reduced_dims(n, x.dims, {dim}, false);
         std::string idx = cx.op("stablehlo.iota", {}, {}, LowerCtx::type(DType::I64, x.dims),
                                 "iota_dimension = " + std::to_string(dim) + " : i64");
-        std::string init_v = cx.constant(is_max ? lowest(t) : highest(t), t);
+        std::string init_v = cx.constant(is_max ? lowest_value(t) : highest_value(t), t);
         std::string init_i = cx.constant(0, DType::I64);
         std::string st = LowerCtx::type(t, {}), it = LowerCtx::type(DType::I64, {}), bt = "tensor<i1>";
         std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh();
