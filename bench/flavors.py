@@ -46,7 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import zipfile
 from pathlib import Path
 
@@ -84,27 +83,8 @@ class FlavorWorker(to.Worker):
 
 
 def worker_main(backend_name):
-    """JSON lines on stdin -> JSON lines on the original stdout (as trace_overhead's)."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    worker = FlavorWorker(backend_name)
-    for line in sys.stdin:
-        req = json.loads(line)
-        cmd, kwargs = req["cmd"], req.get("args", {})
-        if cmd == "quit":
-            break
-        try:
-            resp = {"ok": True, "result": getattr(worker, cmd)(**kwargs)}
-        except to.BackendUnavailable as e:
-            resp = {"ok": False, "error": str(e), "unavailable": True}
-        except Exception as e:
-            resp = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc()}
-        proto.write(json.dumps(resp) + "\n")
-        proto.flush()
-
-
+    """JSON lines on stdin -> JSON lines on the original stdout (trace_overhead's loop)."""
+    to.worker_main(backend_name, FlavorWorker)
 class Remote(to.RemoteWorker):
     """A worker process of this file under `python`, named `name`."""
 

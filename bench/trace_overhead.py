@@ -263,13 +263,14 @@ class Worker:
         return {}
 
 
-def worker_main(backend_name):
+def worker_main(backend_name, worker_cls=None):
     """JSON lines on stdin -> JSON lines on the original stdout. Anything else the
-    process prints (library warnings, C++ logs) goes to stderr."""
+    process prints (library warnings, C++ logs) goes to stderr. worker_cls
+    (default Worker) answers the commands."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    worker = Worker(backend_name)
+    worker = (worker_cls or Worker)(backend_name)
     for line in sys.stdin:
         req = json.loads(line)
         cmd, kwargs = req["cmd"], req.get("args", {})
