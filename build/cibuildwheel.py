@@ -76,7 +76,9 @@ def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
     if engine == "docker":
         raise SystemExit(f"[cibuildwheel] docker route not available: {why}")
     env = podman_env()
-    if not _ok(["podman", "image", "exists", LOCAL_IMAGE], 30, env):
+    # generous timeout: podman waits on the storage lock while another
+    # buildah/podman job (an image build, a CI dry run) holds it
+    if not _ok(["podman", "image", "exists", LOCAL_IMAGE], 600, env):
         log(f"{why}; making the local builder image {LOCAL_IMAGE} (build/builder/make-image.sh)")
         subprocess.run(["bash", str(BUILDER / "make-image.sh")], check=True,
                        env={**env, "IMAGE": LOCAL_IMAGE})
@@ -86,6 +88,18 @@ def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
     return "podman-local", env, (f"{why}; podman with the local manylinux-like image "
                                  f"{LOCAL_IMAGE} (glibc 2.36, cp311 only: a local check, "
                                  "not a release build)")
+
+
+def image_id(route: str, env: dict[str, str]) -> str:
+    """The id of the image the route runs, for the report ('' if unknown)."""
+    cmd = (["docker", "image", "inspect", "--format", "{{.Id}}", REAL_IMAGE]
+           if route == "docker" else
+           ["podman", "image", "inspect", "--format", "{{.Id}}", LOCAL_IMAGE])
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout.strip() if res.returncode == 0 else ""
 
 
 def export_tree(dest: Path) -> None:
@@ -104,11 +118,15 @@ def main(argv=None) -> int:
     p.add_argument("--flavor", action="append", choices=MATRIX.names())
     p.add_argument("--engine", choices=["auto", "docker", "podman-local"], default="auto")
     a = p.parse_args(argv)
+    t_all = time.monotonic()
     route, env, why = pick_route(a.engine)
+    image = REAL_IMAGE if route == "docker" else LOCAL_IMAGE
+    iid = image_id(route, env)
     log(f"route: {route} -- {why}")
+    log(f"image: {image} (id {iid[:12] or '?'})")
     env["SOURCE_DATE_EPOCH"] = wheels.source_date_epoch()
     env.setdefault("MAX_JOBS", "2")
-    report = {"route": route, "why": why, "flavors": {}}
+    report = {"route": route, "why": why, "image": image, "image_id": iid, "flavors": {}}
     failed = False
     with tempfile.TemporaryDirectory(prefix="txc-cibw-") as t:
         src = Path(t) / "src"
@@ -138,9 +156,14 @@ def main(argv=None) -> int:
                 failed = True
                 log(f"{name}: cibuildwheel failed (rc={rc}) after {secs:.0f} s")
             report["flavors"][name] = entry
+    report["total_seconds"] = round(time.monotonic() - t_all, 1)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    log(f"route used: {route}; report: {(OUT / 'report.json').relative_to(ROOT)}")
+    for name, e in report["flavors"].items():
+        log(f"  {name:9s} {'ok' if e.get('check') == 'ok' else 'FAILED':6s} {e['seconds']:6.0f} s  "
+            f"{e.get('wheel', '-')}")
+    log(f"route used: {route}, image {image}; total {report['total_seconds']:.0f} s; "
+        f"report: {(OUT / 'report.json').relative_to(ROOT)}")
     return 1 if failed else 0
 
 
