@@ -198,10 +198,17 @@ class Engine:
         return int(out.strip() or 0)
 
     def labels(self, image: str) -> dict:
-        fmt = "{{json .Config.Labels}}" if self.name == "docker" else "{{json .Docker.Config.Labels}}"
-        args = ["image", "inspect", "--format", fmt, image] if self.name == "docker" else \
-            ["inspect", "--type", "image", "--format", fmt, image]
-        return json.loads(self.q(*args).stdout or "{}") or {}
+        if self.name == "docker":
+            out = self.q("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout
+            return json.loads(out or "{}") or {}
+        # buildah's templates have no json function: read the whole record.
+        # It pushes OCI manifests, so a pulled image's labels are in the OCI config.
+        res = self.q("inspect", "--type", "image", image)
+        if res.returncode:
+            return {}
+        data = json.loads(res.stdout)
+        return ((data.get("OCIv1") or {}).get("config") or {}).get("Labels") \
+            or ((data.get("Docker") or {}).get("config") or {}).get("Labels") or {}
 
     def run(self, image: str, cmd: list[str], timeout=600) -> subprocess.CompletedProcess:
         """Runs cmd in a fresh container of image, as the image's user."""
