@@ -724,19 +724,24 @@ std::string adaptive_apply(LowerCtx& cx, std::string v, Dims vd, DType t, size_t
   return v;
 }
 
+// Input checks shared by the adaptive pools: (N,) C, spatial... with no empty non-batch dim.
+void check_adaptive_input(const Node& n, const Node& x, size_t ns) {
+  if (x.dims.size() != ns + 1 && x.dims.size() != ns + 2)
+    op_error(n, "Expected " + std::to_string(ns + 1) + "D or " + std::to_string(ns + 2) +
+                    "D tensor for input, but got a tensor of shape " + dims_str(x.dims));
+  for (size_t i = 1; i < x.dims.size(); ++i)
+    if (x.dims[i] == 0)
+      op_error(n, "Expected input to have non-zero size for non-batch dimensions, but input has sizes " +
+                      dims_str(x.dims) + " with dimension " + std::to_string(i) + " being empty");
+}
+
 // adaptive_avg_pool(x; output_size)
 TXC_OP("adaptive_avg_pool", 1,
        [](Node& n) {
          const Node& x = *n.operands[0];
          const Dims& os = n.attr_dims(0);
          size_t ns = os.size();
-         if (x.dims.size() != ns + 1 && x.dims.size() != ns + 2)
-           op_error(n, "Expected " + std::to_string(ns + 1) + "D or " + std::to_string(ns + 2) +
-                           "D tensor for input, but got a tensor of shape " + dims_str(x.dims));
-         for (size_t i = 1; i < x.dims.size(); ++i)
-           if (x.dims[i] == 0)
-             op_error(n, "Expected input to have non-zero size for non-batch dimensions, but input has sizes " +
-                             dims_str(x.dims) + " with dimension " + std::to_string(i) + " being empty");
+         check_adaptive_input(n, x, ns);
          for (auto o : os)
            if (o < 0) op_error(n, "output_size must be non-negative, got " + dims_str(os));
          if (!is_floating(x.dtype)) op_error(n, std::string("expected a floating point input, got ") + dtype_name(x.dtype));
@@ -781,13 +786,7 @@ TXC_OP("adaptive_max_pool", 1,
          const Node& x = *n.operands[0];
          const Dims& os = n.attr_dims(0);
          size_t ns = os.size();
-         if (x.dims.size() != ns + 1 && x.dims.size() != ns + 2)
-           op_error(n, "Expected " + std::to_string(ns + 1) + "D or " + std::to_string(ns + 2) +
-                           "D tensor for input, but got a tensor of shape " + dims_str(x.dims));
-         for (size_t i = 1; i < x.dims.size(); ++i)
-           if (x.dims[i] == 0)
-             op_error(n, "Expected input to have non-zero size for non-batch dimensions, but input has sizes " +
-                             dims_str(x.dims) + " with dimension " + std::to_string(i) + " being empty");
+         check_adaptive_input(n, x, ns);
          for (auto o : os)
            if (o <= 0) op_error(n, "output_size must be positive, got " + dims_str(os));
          n.dtype = n.attr_int(1) ? DType::I64 : x.dtype;
