@@ -153,10 +153,5 @@ def to_host(buf) -> torch.Tensor:
     return t
 
 
-def wait(bufs) -> None:
-    for b in bufs:
-        b.block_until_ready()
-
-
 def clear_cache() -> None:
     _cache.clear()
