@@ -72,9 +72,15 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+_PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
+
+
 class _Guard(torch._C._acc.DeviceGuard):
+    # torch's Python guard asks type_() on every device/stream query: autograd
+    # makes several per op (~2 per traced op in a backward step), so keep it
+    # to one global load.
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        return _PRIVATEUSE1
 
 
 def register() -> None:

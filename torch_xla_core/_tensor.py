@@ -1,8 +1,10 @@
 """The xla tensor: a wrapper subclass whose payload is a C++ LazyTensor.
-Every aten op reaching __torch_dispatch__ is looked up in HANDLERS (filled by
-the _ops modules: aten overload -> a function that calls core ops), else in
-torch._decomp's decompositions, else run on the CPU as a counted, warned
-fallback. Also: wrapping/unwrapping, materialization (sync, to_cpu)."""
+Every aten op on xla tensors reaches __torch_dispatch__, which is C++
+(csrc/py/dispatch.cpp): it looks the overload up in HANDLERS (filled by the
+_ops modules: aten overload -> a function that calls core ops; else
+torch._decomp's decompositions, else a counted, warned CPU fallback) and runs
+the handler, or the overload's direct recipe from DIRECT where it has one.
+Also: wrapping/unwrapping, materialization (sync, to_cpu)."""
 import warnings
 
 import torch
@@ -12,6 +14,7 @@ from . import _C, _dtypes, metrics, runtime
 
 DEVICE = None  # torch.device("xla", 0), set by init()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
+DIRECT = {}    # aten OpOverload -> direct recipe (see _ops.direct)
 
 
 class _OpIds:
@@ -35,14 +38,9 @@ class XlaTensor(torch.Tensor):
     _lt: "_C.LazyTensor"
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        h = HANDLERS.get(func)
-        if h is None:
-            h = _resolve(func)
-        if kwargs:
-            return h(*args, **kwargs)
-        return h(*args)
+    # __torch_dispatch__(func, types, args, kwargs): HANDLERS[func](*args, **kwargs),
+    # or DIRECT[func] run in C++; a builtin, so no Python frame per op.
+    __torch_dispatch__ = staticmethod(_C.torch_dispatch)
 
     def __repr__(self, *, tensor_contents=None):
         cpu = to_cpu(self)
@@ -98,6 +96,7 @@ def configure(device) -> None:
     global DEVICE
     DEVICE = device
     _C.configure_wrapper(XlaTensor, _mws, list(_TORCH), device, _operand_fallback)
+    _C.configure_dispatch(_entry)
 
 
 def op(name: str, *operands, attrs=()) -> XlaTensor:
@@ -152,6 +151,11 @@ def set_meta(t: XlaTensor, shape) -> None:
 
 
 _warned = set()
+
+
+def _entry(func):
+    """What the C++ dispatcher caches for func: (handler, direct recipe or None)."""
+    return HANDLERS.get(func) or _resolve(func), DIRECT.get(func)
 
 
 def _resolve(func):

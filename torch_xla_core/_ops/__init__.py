@@ -5,22 +5,52 @@ torch._decomp decompositions, and finally a CPU fallback that is counted in
 metrics and warned about once per op."""
 import torch
 
-from .. import _tensor, metrics
-from .._tensor import HANDLERS, XlaTensor
+from .. import _C, _tensor, metrics
+from .._tensor import DIRECT, HANDLERS, OP, XlaTensor
 
 aten = torch.ops.aten
 
+ANY, XLA = -1, -2  # operand codes of a direct recipe: anything the core takes; an xla tensor of any rank
 
-def impl(*overloads):
+
+class Arg:
+    """In a direct recipe's attrs: the value of positional arg `i`."""
+
+    def __init__(self, i):
+        self.i = i
+
+
+def direct(op, nargs, *, operands=None, ranks=None, attrs=(), view=False):
+    """A direct recipe: a call with exactly `nargs` positional args and no
+    kwargs is core op `op` over the args at `operands` (default: all, in order)
+    with attributes `attrs` (constants, or Arg(i) for positional arg i);
+    `ranks` gives per operand ANY, XLA or the rank it must have; `view` makes
+    it a view of operand 0. The C++ dispatcher runs it without entering Python; calls that
+    do not fit (or that the core refuses) go to the handler, so a recipe must
+    build exactly what its handler builds for the calls it fits
+    (tests/test_dispatch.py checks that for every recipe)."""
+    operands = tuple(range(nargs)) if operands is None else tuple(operands)
+    ranks = (ANY,) * len(operands) if ranks is None else tuple(ranks)
+    layout = tuple(a.i if isinstance(a, Arg) else -1 for a in attrs)
+    constants = tuple(a for a in attrs if not isinstance(a, Arg))
+    return (getattr(OP, op), nargs, operands, ranks, layout, constants, view)
+
+
+def impl(*overloads, direct=None):
     """Registers the decorated function as the handler of the given overloads
-    (OpOverloads, or OpOverloadPackets meaning all of their overloads)."""
+    (OpOverloads, or OpOverloadPackets meaning all of their overloads), and
+    `direct` (see direct()) as their recipe."""
     def deco(fn):
         for o in overloads:
             if isinstance(o, torch._ops.OpOverloadPacket):
+                assert direct is None, "a direct recipe needs single overloads"
                 for name in o.overloads():
                     HANDLERS[getattr(o, name)] = fn
             else:
                 HANDLERS[o] = fn
+                if direct is not None:
+                    DIRECT[o] = direct
+        _C.dispatch_clear()
         return fn
     return deco
 

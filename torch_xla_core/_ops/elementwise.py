@@ -3,7 +3,7 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
 from .._tensor import OP, XlaTensor, _make, _op, v, wrap
-from . import aten, call, convert, impl
+from . import XLA, aten, call, convert, direct, impl
 
 
 def _un(name):
@@ -24,7 +24,7 @@ for _aten, _core in [
     ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("reciprocal", "reciprocal"),
     ("bitwise_not", "bitwise_not"), ("logical_not", "logical_not"), ("isnan", "isnan"),
 ]:
-    impl(getattr(aten, _aten).default)(_un(_core))
+    impl(getattr(aten, _aten).default, direct=direct(_core, 1, ranks=(XLA,)))(_un(_core))
 
 for _aten, _core in [
     ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"), ("logical_and", "logical_and"),
@@ -35,19 +35,23 @@ for _aten, _core in [
     _packet = getattr(aten, _aten)
     for _ov in ("Tensor", "Scalar", "default"):
         if _ov in _packet.overloads():
-            impl(getattr(_packet, _ov))(_bin(_core))
+            _o = getattr(_packet, _ov)
+            if any(str(a.type) == "Tensor" for a in _o._schema.arguments):  # eq.default etc. take numbers only
+                impl(_o, direct=direct(_core, 2))(_bin(_core))
 
 _OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
 
 
-@impl(aten.add.Tensor, aten.add.Scalar)
+@impl(aten.add.Tensor, direct=direct("add", 2))
+@impl(aten.add.Scalar, direct=direct("add", 2))
 def add(a, b, *, alpha=1):
     if alpha != 1:
         b = _op(_OP_MUL, (b, alpha), ())
     return _op(_OP_ADD, (a, b), ())
 
 
-@impl(aten.sub.Tensor, aten.sub.Scalar)
+@impl(aten.sub.Tensor, direct=direct("sub", 2))
+@impl(aten.sub.Scalar, direct=direct("sub", 2))
 def sub(a, b, *, alpha=1):
     if alpha != 1:
         b = _op(_OP_MUL, (b, alpha), ())
@@ -59,12 +63,15 @@ def rsub(a, b, *, alpha=1):
     return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _op(_OP_SUB, (b, a if alpha == 1 else v(wrap(_make(_OP_MUL, (a, alpha), ())))), ())
 
 
-@impl(aten.mul.Tensor, aten.mul.Scalar)
+@impl(aten.mul.Tensor, direct=direct("mul", 2))
+@impl(aten.mul.Scalar, direct=direct("mul", 2))
 def mul(a, b):
     return _op(_OP_MUL, (a, b), ())
 
 
-@impl(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
+@impl(aten.div.Tensor, direct=direct("div", 2))
+@impl(aten.div.Scalar, direct=direct("div", 2))
+@impl(aten.true_divide.Tensor, direct=direct("div", 2))
 def div(a, b):
     return _op(OP.div, (a, b), ())
 
@@ -151,17 +158,17 @@ def threshold_backward(grad, x, threshold):
     return where(_op(OP.gt, (x._lt, threshold), ()), grad, 0)
 
 
-@impl(aten.gelu.default)
+@impl(aten.gelu.default, direct=direct("gelu", 1, ranks=(XLA,), attrs=("none",)))
 def gelu(x, *, approximate="none"):
     return _op(OP.gelu, (x._lt,), (approximate,))
 
 
-@impl(aten.gelu_backward.default)
+@impl(aten.gelu_backward.default, direct=direct("gelu_backward", 2, ranks=(XLA, XLA), attrs=("none",)))
 def gelu_backward(grad, x, *, approximate="none"):
     return _op(OP.gelu_backward, (grad._lt, x._lt), (approximate,))
 
 
-@impl(aten.silu.default)
+@impl(aten.silu.default, direct=direct("silu", 1, ranks=(XLA,)))
 def silu(x):
     return _op(OP.silu, (x._lt,), ())
 

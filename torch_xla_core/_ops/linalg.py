@@ -1,6 +1,6 @@
 """Matrix products -> the core `dot` op (stablehlo.dot_general)."""
 from .._tensor import XlaTensor, OP, _make, _op, v, wrap
-from . import aten, impl
+from . import XLA, aten, direct, impl
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
 _MM = ([], [], [1], [0])
@@ -12,7 +12,7 @@ def _check_dtypes(name, a, b):
         raise RuntimeError(f"{name}: expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
 
 
-@impl(aten.mm.default)
+@impl(aten.mm.default, direct=direct("dot", 2, ranks=(2, 2), attrs=_MM))
 def mm(a, b):
     if a.dim() != 2 or b.dim() != 2:
         raise RuntimeError(f"mm: expected 2D tensors, got {a.dim()}D and {b.dim()}D")
@@ -20,7 +20,7 @@ def mm(a, b):
     return _op(_DOT, (a._lt, b._lt), _MM)
 
 
-@impl(aten.bmm.default)
+@impl(aten.bmm.default, direct=direct("dot", 2, ranks=(3, 3), attrs=_BMM))
 def bmm(a, b):
     if a.dim() != 3 or b.dim() != 3:
         raise RuntimeError(f"bmm: expected 3D tensors, got {a.dim()}D and {b.dim()}D")
@@ -39,7 +39,7 @@ def _scaled_sum(c, p, beta, alpha):
     return _op(_ADD, (cv, p), ())
 
 
-@impl(aten.addmm.default)
+@impl(aten.addmm.default, direct=direct("dot", 3, operands=(1, 2, 0), ranks=(2, 2, XLA), attrs=_MM))
 def addmm(c, a, b, *, beta=1, alpha=1):
     if beta == 1 and alpha == 1 and type(c) is XlaTensor:
         return _op(_DOT, (a, b, c), _MM)  # one node: the product plus c

@@ -3,7 +3,7 @@ import torch
 
 from .._dtypes import code
 from .._tensor import OP, _make, _op, wrap
-from . import aten, impl
+from . import XLA, Arg, aten, direct, impl
 
 
 def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
@@ -19,7 +19,7 @@ def sum_(x, *, dtype=None):
     return _reduce("sum", x, None, False, dtype)
 
 
-@impl(aten.sum.dim_IntList)
+@impl(aten.sum.dim_IntList, direct=direct("sum", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1), False, -1)))
 def sum_dim(x, dim, keepdim=False, *, dtype=None):
     return _reduce("sum", x, dim, keepdim, dtype)
 

@@ -4,7 +4,7 @@ import torch
 
 from .. import _tensor
 from .._tensor import OP, XlaTensor, _make, _op, _view, _view_op, wrap
-from . import aten, convert, impl
+from . import XLA, Arg, aten, convert, direct, impl
 
 
 def _dim(d, rank):
@@ -18,7 +18,13 @@ def reshape_view(x, shape):
     return _view_op(OP.reshape, x._lt, (shape,))
 
 
-@impl(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
+_VIEW = direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True)
+
+
+@impl(aten.view.default, direct=_VIEW)
+@impl(aten._unsafe_view.default, direct=_VIEW)
+@impl(aten.reshape.default, direct=_VIEW)
+@impl(aten._reshape_alias.default)
 def view(x, size, *_stride):
     return _view_op(OP.reshape, x, (size,))  # the core infers a -1
 
@@ -30,7 +36,12 @@ def view_dtype(x, dtype):
     raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor (a bitcast) is not supported")
 
 
-@impl(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
+_ALIAS = direct("alias", 1, ranks=(XLA,), view=True)
+
+
+@impl(aten.alias.default, direct=_ALIAS)
+@impl(aten.detach.default, direct=_ALIAS)
+@impl(aten.lift_fresh.default, direct=_ALIAS)
 def alias(x):
     return _view_op(OP.alias, x._lt, ())
 
@@ -41,7 +52,8 @@ def permute(x, dims):
     return _view_op(OP.permute, x._lt, ([_dim(d, r) for d in dims],))
 
 
-@impl(aten.t.default, aten.numpy_T.default)
+@impl(aten.t.default, direct=direct("permute", 1, ranks=(2,), attrs=([1, 0],), view=True))
+@impl(aten.numpy_T.default)
 def t(x):
     if x.dim() > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.dim()}D")

@@ -1,0 +1,150 @@
+// Python objects <-> core: operands, attributes and the XlaTensor wrapper
+// (see wrapper.h). The wrapper class and its factory are set once from
+// Python by configure_wrapper(), so that ops return wrappers directly.
+#include "py/wrapper.h"
+#include <pybind11/stl.h>
+#include "ops/registry.h"
+
+namespace txc {
+DType elementwise_scalar_dtype(const Node& n);  // ops/elementwise.cpp
+
+namespace {
+
+struct Wrapper {
+  PyObject* cls = nullptr;       // XlaTensor
+  PyObject* factory = nullptr;   // torch.Tensor._make_wrapper_subclass
+  PyObject* device = nullptr;    // torch.device("xla", 0)
+  PyObject* kwnames = nullptr;   // ("dtype", "device")
+  PyObject* lt_name = nullptr;   // "_lt"
+  PyObject* fallback = nullptr;  // Python: other operand -> core operand, or raise
+  std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
+} g_wrap;
+
+NodePtr scalar_node(double v, DType t, bool wrapped) {
+  static const uint16_t scalar = op_id("scalar");
+  auto n = make_node_shaped(scalar, {}, {}, t, {});
+  n->scalar = v;
+  n->wrapped = wrapped;
+  return n;
+}
+
+}  // namespace
+
+Attr to_attr(py::handle h) {
+  if (PyBool_Check(h.ptr()) || PyLong_Check(h.ptr())) return int64_t(PyLong_AsLongLong(h.ptr()));
+  if (PyFloat_Check(h.ptr())) return PyFloat_AS_DOUBLE(h.ptr());
+  if (PyUnicode_Check(h.ptr())) return h.cast<std::string>();
+  if (PyTuple_Check(h.ptr()) || PyList_Check(h.ptr())) return h.cast<Dims>();
+  throw py::type_error("core op attribute of unsupported type " + std::string(py::str(py::type::handle_of(h))));
+}
+
+Attrs to_attrs(const py::tuple& t) {
+  Attrs a;
+  a.reserve(t.size());
+  for (auto h : t) a.push_back(to_attr(h));
+  return a;
+}
+
+bool is_wrapper(py::handle h) {
+  return g_wrap.cls && (Py_TYPE(h.ptr()) == (PyTypeObject*)g_wrap.cls ||
+                        PyObject_TypeCheck(h.ptr(), (PyTypeObject*)g_wrap.cls));
+}
+
+LazyTensor& lazy_of_wrapper(py::handle h) {
+  py::object lt = py::reinterpret_steal<py::object>(PyObject_GetAttr(h.ptr(), g_wrap.lt_name));
+  if (!lt) throw py::error_already_set();
+  return lt.cast<LazyTensor&>();  // the wrapper keeps lt alive
+}
+
+// Autograd runs the backward of xla tensors on its own device thread, and
+// every op there enters Python through a GIL acquire that, when the thread
+// has no Python thread state yet, creates one and deletes it again on
+// release: a thread state per op. Holding one extra reference to this
+// thread's state (once per thread; never released) keeps it alive.
+void keep_thread_state() {
+  thread_local bool kept = false;
+  if (!kept) {
+    PyGILState_Ensure();
+    kept = true;
+  }
+}
+
+py::object wrap(LazyTensor&& t) {
+  keep_thread_state();
+  const NodePtr& v = t.value();
+  py::tuple shape(v->dims.size());
+  for (size_t i = 0; i < v->dims.size(); ++i) PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(v->dims[i]));
+  PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
+  py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
+  if (!w) throw py::error_already_set();
+  py::object lt = py::cast(std::move(t));
+  if (PyObject_SetAttr(w.ptr(), g_wrap.lt_name, lt.ptr()) < 0) throw py::error_already_set();
+  return w;
+}
+
+NodePtr operand(py::handle h, bool& has_wrapped) {
+  if (is_wrapper(h)) return lazy_of_wrapper(h).value();
+  if (py::isinstance<LazyTensor>(h)) return h.cast<LazyTensor&>().value();
+  if (PyBool_Check(h.ptr())) {
+    has_wrapped = true;
+    return scalar_node(h.ptr() == Py_True, DType::Bool, true);
+  }
+  if (PyLong_Check(h.ptr())) {
+    has_wrapped = true;
+    return scalar_node(double(PyLong_AsLongLong(h.ptr())), DType::I64, true);
+  }
+  if (PyFloat_Check(h.ptr())) {
+    has_wrapped = true;
+    return scalar_node(PyFloat_AS_DOUBLE(h.ptr()), DType::F64, true);
+  }
+  if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) {  // (number, dtype): a 0-d host tensor
+    auto t = h.cast<py::tuple>();
+    return scalar_node(t[0].cast<double>(), DType(t[1].cast<int>()), false);
+  }
+  if (g_wrap.fallback) {  // e.g. a 0-d CPU tensor -> (number, dtype); raises for others
+    py::object r = py::reinterpret_borrow<py::object>(g_wrap.fallback)(h);
+    return operand(r, has_wrapped);
+  }
+  throw py::type_error("core op operand of unsupported type " + std::string(py::str(py::type::handle_of(h))));
+}
+
+LazyTensor make_from(uint16_t op, std::vector<NodePtr> xs, Attrs attrs, bool has_wrapped) {
+  NodePtr n = make_node(op, std::move(xs), std::move(attrs));
+  if (has_wrapped) {
+    // Python numbers take the dtype the op computes in.
+    DType t = elementwise_scalar_dtype(*n);
+    for (auto& o : n->operands)
+      if (o->wrapped && o.use_count() == 1) {
+        o->dtype = t;
+        rehash(*o);
+      }
+    rehash(*n);
+  }
+  return LazyTensor(std::move(n));
+}
+
+LazyTensor make(int op, const py::tuple& operands, const py::tuple& attrs) {
+  std::vector<NodePtr> xs;
+  xs.reserve(operands.size());
+  bool has_wrapped = false;
+  for (auto h : operands) xs.push_back(operand(h, has_wrapped));
+  return make_from(uint16_t(op), std::move(xs), to_attrs(attrs), has_wrapped);
+}
+
+void bind_wrapper(py::module_& m) {
+  m.def("configure_wrapper", [](py::object cls, py::object factory, py::list dtypes, py::object device,
+                                py::object fallback) {
+          g_wrap.cls = cls.release().ptr();
+          g_wrap.factory = factory.release().ptr();
+          g_wrap.device = device.release().ptr();
+          g_wrap.fallback = fallback.release().ptr();
+          g_wrap.kwnames = py::make_tuple("dtype", "device").release().ptr();
+          g_wrap.lt_name = py::str("_lt").release().ptr();
+          PyUnicode_InternInPlace(&g_wrap.lt_name);
+          g_wrap.dtypes.clear();
+          for (auto d : dtypes) g_wrap.dtypes.push_back(d.inc_ref().ptr());
+        },
+        "Sets the wrapper tensor class that op() and view_op() return.");
+}
+
+}  // namespace txc

@@ -1,0 +1,26 @@
+// Python-facing pieces shared by the bindings (module.cpp) and the C++
+// __torch_dispatch__ (py/dispatch.cpp): core operands from Python objects,
+// attributes from Python values, and the XlaTensor wrapper that carries a
+// LazyTensor in its `_lt` attribute.
+#pragma once
+#include <pybind11/pybind11.h>
+#include "ir/node.h"
+#include "trace/tensor.h"
+
+namespace txc {
+namespace py = pybind11;
+
+Attr to_attr(py::handle h);                  // int/bool, float, str, or a tuple/list of ints
+Attrs to_attrs(const py::tuple& t);
+bool is_wrapper(py::handle h);               // an XlaTensor (or subclass)
+LazyTensor& lazy_of_wrapper(py::handle h);   // its LazyTensor (the wrapper keeps it alive)
+// The core operand for h: a wrapper's or LazyTensor's value, a Python number
+// (a "wrapped" scalar: sets has_wrapped), or (number, dtype) for a 0-d host tensor.
+NodePtr operand(py::handle h, bool& has_wrapped);
+// A new node of op over xs; Python numbers among xs take the dtype the op computes in.
+LazyTensor make_from(uint16_t op, std::vector<NodePtr> xs, Attrs attrs, bool has_wrapped);
+LazyTensor make(int op, const py::tuple& operands, const py::tuple& attrs);
+py::object wrap(LazyTensor&& t);             // a new XlaTensor holding t
+void keep_thread_state();
+void bind_wrapper(py::module_& m);           // configure_wrapper
+}  // namespace txc
