@@ -35,7 +35,7 @@ _TORCH = _dtypes.TORCH
 class XlaTensor(torch.Tensor):
     """A tensor on the xla device. Its value is traced lazily (see _lt)."""
 
-    _lt: "_C.LazyTensor"
+    __slots__ = ("_lt",)  # the core's LazyTensor: a slot is quicker to set and read than __dict__
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     # __torch_dispatch__(func, types, args, kwargs): HANDLERS[func](*args, **kwargs),
