@@ -3,6 +3,9 @@ with a device module (torch.xla), hooks and a device guard, so that
 torch.device("xla"), tensor.to("xla") and module.to("xla") work and reach
 our kernels. The generated Tensor.is_xla helper would collide with torch's
 own, so the pieces are registered one by one."""
+import functools
+import operator
+
 import torch
 
 _done = False
@@ -76,11 +79,14 @@ _PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
 
 
 class _Guard(torch._C._acc.DeviceGuard):
-    # torch's Python guard asks type_() on every device/stream query: autograd
-    # makes several per op (~2 per traced op in a backward step), so keep it
-    # to one global load.
-    def type_(self):
-        return _PRIVATEUSE1
+    """torch's Python guard asks type_() on every device/stream query, and
+    autograd makes several per op (~2 per traced op in a backward step), each
+    through a pybind11 override lookup. The instance attribute below answers
+    without a bound method or a Python frame (a C-level partial)."""
+
+    def __init__(self):
+        super().__init__()
+        self.type_ = functools.partial(operator.itemgetter(0), (_PRIVATEUSE1,))
 
 
 def register() -> None:
