@@ -3,6 +3,7 @@
 // Python by configure_wrapper(), so that ops return wrappers directly.
 #include "py/wrapper.h"
 #include <pybind11/stl.h>
+#include <structmember.h>
 #include "ops/registry.h"
 
 namespace txc {
@@ -16,6 +17,7 @@ struct Wrapper {
   PyObject* device = nullptr;    // torch.device("xla", 0)
   PyObject* kwnames = nullptr;   // ("dtype", "device")
   PyObject* lt_name = nullptr;   // "_lt"
+  Py_ssize_t lt_offset = 0;      // where the class's `_lt` slot sits in an instance (0: not a slot)
   PyObject* fallback = nullptr;  // Python: other operand -> core operand, or raise
   std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
 } g_wrap;
@@ -51,9 +53,14 @@ bool is_wrapper(py::handle h) {
 }
 
 LazyTensor& lazy_of_wrapper(py::handle h) {
+  if (g_wrap.lt_offset && is_wrapper(h)) {  // read the slot directly: no attribute lookup
+    PyObject* lt = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(h.ptr()) + g_wrap.lt_offset);
+    if (!lt) throw py::attribute_error("xla tensor without a lazy value (_lt)");
+    return py::handle(lt).cast<LazyTensor&>();  // the wrapper keeps lt alive
+  }
   py::object lt = py::reinterpret_steal<py::object>(PyObject_GetAttr(h.ptr(), g_wrap.lt_name));
   if (!lt) throw py::error_already_set();
-  return lt.cast<LazyTensor&>();  // the wrapper keeps lt alive
+  return lt.cast<LazyTensor&>();
 }
 
 // Autograd runs the backward of xla tensors on its own device thread, and
@@ -78,7 +85,12 @@ py::object wrap(LazyTensor&& t) {
   py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
   if (!w) throw py::error_already_set();
   py::object lt = py::cast(std::move(t));
-  if (PyObject_SetAttr(w.ptr(), g_wrap.lt_name, lt.ptr()) < 0) throw py::error_already_set();
+  if (g_wrap.lt_offset) {
+    PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.ptr()) + g_wrap.lt_offset);
+    Py_XSETREF(*slot, lt.release().ptr());
+  } else if (PyObject_SetAttr(w.ptr(), g_wrap.lt_name, lt.ptr()) < 0) {
+    throw py::error_already_set();
+  }
   return w;
 }
 
@@ -141,6 +153,13 @@ void bind_wrapper(py::module_& m) {
           g_wrap.kwnames = py::make_tuple("dtype", "device").release().ptr();
           g_wrap.lt_name = py::str("_lt").release().ptr();
           PyUnicode_InternInPlace(&g_wrap.lt_name);
+          // `_lt` is a __slots__ member: note its offset (a member descriptor's).
+          py::object d = py::handle(g_wrap.cls).attr("__dict__").attr("get")("_lt");
+          g_wrap.lt_offset = 0;
+          if (Py_IS_TYPE(d.ptr(), &PyMemberDescr_Type)) {
+            PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d.ptr())->d_member;
+            if (m->type == T_OBJECT_EX) g_wrap.lt_offset = m->offset;
+          }
           g_wrap.dtypes.clear();
           for (auto d : dtypes) g_wrap.dtypes.push_back(d.inc_ref().ptr());
         },
