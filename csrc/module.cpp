@@ -91,6 +91,9 @@ PYBIND11_MODULE(_C, m) {
           return LazyTensor(std::move(n));
         },
         "A LazyTensor holding device data (a runtime buffer object).");
+  m.def("set_matmul_precision", &set_matmul_precision,
+        "Float32 matmul/convolution precision for graphs cut from now on: 'highest', 'high' or 'medium' "
+        "(torch.get_float32_matmul_precision()).");
   m.def("live_count", &live_storage_count, "Number of live storages.");
 
   py::class_<GraphCut>(m, "GraphCut")

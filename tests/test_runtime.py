@@ -145,3 +145,34 @@ def test_tensor_constructor_on_device(dev):
     assert t.device.type == "xla" and t.cpu().tolist() == [[1.0, 2.0], [3.0, 4.0]]
     assert torch.arange(5, device=dev).cpu().tolist() == list(range(5))
     assert torch.full((2,), 7, device=dev).dtype == torch.int64
+
+
+def test_matmul_precision_follows_torch(dev):
+    """Float32 products lower with torch's float32 matmul precision (eager
+    PyTorch's full fp32 by default; TF32 on GPUs only when asked), and the
+    setting is part of the compile-cache key."""
+    from torch_xla_core import _C
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+
+    def hlo_and_compiles():
+        y = a.to(dev) @ b.to(dev)
+        before = txc.metrics.counters().get("cache_miss", 0)
+        _C.set_matmul_precision(torch.get_float32_matmul_precision())
+        text = _C.GraphCut([y._lt]).lower()
+        torch.testing.assert_close(y.cpu(), a @ b)
+        return text, txc.metrics.counters().get("cache_miss", 0) - before
+
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        text, _ = hlo_and_compiles()
+        assert "precision HIGHEST" in text
+        _, compiles = hlo_and_compiles()
+        assert compiles == 0
+        torch.set_float32_matmul_precision("high")
+        text, compiles = hlo_and_compiles()
+        assert "precision HIGH>" in text and compiles == 1
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    y = a.to(dev).bfloat16() @ b.to(dev).bfloat16()     # not float32: the default
+    assert "precision DEFAULT" in _C.GraphCut([y._lt]).lower()

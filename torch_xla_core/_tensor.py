@@ -114,6 +114,7 @@ def sync_lazy(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
     every live one) in one compiled graph; they then hold device data."""
     with metrics.timed("sync"):
+        _C.set_matmul_precision(torch.get_float32_matmul_precision())
         cut = _C.GraphCut(lts)
         if cut.num_outputs == 0:
             return

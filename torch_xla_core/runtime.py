@@ -57,7 +57,8 @@ def backend():
 
 def platform() -> str:
     """The platform in use: 'cpu', 'cuda' or 'tpu'."""
-    return backend().platform
+    p = backend().platform
+    return "cuda" if p == "gpu" else p  # newer jaxlib names its CUDA backend "gpu"
 
 
 def devices():

@@ -8,6 +8,28 @@
 
 namespace txc {
 
+namespace {
+std::string g_precision_torch = "highest";  // torch's name
+std::string g_precision_hlo = "HIGHEST";    // stablehlo's
+}  // namespace
+
+void set_matmul_precision(const std::string& torch_name) {
+  if (torch_name == g_precision_torch) return;
+  if (torch_name == "highest") g_precision_hlo = "HIGHEST";
+  else if (torch_name == "high") g_precision_hlo = "HIGH";
+  else if (torch_name == "medium") g_precision_hlo = "DEFAULT";
+  else throw std::invalid_argument("float32 matmul precision must be 'highest', 'high' or 'medium', got '" + torch_name + "'");
+  g_precision_torch = torch_name;
+}
+
+const std::string& matmul_precision_name() { return g_precision_torch; }
+
+std::string precision_config(DType t) {
+  // Only float32 products have a choice in torch; others use the default.
+  const std::string& p = t == DType::F32 || t == DType::C64 ? g_precision_hlo : std::string("DEFAULT");
+  return ", precision_config = [#stablehlo<precision " + p + ">, #stablehlo<precision " + p + ">]";
+}
+
 std::string LowerCtx::type(DType t, const Dims& d) {
   std::string s = "tensor<";
   for (auto x : d) s += std::to_string(x) + "x";

@@ -11,6 +11,15 @@
 
 namespace txc {
 
+// Precision of float matrix products and convolutions (stablehlo
+// precision_config), from torch.set_float32_matmul_precision: "highest"
+// (default, full fp32 like eager PyTorch), "high" (TF32 where the device has
+// it), "medium" (bf16 passes). Part of every graph's hash.
+void set_matmul_precision(const std::string& torch_name);
+const std::string& matmul_precision_name();
+// ", precision_config = [...]" for a product computing in t.
+std::string precision_config(DType t);
+
 class LowerCtx {
  public:
   // SSA name of operand i of n (already lowered).

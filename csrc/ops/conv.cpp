@@ -92,8 +92,7 @@ std::string emit_conv(LowerCtx& cx, const std::string& lhs, const Dims& ld, cons
                       spec(c.rspec, "o", "i") + "->" + spec(c.ospec, "b", "f") +
                       ">, feature_group_count = " + std::to_string(c.fgc) +
                       " : i64, lhs_dilation = " + LowerCtx::i64_array(c.lhs_dil) + ", padding = " + pads_attr(c.pads) +
-                      ", precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]"
-                      ", rhs_dilation = " + LowerCtx::i64_array(c.rhs_dil) + ", window_reversal = " + rev +
+                      precision_config(t) + ", rhs_dilation = " + LowerCtx::i64_array(c.rhs_dil) + ", window_reversal = " + rev +
                       ", window_strides = " + LowerCtx::i64_array(c.strides);
   return cx.op("stablehlo.convolution", {lhs, rhs}, {LowerCtx::type(t, ld), LowerCtx::type(t, rd)},
                LowerCtx::type(t, od), props);
@@ -718,7 +717,7 @@ std::string adaptive_apply(LowerCtx& cx, std::string v, Dims vd, DType t, size_t
     v = cx.op("stablehlo.dot_general", {v, m}, {LowerCtx::type(t, vd), LowerCtx::type(t, {O, I})}, LowerCtx::type(t, nd),
               "dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [" + std::to_string(lead) +
                   "], rhs_contracting_dimensions = [" + (transpose ? "0" : "1") +
-                  "]>, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]");
+                  "]>" + precision_config(t));
     vd = nd;
   }
   return v;

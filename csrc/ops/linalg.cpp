@@ -59,7 +59,7 @@ TXC_OP("dot", -1,
          parts.push_back("lhs_contracting_dimensions = " + list(n.attr_dims(2)));
          parts.push_back("rhs_contracting_dimensions = " + list(n.attr_dims(3)));
          for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
-         dn += ">, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]";
+         dn += ">" + precision_config(n.operands[0]->dtype);
          std::string r = cx.op("stablehlo.dot_general", {cx.in(n, 0), cx.in(n, 1)},
                                {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])}, LowerCtx::type(n), dn);
          if (n.operands.size() == 3) {

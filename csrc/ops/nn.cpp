@@ -89,7 +89,8 @@ std::string dot(LowerCtx& cx, DType t, const std::string& a, const Dims& ad, con
   };
   std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
   if (!lb.empty()) dn += "lhs_batching_dimensions = " + list(lb) + ", rhs_batching_dimensions = " + list(rb) + ", ";
-  dn += "lhs_contracting_dimensions = " + list(lc) + ", rhs_contracting_dimensions = " + list(rc) + ">";
+  dn += "lhs_contracting_dimensions = " + list(lc) + ", rhs_contracting_dimensions = " + list(rc) + ">" +
+        precision_config(t);
   return cx.op("stablehlo.dot_general", {a, b}, {LowerCtx::type(t, ad), LowerCtx::type(t, bd)},
                LowerCtx::type(t, out), dn);
 }

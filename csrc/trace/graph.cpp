@@ -69,6 +69,7 @@ void GraphCut::walk() {
   }
   for (const auto& out : outputs_) h = hash_mix(h, uint64_t(out->ssa));
   for (const Node* n : order_) n->ssa = -1;
+  h = hash_mix(h, std::hash<std::string>()(matmul_precision_name()));  // lowering setting
   hash_ = hash_mix(h, outputs_.size());
 }
 
