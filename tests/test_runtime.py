@@ -159,7 +159,8 @@ def test_matmul_precision_follows_torch(dev):
         before = txc.metrics.counters().get("cache_miss", 0)
         _C.set_matmul_precision(torch.get_float32_matmul_precision())
         text = _C.GraphCut([y._lt]).lower()
-        torch.testing.assert_close(y.cpu(), a @ b)
+        exact = torch.get_float32_matmul_precision() == "highest"   # else TF32 on GPUs
+        torch.testing.assert_close(y.cpu(), a @ b, **({} if exact else dict(atol=2e-2, rtol=2e-2)))
         return text, txc.metrics.counters().get("cache_miss", 0) - before
 
     prev = torch.get_float32_matmul_precision()
