@@ -113,8 +113,12 @@ def from_cpu(t: torch.Tensor) -> XlaTensor:
 def sync_lazy(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
     every live one) in one compiled graph; they then hold device data."""
+    from . import _checks
+    _checks.verify()  # checks computed by an earlier sync that did not wait
     with metrics.timed("sync"):
         _C.set_matmul_precision(torch.get_float32_matmul_precision())
+        if lts is not None:
+            lts = list(lts) + _checks.roots()
         cut = _C.GraphCut(lts)
         if cut.num_outputs == 0:
             return
@@ -122,7 +126,10 @@ def sync_lazy(lts=None, wait=False) -> None:
         params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
         outs = runtime.execute(exe, params, wait=wait)
         cut.assign(outs)
+        _checks.computed()
         metrics.counter_add("execute")
+    if wait:
+        _checks.verify()
 
 
 def materialize(t: XlaTensor):

@@ -59,7 +59,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import _C, _random, _tensor, metrics
+from . import _C, _checks, _random, _tensor, metrics
 from ._dtypes import code
 from ._tensor import OP, XlaTensor
 
@@ -253,7 +253,7 @@ def _trace(plan):
     try:
         # An enclosing trace's mode must not see this body's ops: a nested
         # scan reports its operands and results to it as one op (see _scan).
-        with torch.no_grad(), _disable_current_modes(), mode:
+        with torch.no_grad(), _disable_current_modes(), mode, _checks.suspended():
             c = _unflat(carry, plan.c_spec)
             x = _unflat(xs, plan.x_spec)
             if plan.with_consts:

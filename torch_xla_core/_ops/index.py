@@ -8,12 +8,14 @@ mask's values on the host, so they materialize the mask (a sync of its graph)
 and are counted as `data_dependent::<op>` in metrics. Writing through a mask
 (x[mask] = v, masked_scatter, and x[mask]'s backward) stays on the device.
 
-Index values: negative indices wrap like torch; out-of-range indices are not
-checked (that needs a sync): gathers clamp them, scatters drop them (XLA's
-semantics, as in torch_xla)."""
+Index values: negative indices wrap where torch wraps them (advanced
+indexing). Out-of-range indices raise torch's error: at once for host index
+tensors, and for device ones at the sync that computes them (a deferred
+check, see _checks.py) for index, index_select, gather and embedding; the
+scatter family still drops them (XLA's semantics, as in torch_xla)."""
 import torch
 
-from .. import _tensor, metrics
+from .. import _checks, _tensor, metrics
 from .._dtypes import code
 from .._tensor import OP, XlaTensor, _make, _view, wrap
 from . import aten, call, impl
@@ -40,10 +42,17 @@ def _host_nonzero(mask, op):
     return torch.nonzero(mask)
 
 
-def _index_lt(i):
-    """The core operand of an integer index tensor (uploading host tensors)."""
+def _index_lt(i, op=None, low=None, high=None, exc=IndexError):
+    """The core operand of an integer index tensor (uploading host tensors).
+    With op: indices must lie in [low, high), else exc naming op (checked on
+    the host for host tensors, deferred to the sync for device ones)."""
+    msg = f"{op}: index out of range: indices must lie in [{low}, {high})"
     if isinstance(i, XlaTensor):
+        if op is not None:
+            _checks.require(_checks.out_of_range(i._lt, low, high), msg, exc)
         return i._lt
+    if op is not None and i.numel() and bool(((i < low) | (i >= high)).any()):
+        raise exc(msg)
     return _tensor.from_cpu(i)._lt
 
 
@@ -79,13 +88,18 @@ def _indices(x, indices, op):
             d += i.dim()
         else:
             dims.append(d)
-            lts.append(_index_lt(i))
+            lts.append(_index_lt(i, op, -x.shape[d], x.shape[d]))
             d += 1
     return dims, lts
 
 
 @impl(aten.index.Tensor, aten._unsafe_index.Tensor)
 def index(x, indices):
+    with _checks.staged():  # index checks stand only if the op is built
+        return _index(x, indices)
+
+
+def _index(x, indices):
     dims, lts = _indices(x, indices, "index")
     if not dims:
         return _op(OP.alias, (x._lt,))
@@ -123,6 +137,11 @@ def _mask_put(x, mask, values, d, accumulate):
 
 @impl(aten.index_put.default, aten._unsafe_index_put.default)
 def index_put(x, indices, values, accumulate=False):
+    with _checks.staged():  # index checks stand only if the op is built
+        return _index_put(x, indices, values, accumulate)
+
+
+def _index_put(x, indices, values, accumulate=False):
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) == 1 and isinstance(given[0][1], XlaTensor) and given[0][1].dtype in (torch.bool, torch.uint8) \
             and given[0][1].dim() > 0 and x.dim() > 0:
@@ -145,18 +164,23 @@ def _assign_all(x, values, accumulate):
 
 @impl(aten.index_select.default)
 def index_select(x, dim, index):
+    with _checks.staged():  # index checks stand only if the op is built
+        return _index_select(x, dim, index)
+
+
+def _index_select(x, dim, index):
     if index.dim() > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
     if index.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"index_select(): Expected dtype int32/int64 for index but got: {index.dtype}")
-    lt = _index_lt(index)
+    d = _dim(dim, x.dim())
+    lt = _index_lt(index, "index_select", 0, x.shape[d] if x.dim() else 1)
     if index.dim() == 0:
         lt = _make(OP.reshape, (lt,), ([1],))
     if x.dim() == 0:
-        _dim(dim, 0)
         r = _op(OP.index, (_make(OP.reshape, (x._lt,), ([1],)), lt), ([0],))
         return _op(OP.reshape, (r._lt,), ([],))
-    return _op(OP.index, (x._lt, lt), ([_dim(dim, x.dim())],))
+    return _op(OP.index, (x._lt, lt), ([d],))
 
 
 def _put_along(x, dim, index, source, accumulate):
@@ -204,15 +228,23 @@ def _check_index(op, index):
 
 @impl(aten.gather.default)
 def gather(x, dim, index, *, sparse_grad=False):
+    with _checks.staged():  # index checks stand only if the op is built
+        return _gather(x, dim, index, sparse_grad=sparse_grad)
+
+
+def _gather(x, dim, index, *, sparse_grad=False):
     _check_index("gather", index)
     if x.dim() == 0 or index.dim() == 0:
         if x.dim() > 1 or index.dim() > 1:
             raise RuntimeError("gather(): Index tensor must have the same number of dimensions as input tensor")
         _dim(dim, 0)
+        _index_lt(index, "gather", 0, x.numel(), RuntimeError)
         r = _op(OP.gather, (_make(OP.reshape, (x._lt,), ([x.numel()],)),
                             _make(OP.reshape, (index._lt,), ([index.numel()],))), (0,))
         return _op(OP.reshape, (r._lt,), (list(index.shape),))
-    return _op(OP.gather, (x._lt, index._lt), (_dim(dim, x.dim()),))
+    d = _dim(dim, x.dim())
+    _index_lt(index, "gather", 0, x.shape[d], RuntimeError)
+    return _op(OP.gather, (x._lt, index._lt), (d,))
 
 
 def _scatter(op, x, dim, index, src, reduce="none", include_self=True):

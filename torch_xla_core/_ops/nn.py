@@ -16,7 +16,8 @@ import math
 import torch
 
 from .._dtypes import code
-from .._tensor import OP, _op
+from .. import _checks
+from .._tensor import OP, XlaTensor, _make, _op
 from . import aten, impl
 
 _F32 = torch.float32
@@ -167,6 +168,17 @@ _NLL, _NLLB = OP.nll_loss, OP.nll_loss_backward
 
 @impl(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    with _checks.staged():
+        return _nll_loss_forward(x, target, weight, reduction, ignore_index)
+
+
+def _nll_loss_forward(x, target, weight, reduction, ignore_index):
+    if isinstance(target, XlaTensor) and target.dtype in (torch.int64, torch.int32):
+        c = x.shape[1] if x.dim() > 1 else x.shape[0]
+        t = target._lt
+        bad = _make(OP.logical_and, (_checks.out_of_range(t, 0, c), _make(OP.ne, (t, int(ignore_index)), ())), ())
+        _checks.require(bad, f"nll_loss: a target class is out of bounds: targets must lie in [0, {c}) "
+                             f"or be ignore_index ({ignore_index})")
     ops = (x, target) + ((weight,) if weight is not None else ())
     a = (int(reduction), int(ignore_index))
     hw = weight is not None
@@ -233,7 +245,11 @@ _EMB = OP.embedding
 
 @impl(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return _op(_EMB, (weight, indices), ())
+    r = _op(_EMB, (weight, indices), ())
+    if isinstance(indices, XlaTensor):
+        _checks.require(_checks.out_of_range(indices._lt, 0, weight.shape[0]),
+                        f"embedding: index out of range in self: indices must lie in [0, {weight.shape[0]})")
+    return r
 
 
 @impl(aten.mse_loss.default)

@@ -1,0 +1,56 @@
+"""Deferred checks (torch_xla_core/_checks.py): inputs only the device can
+judge (class targets, indices) raise torch's kind of error, naming the op,
+at the sync that computes them; never a silently wrong result."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xla_core as txc
+
+
+def test_cross_entropy_target_out_of_range_raises(dev):
+    x = torch.randn(3, 4)
+    ok = F.cross_entropy(x.to(dev), torch.tensor([0, 3, -100]).to(dev))   # -100: ignore_index
+    torch.testing.assert_close(ok.cpu(), F.cross_entropy(x, torch.tensor([0, 3, -100])))
+    bad = F.cross_entropy(x.to(dev), torch.tensor([0, 4, 1]).to(dev))
+    with pytest.raises(IndexError, match=r"nll_loss: a target class is out of bounds.*\[0, 4\)"):
+        bad.item()
+
+
+def test_embedding_index_out_of_range_raises_at_the_next_sync(dev):
+    w = torch.randn(5, 2).to(dev)
+    F.embedding(torch.tensor([1, 5]).to(dev), w)
+    txc.sync()                                    # computed, not waited for: no error yet
+    with pytest.raises(IndexError, match=r"embedding: index out of range in self.*\[0, 5\)"):
+        txc.sync()                                # read at the start of the next one
+    txc.sync(wait=True)                           # reported once
+
+
+def test_gather_and_index_select_out_of_range(dev):
+    x = torch.randn(3, 2).to(dev)
+    with pytest.raises(RuntimeError, match=r"gather: index out of range.*\[0, 3\)"):
+        torch.gather(x, 0, torch.tensor([[3, 0]]).to(dev)).cpu()
+    with pytest.raises(IndexError, match=r"index_select: index out of range"):
+        torch.index_select(x, 0, torch.tensor([-1]).to(dev)).cpu()    # torch refuses negatives here
+    torch.testing.assert_close(torch.gather(x, 0, torch.tensor([[2, 0]]).to(dev)).cpu(),
+                               torch.gather(x.cpu(), 0, torch.tensor([[2, 0]])))
+
+
+def test_advanced_index_wraps_negatives_and_rejects_out_of_range(dev):
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(x.to(dev)[torch.tensor([-1, 0]).to(dev)].cpu(), x[torch.tensor([-1, 0])])
+    with pytest.raises(IndexError, match=r"index: index out of range.*\[-3, 3\)"):
+        x.to(dev)[torch.tensor([3])]              # a host index: checked at once
+    with pytest.raises(IndexError, match=r"index: index out of range"):
+        x.to(dev)[torch.tensor([-4]).to(dev)].cpu()
+
+
+def test_failed_op_leaves_no_check_and_valid_steps_do_not_recompile(dev):
+    with pytest.raises(RuntimeError, match="embedding"):
+        F.embedding(torch.randn(3).to(dev), torch.randn(4, 2).to(dev))   # float indices: refused
+    txc.sync(wait=True)                           # nothing pending from the failed op
+    w, i = torch.randn(5, 2).to(dev), torch.tensor([0, 4]).to(dev)
+    F.embedding(i, w).sum().item()
+    misses = txc.metrics.counters().get("cache_miss", 0)
+    F.embedding(i, w).sum().item()                # the check is part of a stable graph
+    assert txc.metrics.counters().get("cache_miss", 0) == misses
