@@ -10,6 +10,7 @@
 #include "ops/registry.h"
 #include "trace/graph.h"
 #include "trace/tensor.h"
+#include "py/lazy.h"
 #include "py/wrapper.h"
 
 namespace py = pybind11;
@@ -21,12 +22,6 @@ void bind_scan(py::module_& m);                 // ops/scan.cpp
 
 namespace {
 
-py::tuple shape_of(LazyTensor& t) {
-  const Dims& d = t.value()->dims;
-  py::tuple r(d.size());
-  for (size_t i = 0; i < d.size(); ++i) r[i] = py::int_(d[i]);
-  return r;
-}
 
 }  // namespace
 }  // namespace txc
@@ -45,32 +40,13 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
 
-  py::class_<LazyTensor>(m, "LazyTensor")
-      .def_property_readonly("shape", &shape_of)
-      .def_property_readonly("dtype", [](LazyTensor& t) { return int(t.value()->dtype); })
-      .def_property_readonly("is_view", &LazyTensor::is_view)
-      .def_property_readonly("is_data", [](LazyTensor& t) {
-        static const uint16_t data = op_id("data");
-        return t.value()->op == data;
-      })
-      .def_property_readonly("data", [](LazyTensor& t) -> py::object {
-        static const uint16_t data = op_id("data");
-        const NodePtr& v = t.value();
-        return v->op == data ? v->data : py::none();
-      })
-      .def_property_readonly("op", [](LazyTensor& t) { return op_def(t.value()->op).name; })
-      .def_property_readonly("hash", [](LazyTensor& t) { return t.value()->hash; })
-      .def_property_readonly("storage_id", [](LazyTensor& t) { return uintptr_t(t.storage().get()); })
-      .def("assign", [](LazyTensor& t, LazyTensor& v) { t.assign(v.value()); },
-           "In-place write: this tensor (and its storage, through its views) now holds v's value.")
-      .def("alias", &LazyTensor::alias, "A new tensor sharing this one's storage and view chain.");
-
+  bind_lazy(m);
   bind_wrapper(m);
   bind_dispatch(m);
   m.def("op", [](int op, const py::tuple& operands, const py::tuple& attrs) { return wrap(make(op, operands, attrs)); },
         "make(), returning a wrapper tensor.");
   m.def("view_op", [](int op, py::handle base, const py::tuple& attrs) {
-          LazyTensor& b = py::isinstance<LazyTensor>(base) ? base.cast<LazyTensor&>() : lazy_of_wrapper(base);
+          LazyTensor& b = is_lazy(base.ptr()) ? lazy_ref(base.ptr()) : lazy_of_wrapper(base);
           NodePtr v = make_node(uint16_t(op), {b.value()}, to_attrs(attrs));
           return wrap(LazyTensor(b, std::move(v)));
         },
@@ -100,7 +76,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](py::object tensors) {
              if (tensors.is_none()) return GraphCut({}, true);
              std::vector<std::shared_ptr<Storage>> roots;
-             for (auto h : tensors) roots.push_back(h.cast<LazyTensor&>().storage());
+             for (auto h : tensors) roots.push_back(lazy_arg(h).storage());
              return GraphCut(std::move(roots), false);
            }),
            py::arg("tensors") = py::none(),

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include "lower/emitter.h"
 #include "ops/registry.h"
+#include "py/lazy.h"
 #include "trace/tensor.h"
 
 namespace py = pybind11;
@@ -311,7 +312,7 @@ std::vector<bool> depends_on(const std::vector<NodePtr>& vals, const std::vector
 std::vector<NodePtr> values(const py::list& l) {
   std::vector<NodePtr> v;
   v.reserve(l.size());
-  for (auto h : l) v.push_back(h.cast<LazyTensor&>().value());
+  for (auto h : l) v.push_back(lazy_arg(h).value());
   return v;
 }
 

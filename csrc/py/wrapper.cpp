@@ -55,12 +55,12 @@ bool is_wrapper(py::handle h) {
 LazyTensor& lazy_of_wrapper(py::handle h) {
   if (g_wrap.lt_offset && is_wrapper(h)) {  // read the slot directly: no attribute lookup
     PyObject* lt = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(h.ptr()) + g_wrap.lt_offset);
-    if (!lt) throw py::attribute_error("xla tensor without a lazy value (_lt)");
-    return py::handle(lt).cast<LazyTensor&>();  // the wrapper keeps lt alive
+    if (!lt || !is_lazy(lt)) throw py::attribute_error("xla tensor without a lazy value (_lt)");
+    return lazy_ref(lt);  // the wrapper keeps lt alive
   }
   py::object lt = py::reinterpret_steal<py::object>(PyObject_GetAttr(h.ptr(), g_wrap.lt_name));
   if (!lt) throw py::error_already_set();
-  return lt.cast<LazyTensor&>();
+  return lazy_arg(lt);  // the wrapper keeps lt alive
 }
 
 // Autograd runs the backward of xla tensors on its own device thread, and
@@ -84,7 +84,7 @@ py::object wrap(LazyTensor&& t) {
   PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
   py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
   if (!w) throw py::error_already_set();
-  py::object lt = py::cast(std::move(t));
+  py::object lt = py::reinterpret_steal<py::object>(new_lazy(std::move(t)));
   if (g_wrap.lt_offset) {
     PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.ptr()) + g_wrap.lt_offset);
     Py_XSETREF(*slot, lt.release().ptr());
@@ -96,7 +96,7 @@ py::object wrap(LazyTensor&& t) {
 
 NodePtr operand(py::handle h, bool& has_wrapped) {
   if (is_wrapper(h)) return lazy_of_wrapper(h).value();
-  if (py::isinstance<LazyTensor>(h)) return h.cast<LazyTensor&>().value();
+  if (is_lazy(h.ptr())) return lazy_ref(h.ptr()).value();
   if (PyBool_Check(h.ptr())) {
     has_wrapped = true;
     return scalar_node(h.ptr() == Py_True, DType::Bool, true);

@@ -5,6 +5,7 @@
 #pragma once
 #include <pybind11/pybind11.h>
 #include "ir/node.h"
+#include "py/lazy.h"
 #include "trace/tensor.h"
 
 namespace txc {

@@ -1,0 +1,73 @@
+// The LazyTensor Python type (see lazy.h).
+#include "py/lazy.h"
+#include <new>
+#include "ops/registry.h"
+
+namespace txc {
+
+PyTypeObject* g_lazy_type = nullptr;
+
+namespace {
+
+void lazy_dealloc(PyObject* self) {
+  PyTypeObject* tp = Py_TYPE(self);
+  reinterpret_cast<PyLazy*>(self)->t.~LazyTensor();
+  tp->tp_free(self);
+  Py_DECREF(tp);  // instances of a heap type hold a reference to it
+}
+
+py::tuple shape_of(LazyTensor& t) {
+  const Dims& d = t.value()->dims;
+  py::tuple r(d.size());
+  for (size_t i = 0; i < d.size(); ++i) PyTuple_SET_ITEM(r.ptr(), i, PyLong_FromLongLong(d[i]));
+  return r;
+}
+
+}  // namespace
+
+PyObject* new_lazy(LazyTensor&& t) {
+  PyObject* o = g_lazy_type->tp_alloc(g_lazy_type, 0);
+  if (!o) throw py::error_already_set();
+  new (&reinterpret_cast<PyLazy*>(o)->t) LazyTensor(std::move(t));
+  return o;
+}
+
+LazyTensor& lazy_arg(py::handle h) {
+  if (!is_lazy(h.ptr())) throw py::type_error("expected a LazyTensor, got " + std::string(py::str(py::type::handle_of(h))));
+  return lazy_ref(h.ptr());
+}
+
+void bind_lazy(py::module_& m) {
+  static PyType_Slot slots[] = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(&lazy_dealloc)},
+      {Py_tp_doc, const_cast<char*>("A lazy tensor of the core: a value in the pending graph (or device data).")},
+      {0, nullptr}};
+  static PyType_Spec spec = {"torch_xla_core._C.LazyTensor", int(sizeof(PyLazy)), 0, Py_TPFLAGS_DEFAULT, slots};
+  py::object cls = py::reinterpret_steal<py::object>(PyType_FromSpec(&spec));
+  if (!cls) throw py::error_already_set();
+  g_lazy_type = reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());  // lives for the process
+  m.add_object("LazyTensor", cls);
+
+  py::object property = py::module_::import("builtins").attr("property");
+  auto prop = [&](const char* name, py::cpp_function get) { cls.attr(name) = property(get); };
+  static const uint16_t data_op = op_id("data");
+  prop("shape", py::cpp_function(&shape_of));
+  prop("dtype", py::cpp_function([](LazyTensor& t) { return int(t.value()->dtype); }));
+  prop("is_view", py::cpp_function([](LazyTensor& t) { return t.is_view(); }));
+  prop("is_data", py::cpp_function([](LazyTensor& t) { return t.value()->op == data_op; }));
+  prop("data", py::cpp_function([](LazyTensor& t) -> py::object {
+         const NodePtr& v = t.value();
+         return v->op == data_op ? v->data : py::none();
+       }));
+  prop("op", py::cpp_function([](LazyTensor& t) { return op_def(t.value()->op).name; }));
+  prop("hash", py::cpp_function([](LazyTensor& t) { return t.value()->hash; }));
+  prop("storage_id", py::cpp_function([](LazyTensor& t) { return uintptr_t(t.storage().get()); }));
+  cls.attr("assign") = py::cpp_function([](LazyTensor& t, LazyTensor& v) { t.assign(v.value()); },
+                                        py::is_method(cls), py::name("assign"),
+                                        "In-place write: this tensor (and its storage, through its views) now holds "
+                                        "v's value.");
+  cls.attr("alias") = py::cpp_function([](LazyTensor& t) { return t.alias(); }, py::is_method(cls),
+                                       py::name("alias"), "A new tensor sharing this one's storage and view chain.");
+}
+
+}  // namespace txc
