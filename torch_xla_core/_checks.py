@@ -12,7 +12,10 @@ placeholders) checks are not made."""
 import contextlib
 
 from . import _C, runtime
-from ._tensor import OP, _make
+
+_make = _C.make
+_OP = _C.op_ids()
+_ANY, _OR, _LT, _GE = _OP["any"], _OP["logical_or"], _OP["lt"], _OP["ge"]
 
 _pending = []    # (LazyTensor bool, message, exception type): not yet computed
 _computed = []   # the same, holding device data, not yet read
@@ -47,13 +50,13 @@ def require(violated, message, exc=IndexError):
     if _suspended:
         return
     if violated.shape:
-        violated = _make(OP.any, (violated,), ([], False))
+        violated = _make(_ANY, (violated,), ([], False))
     _pending.append((violated, message, exc))
 
 
 def out_of_range(index, low, high):
     """Bool LazyTensor: where the integer LazyTensor `index` is outside [low, high)."""
-    return _make(OP.logical_or, (_make(OP.lt, (index, low), ()), _make(OP.ge, (index, high), ())), ())
+    return _make(_OR, (_make(_LT, (index, low), ()), _make(_GE, (index, high), ())), ())
 
 
 def roots():

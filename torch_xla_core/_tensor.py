@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _dtypes, metrics, runtime
+from . import _C, _checks, _dtypes, metrics, runtime
 
 DEVICE = None  # torch.device("xla", 0), set by init()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
@@ -113,7 +113,6 @@ def from_cpu(t: torch.Tensor) -> XlaTensor:
 def sync_lazy(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
     every live one) in one compiled graph; they then hold device data."""
-    from . import _checks
     _checks.verify()  # checks computed by an earlier sync that did not wait
     with metrics.timed("sync"):
         _C.set_matmul_precision(torch.get_float32_matmul_precision())
