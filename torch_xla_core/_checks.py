@@ -10,6 +10,7 @@ message, which names the op. Results of that sync are still assigned, but the
 error says the step computed with invalid input. Inside a scan body (traced on
 placeholders) checks are not made."""
 import contextlib
+import functools
 
 from . import _C, runtime
 
@@ -33,15 +34,18 @@ def suspended():
         _suspended -= 1
 
 
-@contextlib.contextmanager
-def staged():
-    """Checks required inside are dropped if the block raises (the op failed)."""
-    n = len(_pending)
-    try:
-        yield
-    except BaseException:
-        del _pending[n:]
-        raise
+def staged(handler):
+    """Decorates a handler: the checks it required are dropped if it raises
+    (the op failed, so they check nothing)."""
+    @functools.wraps(handler)
+    def h(*args, **kwargs):
+        n = len(_pending)
+        try:
+            return handler(*args, **kwargs)
+        except BaseException:
+            del _pending[n:]
+            raise
+    return h
 
 
 def require(violated, message, exc=IndexError):

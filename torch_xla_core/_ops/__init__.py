@@ -25,10 +25,10 @@ def direct(op, nargs, *, operands=None, ranks=None, attrs=(), view=False):
     kwargs is core op `op` over the args at `operands` (default: all, in order)
     with attributes `attrs` (constants, or Arg(i) for positional arg i);
     `ranks` gives per operand ANY, XLA or the rank it must have; `view` makes
-    it a view of operand 0. The C++ dispatcher runs it without entering Python; calls that
-    do not fit (or that the core refuses) go to the handler, so a recipe must
-    build exactly what its handler builds for the calls it fits
-    (tests/test_dispatch.py checks that for every recipe)."""
+    it a view of operand 0. The C++ dispatcher runs it without entering
+    Python; calls that do not fit (or that the core refuses) go to the
+    handler, so a recipe must build exactly what its handler builds for the
+    calls it fits (tests/test_dispatch.py checks that for every recipe)."""
     operands = tuple(range(nargs)) if operands is None else tuple(operands)
     ranks = (ANY,) * len(operands) if ranks is None else tuple(ranks)
     layout = tuple(a.i if isinstance(a, Arg) else -1 for a in attrs)

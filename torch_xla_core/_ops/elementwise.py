@@ -42,16 +42,14 @@ for _aten, _core in [
 _OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
 
 
-@impl(aten.add.Tensor, direct=direct("add", 2))
-@impl(aten.add.Scalar, direct=direct("add", 2))
+@impl(aten.add.Tensor, aten.add.Scalar, direct=direct("add", 2))
 def add(a, b, *, alpha=1):
     if alpha != 1:
         b = _op(_OP_MUL, (b, alpha), ())
     return _op(_OP_ADD, (a, b), ())
 
 
-@impl(aten.sub.Tensor, direct=direct("sub", 2))
-@impl(aten.sub.Scalar, direct=direct("sub", 2))
+@impl(aten.sub.Tensor, aten.sub.Scalar, direct=direct("sub", 2))
 def sub(a, b, *, alpha=1):
     if alpha != 1:
         b = _op(_OP_MUL, (b, alpha), ())
@@ -63,15 +61,12 @@ def rsub(a, b, *, alpha=1):
     return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _op(_OP_SUB, (b, a if alpha == 1 else v(wrap(_make(_OP_MUL, (a, alpha), ())))), ())
 
 
-@impl(aten.mul.Tensor, direct=direct("mul", 2))
-@impl(aten.mul.Scalar, direct=direct("mul", 2))
+@impl(aten.mul.Tensor, aten.mul.Scalar, direct=direct("mul", 2))
 def mul(a, b):
     return _op(_OP_MUL, (a, b), ())
 
 
-@impl(aten.div.Tensor, direct=direct("div", 2))
-@impl(aten.div.Scalar, direct=direct("div", 2))
-@impl(aten.true_divide.Tensor, direct=direct("div", 2))
+@impl(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, direct=direct("div", 2))
 def div(a, b):
     return _op(OP.div, (a, b), ())
 

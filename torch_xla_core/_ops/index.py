@@ -94,12 +94,8 @@ def _indices(x, indices, op):
 
 
 @impl(aten.index.Tensor, aten._unsafe_index.Tensor)
+@_checks.staged
 def index(x, indices):
-    with _checks.staged():  # index checks stand only if the op is built
-        return _index(x, indices)
-
-
-def _index(x, indices):
     dims, lts = _indices(x, indices, "index")
     if not dims:
         return _op(OP.alias, (x._lt,))
@@ -136,12 +132,8 @@ def _mask_put(x, mask, values, d, accumulate):
 
 
 @impl(aten.index_put.default, aten._unsafe_index_put.default)
+@_checks.staged
 def index_put(x, indices, values, accumulate=False):
-    with _checks.staged():  # index checks stand only if the op is built
-        return _index_put(x, indices, values, accumulate)
-
-
-def _index_put(x, indices, values, accumulate=False):
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) == 1 and isinstance(given[0][1], XlaTensor) and given[0][1].dtype in (torch.bool, torch.uint8) \
             and given[0][1].dim() > 0 and x.dim() > 0:
@@ -163,12 +155,8 @@ def _assign_all(x, values, accumulate):
 
 
 @impl(aten.index_select.default)
+@_checks.staged
 def index_select(x, dim, index):
-    with _checks.staged():  # index checks stand only if the op is built
-        return _index_select(x, dim, index)
-
-
-def _index_select(x, dim, index):
     if index.dim() > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
     if index.dtype not in (torch.int64, torch.int32):
@@ -227,12 +215,8 @@ def _check_index(op, index):
 
 
 @impl(aten.gather.default)
+@_checks.staged
 def gather(x, dim, index, *, sparse_grad=False):
-    with _checks.staged():  # index checks stand only if the op is built
-        return _gather(x, dim, index, sparse_grad=sparse_grad)
-
-
-def _gather(x, dim, index, *, sparse_grad=False):
     _check_index("gather", index)
     if x.dim() == 0 or index.dim() == 0:
         if x.dim() > 1 or index.dim() > 1:

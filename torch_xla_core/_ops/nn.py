@@ -167,12 +167,8 @@ _NLL, _NLLB = OP.nll_loss, OP.nll_loss_backward
 
 
 @impl(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+@_checks.staged
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
-    with _checks.staged():
-        return _nll_loss_forward(x, target, weight, reduction, ignore_index)
-
-
-def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     if isinstance(target, XlaTensor) and target.dtype in (torch.int64, torch.int32):
         c = x.shape[1] if x.dim() > 1 else x.shape[0]
         t = target._lt

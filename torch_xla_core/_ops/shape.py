@@ -18,12 +18,8 @@ def reshape_view(x, shape):
     return _view_op(OP.reshape, x._lt, (shape,))
 
 
-_VIEW = direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True)
-
-
-@impl(aten.view.default, direct=_VIEW)
-@impl(aten._unsafe_view.default, direct=_VIEW)
-@impl(aten.reshape.default, direct=_VIEW)
+@impl(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+      direct=direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True))
 @impl(aten._reshape_alias.default)
 def view(x, size, *_stride):
     return _view_op(OP.reshape, x, (size,))  # the core infers a -1
@@ -36,12 +32,8 @@ def view_dtype(x, dtype):
     raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor (a bitcast) is not supported")
 
 
-_ALIAS = direct("alias", 1, ranks=(XLA,), view=True)
-
-
-@impl(aten.alias.default, direct=_ALIAS)
-@impl(aten.detach.default, direct=_ALIAS)
-@impl(aten.lift_fresh.default, direct=_ALIAS)
+@impl(aten.alias.default, aten.detach.default, aten.lift_fresh.default,
+      direct=direct("alias", 1, ranks=(XLA,), view=True))
 def alias(x):
     return _view_op(OP.alias, x._lt, ())
 
