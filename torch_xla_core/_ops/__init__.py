@@ -232,7 +232,7 @@ def _fallback(func):
 
 def load_all():
     from . import elementwise, reduce, shape, factory, linalg  # noqa: F401
-    for mod in ("nn", "index", "random", "conv"):
+    for mod in ("nn", "index", "random", "conv", "rnn"):
         try:
             __import__(f"{__name__}.{mod}")
         except ModuleNotFoundError as e:
