@@ -232,7 +232,7 @@ def _fallback(func):
 
 def load_all():
     from . import elementwise, reduce, shape, factory, linalg  # noqa: F401
-    for mod in ("nn", "index", "random", "conv", "rnn"):
+    for mod in ("nn", "index", "random", "conv", "rnn", "upsample"):
         try:
             __import__(f"{__name__}.{mod}")
         except ModuleNotFoundError as e:
