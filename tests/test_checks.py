@@ -54,3 +54,21 @@ def test_failed_op_leaves_no_check_and_valid_steps_do_not_recompile(dev):
     misses = txc.metrics.counters().get("cache_miss", 0)
     F.embedding(i, w).sum().item()                # the check is part of a stable graph
     assert txc.metrics.counters().get("cache_miss", 0) == misses
+
+
+def test_scatter_family_and_index_add_copy_fill_out_of_range(dev):
+    x = torch.zeros(3, 2).to(dev)
+    i_big, i_neg = torch.tensor([3]).to(dev), torch.tensor([-1]).to(dev)
+    ones = torch.ones(1, 2).to(dev)
+    with pytest.raises(RuntimeError, match=r"scatter_add: index out of range.*\[0, 3\)"):
+        x.scatter_add(0, torch.tensor([[-1, 0]]).to(dev), ones).cpu()
+    with pytest.raises(RuntimeError, match=r"scatter: index out of range"):
+        x.scatter(0, torch.tensor([[3, 0]]).to(dev), 1.0).cpu()
+    with pytest.raises(RuntimeError, match=r"index_add: index out of range"):
+        x.index_add(0, i_big, ones).cpu()
+    with pytest.raises(IndexError, match=r"index_copy: index out of range"):
+        x.index_copy(0, i_neg, ones).cpu()
+    with pytest.raises(IndexError, match=r"index_fill: index out of range.*\[-3, 3\)"):
+        x.index_fill(0, i_big, 1.0).cpu()
+    want = torch.zeros(3, 2).index_fill(0, torch.tensor([-1]), 1.0)    # index_fill wraps negatives, like torch
+    torch.testing.assert_close(x.index_fill(0, i_neg, 1.0).cpu(), want)

@@ -11,8 +11,8 @@ and are counted as `data_dependent::<op>` in metrics. Writing through a mask
 Index values: negative indices wrap where torch wraps them (advanced
 indexing). Out-of-range indices raise torch's error: at once for host index
 tensors, and for device ones at the sync that computes them (a deferred
-check, see _checks.py) for index, index_select, gather and embedding; the
-scatter family still drops them (XLA's semantics, as in torch_xla)."""
+check, see _checks.py) for index, index_put, index_select, gather, the
+scatter family, index_add/copy/fill and embedding."""
 import torch
 
 from .. import _checks, _tensor, metrics
@@ -171,10 +171,11 @@ def index_select(x, dim, index):
     return _op(OP.index, (x._lt, lt), ([d],))
 
 
-def _put_along(x, dim, index, source, accumulate):
+def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
     if index.dim() > 1:
-        raise IndexError("index_add_(): Index is supposed to be a vector")
-    lt = _index_lt(index)
+        raise IndexError(f"{op}_(): Index is supposed to be a vector")
+    n = x.shape[_dim(dim, x.dim())] if x.dim() else 1
+    lt = _index_lt(index, op, -n if low is None else low, n, exc)
     if index.dim() == 0:
         lt = _make(OP.reshape, (lt,), ([1],))
     src = _tensor.v(source)
@@ -189,22 +190,25 @@ def _put_along(x, dim, index, source, accumulate):
 
 
 @impl(aten.index_add.default)
+@_checks.staged
 def index_add(x, dim, index, source, *, alpha=1):
     if alpha != 1:
         source = call(aten.mul.Tensor, source, alpha)
-    return _put_along(x, dim, index, source, True)
+    return _put_along("index_add", x, dim, index, source, True)
 
 
 @impl(aten.index_copy.default)
+@_checks.staged
 def index_copy(x, dim, index, source):
-    return _put_along(x, dim, index, source, False)
+    return _put_along("index_copy", x, dim, index, source, False, exc=IndexError)
 
 
 @impl(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@_checks.staged
 def index_fill(x, dim, index, value):
     v = _make(OP.full, (), (float(value), code(x.dtype), [])) if not isinstance(value, torch.Tensor) \
         else _make(OP.convert, (_tensor.v(value),), (code(x.dtype),))
-    return _put_along(x, dim, index, wrap(v), False)
+    return _put_along("index_fill", x, dim, index, wrap(v), False, low=None, exc=IndexError)  # negatives wrap
 
 
 # ---- gather / scatter -------------------------------------------------------
@@ -233,6 +237,7 @@ def gather(x, dim, index, *, sparse_grad=False):
 
 def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
     _check_index(op, index)
+    _index_lt(index, op, 0, x.shape[_dim(dim, x.dim())] if x.dim() else 1, RuntimeError)  # range check
     if isinstance(src, torch.Tensor):
         s = _tensor.v(src)
         if src.dtype != x.dtype and isinstance(src, XlaTensor):
@@ -252,11 +257,13 @@ _OLD_REDUCE = {"add": "sum", "multiply": "prod"}
 
 
 @impl(aten.scatter.src, aten.scatter.value)
+@_checks.staged
 def scatter(x, dim, index, src):
     return _scatter("scatter", x, dim, index, src)
 
 
 @impl(aten.scatter.reduce, aten.scatter.value_reduce)
+@_checks.staged
 def scatter_reduce_old(x, dim, index, src, *, reduce):
     if reduce not in _OLD_REDUCE:
         raise RuntimeError(f"scatter(): reduce argument must be either add or multiply, got {reduce}")
@@ -264,11 +271,13 @@ def scatter_reduce_old(x, dim, index, src, *, reduce):
 
 
 @impl(aten.scatter_add.default)
+@_checks.staged
 def scatter_add(x, dim, index, src):
     return _scatter("scatter_add", x, dim, index, src, "sum")
 
 
 @impl(aten.scatter_reduce.two)
+@_checks.staged
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"scatter_reduce(): reduce argument must be one of sum, prod, mean, amax, amin, "
