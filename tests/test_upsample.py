@@ -1,6 +1,7 @@
 """Interpolation on xla (F.interpolate / nn.Upsample): forward and the
-gradient (torch_xla_core/_ops/upsample.py) match CPU eager for every
-separable mode, with no CPU fallback; a training step compiles once."""
+gradient (torch_xla_core/_ops/upsample.py) match CPU eager for every mode,
+antialiased ones included, with no CPU fallback; a training step compiles
+once."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,9 @@ import torch_xla_core as txc
     ((1, 2, 5, 5), dict(scale_factor=0.5, mode="nearest")),
     ((1, 1, 3, 4, 5), dict(scale_factor=2, mode="trilinear")),
     ((1, 1, 3, 4, 5), dict(size=(2, 5, 7), mode="nearest")),
-], ids=lambda p: str(p) if not isinstance(p, dict) else p["mode"])
+    ((1, 2, 8, 8), dict(size=(3, 5), mode="bilinear", antialias=True)),
+    ((1, 2, 8, 8), dict(size=(12, 5), mode="bicubic", antialias=True)),
+], ids=lambda p: str(p) if not isinstance(p, dict) else p["mode"] + ("_aa" if p.get("antialias") else ""))
 def test_interpolate_forward_and_grad_match_cpu(shape, kw):
     torch.manual_seed(0)
     x = torch.randn(shape)
