@@ -88,3 +88,25 @@ def test_view_recipe_shares_storage():
     want.view(16)[3] = 5.0
     want.t()[1, 0] = 7.0
     torch.testing.assert_close(x.cpu(), want)
+
+
+def test_handler_error_in_backward_reaches_the_caller(monkeypatch):
+    """torch's Python device guard loses a pending exception while autograd
+    unwinds; the handler's own error must still reach loss.backward()."""
+    from torch_xla_core._tensor import HANDLERS
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("sigmoid_backward: refused for this test")
+
+    monkeypatch.setitem(HANDLERS, aten.sigmoid_backward.default, refuse)
+    _C.dispatch_clear()
+    try:
+        x = torch.randn(3, device=DEV, requires_grad=True)
+        with pytest.raises(NotImplementedError, match="sigmoid_backward: refused for this test"):
+            torch.sigmoid(x).sum().backward()
+    finally:
+        monkeypatch.undo()
+        _C.dispatch_clear()
+    x = torch.randn(3, device=DEV, requires_grad=True)
+    torch.sigmoid(x).sum().backward()                 # the real handler again
+    torch.testing.assert_close(x.grad.cpu(), (torch.sigmoid(x.detach().cpu()) * (1 - torch.sigmoid(x.detach().cpu()))))

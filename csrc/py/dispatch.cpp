@@ -42,6 +42,26 @@ struct Entry {
 auto& g_table = *new std::unordered_map<PyObject*, Entry>();
 auto& g_resolver = *new py::object();  // Python: func -> (handler, recipe tuple or None)
 uint64_t g_recipe_runs = 0, g_recipe_declines = 0;
+// The last exception a handler raised on this thread (a new reference, or
+// null). torch's Python device guard runs Python while autograd unwinds from
+// a failed backward op and loses the pending exception on the way (the
+// engine then reports "returned NULL without setting an exception");
+// XlaTensor.backward re-raises this one instead.
+thread_local PyObject* t_last_error = nullptr;
+
+PyObject* call_handler(PyObject* handler, PyObject* args, PyObject* kwargs) {
+  PyObject* r = PyObject_Call(handler, args, kwargs);
+  if (!r) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb) PyException_SetTraceback(value, tb);
+    Py_XINCREF(value);
+    Py_XSETREF(t_last_error, value);
+    PyErr_Restore(type, value, tb);
+  }
+  return r;
+}
 
 Recipe parse_recipe(const py::tuple& t) {
   Recipe r;
@@ -142,7 +162,7 @@ PyObject* torch_dispatch(PyObject*, PyObject* const* argv, Py_ssize_t n) {
     PyErr_Clear();
     ++g_recipe_declines;
   }
-  return PyObject_Call(e->handler.ptr(), args, kwargs);
+  return call_handler(e->handler.ptr(), args, kwargs);
 }
 
 PyMethodDef g_dispatch_def = {"torch_dispatch", (PyCFunction)(void (*)())torch_dispatch, METH_FASTCALL,
@@ -158,6 +178,12 @@ void bind_dispatch(py::module_& m) {
         },
         "Sets the resolver: aten overload -> (handler, direct recipe tuple or None); clears the table.");
   m.def("dispatch_clear", [] { g_table.clear(); }, "Forgets resolved overloads (after handlers change).");
+  m.def("take_handler_error", [] {
+          PyObject* e = t_last_error;
+          t_last_error = nullptr;
+          return e ? py::reinterpret_steal<py::object>(e) : py::none();
+        },
+        "The last exception an op handler raised on this thread (then forgotten), or None.");
   m.def("dispatch_stats", [] { return std::make_pair(g_recipe_runs, g_recipe_declines); },
         "(calls run by a direct recipe, calls a recipe declined to its handler) so far.");
   m.def("dispatch_has_recipe", [](py::handle func) {

@@ -1,4 +1,6 @@
 """Matrix products -> the core `dot` op (stablehlo.dot_general)."""
+import torch
+
 from .._tensor import XlaTensor, OP, _make, _op, v, wrap
 from . import XLA, aten, direct, impl
 
@@ -63,3 +65,36 @@ def dot(a, b):
 @impl(aten.mv.default)
 def mv(a, b):
     return _op(_DOT, (a._lt, b._lt), ([], [], [1], [0]))
+
+
+# ---- cdist (p-norm distances between row sets; torch's small-size path) ----
+
+@impl(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    d = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()          # [..., P, R, M]
+    if p == 0:
+        return (d != 0).to(x1.dtype).sum(-1)
+    if p == float("inf"):
+        return d.amax(-1)
+    if p == 1:
+        return d.sum(-1)
+    return d.pow(p).sum(-1).pow(1.0 / p)
+
+
+@impl(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, dist):
+    """d dist[i, j] / d x1[i] (torch calls it again with the roles swapped for x2)."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)               # [..., P, R, M]
+    g, dist_ = grad.unsqueeze(-1), dist.unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        w = diff.sign()
+    elif p == float("inf"):
+        w = diff.sign() * (diff.abs() == dist_).to(diff.dtype)
+    elif p < 1:
+        w = torch.where(dist_ == 0, 0.0, diff.sign() * diff.abs().pow(p - 1) * dist_.pow(1 - p))
+        w = torch.where(diff == 0, 0.0, w)
+    else:
+        w = torch.where(dist_ == 0, 0.0, diff * diff.abs().pow(p - 2) / dist_.pow(p - 1))
+    return (g * w).sum(-2)
