@@ -314,3 +314,11 @@ def test_errors(dev):
         sdpa(x, x, x, attn_mask=torch.ones(3, 5, dtype=torch.bool).to(dev))
     with pytest.raises(RuntimeError, match=r"embedding: .*'indices'.*float32"):
         F.embedding(torch.randn(3).to(dev), torch.randn(4, 2).to(dev))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_cdist_forward_backward(p):
+    x1, x2 = torch.randn(2, 5, 3), torch.randn(2, 4, 3)
+    x2[:, 0] = x1[:, 0]                               # a zero distance: the gradient's special case
+    assert_matches_cpu(lambda a, b: torch.cdist(a, b, p=p), x1.requires_grad_(), x2.requires_grad_(),
+                       atol=1e-5, rtol=1e-4)
