@@ -20,10 +20,6 @@ void bind_dispatch(py::module_& m);              // py/dispatch.cpp: the C++ __t
 namespace ext { void bind_ext_api(py::module_& m); }  // ext/api.cpp: C++ API for extensions
 void bind_scan(py::module_& m);                 // ops/scan.cpp
 
-namespace {
-
-
-}  // namespace
 }  // namespace txc
 
 PYBIND11_MODULE(_C, m) {

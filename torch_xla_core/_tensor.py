@@ -175,7 +175,12 @@ _warned = set()
 
 def _entry(func):
     """What the C++ dispatcher caches for func: (handler, direct recipe or None)."""
-    return HANDLERS.get(func) or _resolve(func), DIRECT.get(func)
+    return handler(func), DIRECT.get(func)
+
+
+def handler(func):
+    """The Python handler of an aten overload (resolving it on first use)."""
+    return HANDLERS.get(func) or _resolve(func)
 
 
 def _resolve(func):

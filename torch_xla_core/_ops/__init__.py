@@ -57,8 +57,7 @@ def impl(*overloads, direct=None):
 
 def call(func, *args, **kwargs):
     """Runs an aten overload on xla tensors without going back through the dispatcher."""
-    h = HANDLERS.get(func) or _tensor._resolve(func)
-    return h(*args, **kwargs)
+    return _tensor.handler(func)(*args, **kwargs)
 
 
 def _functional_of(func):
