@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
-from torch_xla_core import runtime  # noqa: E402
+from torch_xla_core import executor, runtime  # noqa: E402
 from torch_xla_core.scan import clear_cache, scan_layers  # noqa: E402
 from models import Block  # noqa: E402
 
@@ -57,7 +57,7 @@ def run_case(n, phase, method, args):
     layers = nn.ModuleList([Block(args.d, args.heads) for _ in range(n)]).to(dev)
     x = torch.randn(args.batch, args.seq, args.d).to(dev)
     txc.sync(wait=True)
-    runtime.clear_cache()
+    executor.clear_cache()
     clear_cache()
     gc.collect()
 

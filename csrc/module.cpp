@@ -83,7 +83,14 @@ PYBIND11_MODULE(_C, m) {
       .def("lower", &GraphCut::lower, "StableHLO text of the cut.")
       .def("params", &GraphCut::params)
       .def("output_specs", &GraphCut::output_specs)
-      .def("assign", &GraphCut::assign);
+      .def("assign", &GraphCut::assign)
+      .def_property_readonly("num_roots", &GraphCut::num_roots)
+      .def("node_at_line", &GraphCut::node_at_line)
+      .def("node_info", &GraphCut::node_info)
+      .def("largest", &GraphCut::largest)
+      .def("roots_using", &GraphCut::roots_using)
+      .def("subset", &GraphCut::subset)
+      .def("poison", &GraphCut::poison);
 
   bind_scan(m);
 }

@@ -8,9 +8,14 @@ sync(wait=True) or when a value is fetched (.item(), .cpu(), print), else at
 the start of the following sync — and the first violated check raises its
 message, which names the op. Results of that sync are still assigned, but the
 error says the step computed with invalid input. Inside a scan body (traced on
-placeholders) checks are not made."""
+placeholders) checks are not made.
+
+Threads: the pending list is shared (a sync computes every thread's checks);
+a handler's checks are staged per thread until it returns, and a sync moves
+exactly the checks it computed (see torch_xla_core/executor.py)."""
 import contextlib
 import functools
+import threading
 
 from . import _C, runtime
 
@@ -21,6 +26,8 @@ _ANY, _OR, _LT, _GE = _OP["any"], _OP["logical_or"], _OP["lt"], _OP["ge"]
 _pending = []    # (LazyTensor bool, message, exception type): not yet computed
 _computed = []   # the same, holding device data, not yet read
 _suspended = 0
+_lock = threading.Lock()
+_local = threading.local()  # .staging: this thread's handlers' checks, innermost last
 
 
 @contextlib.contextmanager
@@ -39,12 +46,23 @@ def staged(handler):
     (the op failed, so they check nothing)."""
     @functools.wraps(handler)
     def h(*args, **kwargs):
-        n = len(_pending)
+        stack = getattr(_local, "staging", None)
+        if stack is None:
+            stack = _local.staging = []
+        stack.append([])
         try:
-            return handler(*args, **kwargs)
+            r = handler(*args, **kwargs)
         except BaseException:
-            del _pending[n:]
+            stack.pop()
             raise
+        mine = stack.pop()
+        if mine:
+            if stack:
+                stack[-1].extend(mine)
+            else:
+                with _lock:
+                    _pending.extend(mine)
+        return r
     return h
 
 
@@ -55,7 +73,12 @@ def require(violated, message, exc=IndexError):
         return
     if violated.shape:
         violated = _make(_ANY, (violated,), ([], False))
-    _pending.append((violated, message, exc))
+    stack = getattr(_local, "staging", None)
+    if stack:
+        stack[-1].append((violated, message, exc))
+    else:
+        with _lock:
+            _pending.append((violated, message, exc))
 
 
 def out_of_range(index, low, high):
@@ -63,28 +86,39 @@ def out_of_range(index, low, high):
     return _make(_OR, (_make(_LT, (index, low), ()), _make(_GE, (index, high), ())), ())
 
 
-def roots():
-    """The pending checks' tensors: a sync computes them too."""
-    return [c[0] for c in _pending]
+def snapshot():
+    """The checks pending now: a sync computes them with its graph."""
+    with _lock:
+        return list(_pending)
 
 
-def computed():
-    """After a sync assigned its results: the pending checks now hold values."""
-    _computed.extend(_pending)
-    _pending.clear()
+def computed(checks):
+    """After a sync assigned its results: these checks (its snapshot) now hold values."""
+    done = {id(c) for c in checks}
+    with _lock:
+        _pending[:] = [c for c in _pending if id(c) not in done]
+        _computed.extend(checks)
+
+
+def discard_failed():
+    """Drops pending checks whose graph failed (they hold no value to read)."""
+    with _lock:
+        _pending[:] = [c for c in _pending if c[0].op != "error"]
 
 
 def verify():
     """Reads the computed checks; raises the first violated one's error."""
     if not _computed:
         return
-    checks = list(_computed)
-    _computed.clear()
+    with _lock:
+        checks = list(_computed)
+        _computed.clear()
     for lt, message, exc in checks:
         if bool(runtime.to_host(lt.data)):
             raise exc(message + " (found when the graph was computed; results of that step are invalid)")
 
 
 def clear():
-    _pending.clear()
-    _computed.clear()
+    with _lock:
+        _pending.clear()
+        _computed.clear()

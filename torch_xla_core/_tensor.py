@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _checks, _dtypes, metrics, runtime
+from . import _C, _dtypes, executor, runtime
 
 DEVICE = None  # torch.device("xla", 0), set by init()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
@@ -48,12 +48,14 @@ class XlaTensor(torch.Tensor):
         # "returned NULL without setting an exception"): raise the handler's.
         _C.take_handler_error()
         try:
-            return super().backward(*args, **kwargs)
+            r = super().backward(*args, **kwargs)
         except SystemError as e:
             err = _C.take_handler_error()
             if err is None or "without setting an exception" not in str(e):
                 raise
             raise err from None
+        _C.take_handler_error()  # reported (or harmless): hold no traceback or tensors
+        return r
 
     def __repr__(self, *, tensor_contents=None):
         cpu = to_cpu(self)
@@ -125,23 +127,9 @@ def from_cpu(t: torch.Tensor) -> XlaTensor:
 
 def sync_lazy(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
-    every live one) in one compiled graph; they then hold device data."""
-    _checks.verify()  # checks computed by an earlier sync that did not wait
-    with metrics.timed("sync"):
-        _C.set_matmul_precision(torch.get_float32_matmul_precision())
-        if lts is not None:
-            lts = list(lts) + _checks.roots()
-        cut = _C.GraphCut(lts)
-        if cut.num_outputs == 0:
-            return
-        exe = runtime.executable(cut)
-        params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
-        outs = runtime.execute(exe, params, wait=wait)
-        cut.assign(outs)
-        _checks.computed()
-        metrics.counter_add("execute")
-    if wait:
-        _checks.verify()
+    every live one): torch_xla_core/executor.py. (scan.py swaps this name
+    while it traces a body.)"""
+    executor.sync(lts, wait)
 
 
 def materialize(t: XlaTensor):

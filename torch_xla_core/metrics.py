@@ -2,24 +2,28 @@
 lowering/compile/execute/transfer times, and per-op CPU fallbacks.
 `report()` renders them as text; `clear()` resets them."""
 import collections
+import threading
 import time
 from contextlib import contextmanager
 
 _counters = collections.Counter()
 _timers = {}  # name -> [count, total seconds]
+_lock = threading.Lock()  # threads (and the compile workers) update these
 
 
 def counter_add(name: str, n: int = 1) -> None:
-    _counters[name] += n
+    with _lock:
+        _counters[name] += n
 
 
 def timer_add(name: str, seconds: float) -> None:
-    t = _timers.get(name)
-    if t is None:
-        _timers[name] = [1, seconds]
-    else:
-        t[0] += 1
-        t[1] += seconds
+    with _lock:
+        t = _timers.get(name)
+        if t is None:
+            _timers[name] = [1, seconds]
+        else:
+            t[0] += 1
+            t[1] += seconds
 
 
 @contextmanager
@@ -33,31 +37,35 @@ def timed(name: str):
 
 def counters() -> dict:
     """Counter name -> count."""
-    return dict(_counters)
+    with _lock:
+        return dict(_counters)
 
 
 def timers() -> dict:
     """Timer name -> (count, total seconds)."""
-    return {k: (v[0], v[1]) for k, v in _timers.items()}
+    with _lock:
+        return {k: (v[0], v[1]) for k, v in _timers.items()}
 
 
 def fallbacks() -> dict:
     """aten op name -> number of times it ran on the CPU as a fallback."""
     p = "fallback::"
-    return {k[len(p):]: v for k, v in _counters.items() if k.startswith(p)}
+    return {k[len(p):]: v for k, v in counters().items() if k.startswith(p)}
 
 
 def clear() -> None:
-    _counters.clear()
-    _timers.clear()
+    with _lock:
+        _counters.clear()
+        _timers.clear()
 
 
 def report() -> str:
+    cs, ts = counters(), timers()
     lines = ["counters:"]
-    for k in sorted(_counters):
-        lines.append(f"  {k}: {_counters[k]}")
+    for k in sorted(cs):
+        lines.append(f"  {k}: {cs[k]}")
     lines.append("timers:")
-    for k in sorted(_timers):
-        n, total = _timers[k]
+    for k in sorted(ts):
+        n, total = ts[k]
         lines.append(f"  {k}: count={n} total={total * 1e3:.3f}ms mean={total / n * 1e3:.3f}ms")
     return "\n".join(lines)

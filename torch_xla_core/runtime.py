@@ -2,7 +2,8 @@
 CPU | CUDA | TPU, default the best available), compiles StableHLO text into
 executables cached by graph hash, executes them on device buffers, and moves
 data between host and device. jaxlib's compile entry points are
-semi-private; this module is the only place that touches them."""
+semi-private; this module is the only place that touches them. The
+compile cache and sync live in executor.py."""
 import os
 import time
 
@@ -19,7 +20,6 @@ _INSTALL_HINT = {
 
 _backend = None
 _devices = None
-_cache = {}          # graph hash -> loaded executable
 _scalars = {}        # (value, dtype code) -> device buffer
 
 
@@ -68,22 +68,6 @@ def devices():
 
 def device_count() -> int:
     return len(devices())
-
-
-def executable(cut):
-    """The compiled executable for a graph cut; lowers and compiles on a miss."""
-    exe = _cache.get(cut.hash)
-    if exe is not None:
-        metrics.counter_add("cache_hit")
-        return exe
-    metrics.counter_add("cache_miss")
-    with metrics.timed("lower"):
-        text = cut.lower()
-    with metrics.timed("compile"):
-        exe = compile_text(text)
-    metrics.counter_add("compile")
-    _cache[cut.hash] = exe
-    return exe
 
 
 def compile_text(text: str, device_index: int = 0):
@@ -152,7 +136,3 @@ def to_host(buf) -> torch.Tensor:
             t = torch.from_numpy(a.copy()) if not a.flags.writeable else torch.from_numpy(a)
     metrics.counter_add("transfer_to_host")
     return t
-
-
-def clear_cache() -> None:
-    _cache.clear()

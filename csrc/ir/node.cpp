@@ -44,13 +44,48 @@ void rehash(Node& n) {
   n.hash = hash_attrs(h, n.attrs);
 }
 
+thread_local uint32_t t_origin = 0;
+
+namespace {
+std::vector<std::string>& origin_table() {
+  static auto* t = new std::vector<std::string>{""};
+  return *t;
+}
+}  // namespace
+
+uint32_t origin_id(const std::string& aten_name) {
+  auto& t = origin_table();
+  for (size_t i = 1; i < t.size(); ++i)
+    if (t[i] == aten_name) return uint32_t(i);
+  t.push_back(aten_name);
+  return uint32_t(t.size() - 1);
+}
+
+const std::string& origin_name(uint32_t id) {
+  auto& t = origin_table();
+  return id < t.size() ? t[id] : t[0];
+}
+
+bool is_error(const Node& n) {
+  static const uint16_t error = op_id("error");
+  return n.op == error;
+}
+
+// A value that failed to compute cannot feed a new op: say why, once, here.
+static void check_operands(const std::vector<NodePtr>& operands) {
+  for (const auto& o : operands)
+    if (is_error(*o)) throw std::runtime_error(o->attr_str(0));
+}
+
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
   const OpDef& def = op_def(op);
+  check_operands(operands);
   if (def.arity >= 0 && int(operands.size()) != def.arity)
     throw std::runtime_error(def.name + ": expected " + std::to_string(def.arity) + " operands, got " +
                              std::to_string(operands.size()));
   auto n = std::make_shared<Node>();
   n->op = op;
+  n->origin = t_origin;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   def.infer(*n);
@@ -59,8 +94,10 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
 }
 
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims) {
+  check_operands(operands);
   auto n = std::make_shared<Node>();
   n->op = op;
+  n->origin = t_origin;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   n->dtype = dtype;

@@ -34,6 +34,10 @@ struct Node {
   pybind11::object data;
   double scalar = 0;
   bool wrapped = false;  // a Python number: weakly typed in promotion
+  // Where the node came from: the aten overload being dispatched when it was
+  // built (an index into origin_names(); 0 = none). Not hashed: it only names
+  // ops in errors (a failed compile, an out-of-memory).
+  uint32_t origin = 0;
   // Sub-graph ops (a scan loop): the body they run; its hash is part of n.hash.
   std::shared_ptr<const Body> body;
   // Scratch for graph walks (lowering, parameter collection).
@@ -78,6 +82,17 @@ uint64_t hash_attrs(uint64_t h, const Attrs& attrs);
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs);
 // A node whose shape is given (used by ops whose rule needs the caller's shape).
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims);
+
+// Provenance of new nodes: the aten overload being dispatched on this thread
+// (set by the dispatcher around each handler; 0 outside any).
+extern thread_local uint32_t t_origin;
+uint32_t origin_id(const std::string& aten_name);   // interns a name
+const std::string& origin_name(uint32_t id);        // "" for 0
+
+// A failed value: the node a storage holds after the graph computing it
+// failed (core op "error", attribute 0 = the message). Using it as an operand
+// raises that message.
+bool is_error(const Node& n);
 
 // Recomputes n.hash after its operands or dtype changed (before anyone saw it).
 void rehash(Node& n);

@@ -213,7 +213,7 @@ std::string LowerCtx::region_text(const std::vector<std::string>& args, const st
 }
 
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
-                        const std::vector<const Node*>& outputs) {
+                        const std::vector<const Node*>& outputs, std::vector<int>* line_node) {
   LowerCtx cx;
   cx.names_.reserve(order.size());
   std::string sig;
@@ -223,13 +223,29 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     cx.names_.push_back("%arg" + std::to_string(i));
     sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
   }
-  for (const Node* n : order) {
+  if (line_node) line_node->assign(2, -1);  // the module and func.func lines
+  size_t counted = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Node* n = order[k];
     if (n->ssa >= 0) continue;  // a parameter
     const OpDef& def = op_def(n->op);
-    if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
-    std::string r = def.lower(cx, *n);
+    if (!def.lower) {
+      for (const Node* m : order) m->ssa = -1;
+      throw std::runtime_error("core op '" + def.name + "' has no lowering");
+    }
+    std::string r;
+    try {
+      r = def.lower(cx, *n);
+    } catch (...) {
+      for (const Node* m : order) m->ssa = -1;  // leave nothing behind: the graph may be lowered again
+      throw;
+    }
     n->ssa = int(cx.names_.size());
     cx.names_.push_back(r);
+    if (line_node) {
+      for (; counted < cx.body_.size(); ++counted)
+        if (cx.body_[counted] == '\n') line_node->push_back(int(k));
+    }
   }
   std::string rets, rtypes;
   for (size_t i = 0; i < outputs.size(); ++i) {

@@ -71,7 +71,10 @@ class LowerCtx {
   int counter_ = 0;
 };
 
+// line_node, when given, receives for each line of the text (index = line
+// number - 1) the position in `order` of the node that emitted it, or -1: a
+// compiler error's line number then names the op at fault.
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
-                        const std::vector<const Node*>& outputs);
+                        const std::vector<const Node*>& outputs, std::vector<int>* line_node = nullptr);
 
 }  // namespace txc

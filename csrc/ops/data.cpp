@@ -13,6 +13,10 @@ TXC_OP("data", 0, no_infer, nullptr);
 // A Python number: dtype chosen by promotion at its use; a parameter.
 TXC_OP("scalar", 0, no_infer, nullptr);
 
+// A value whose graph failed (see is_error): attribute 0 is the error
+// message; shape as the value it replaces. Never lowered: no graph uses it.
+TXC_OP("error", 0, no_infer, nullptr);
+
 // full(value: float, dtype: int, dims): a constant tensor.
 TXC_OP("full", 0,
        [](Node& n) {

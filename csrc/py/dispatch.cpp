@@ -35,6 +35,7 @@ struct Entry {
   py::object handler;  // Python: handler(*args, **kwargs)
   bool has_recipe = false;
   Recipe recipe;
+  uint32_t origin = 0;  // the overload's name as node provenance (origin_id)
 };
 
 // Never destroyed: their Python references must not be dropped after the
@@ -92,6 +93,7 @@ Entry& entry_of(PyObject* func) {
   Entry e;
   e.func = py::reinterpret_borrow<py::object>(func);
   e.handler = res[0];
+  e.origin = origin_id(py::str(py::handle(func)).cast<std::string>());
   if (!res[1].is_none()) {
     e.recipe = parse_recipe(res[1].cast<py::tuple>());
     e.has_recipe = true;
@@ -148,6 +150,16 @@ PyObject* torch_dispatch(PyObject*, PyObject* const* argv, Py_ssize_t n) {
     PyErr_SetString(PyExc_RuntimeError, err.what());
     return nullptr;
   }
+  // An earlier op's error has been reported (or dropped) by now: don't keep
+  // its traceback and tensors alive.
+  if (t_last_error) Py_CLEAR(t_last_error);
+  // Nodes built from here on name this overload as their origin (restored
+  // after: handlers may dispatch further ops).
+  struct OriginScope {
+    uint32_t saved = t_origin;
+    explicit OriginScope(uint32_t o) { t_origin = o; }
+    ~OriginScope() { t_origin = saved; }
+  } scope(e->origin);
   if (e->has_recipe && !kwargs) {
     try {
       py::object r = run_recipe(e->recipe, args);

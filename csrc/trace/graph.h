@@ -20,7 +20,23 @@ class GraphCut {
   uint64_t hash() const { return hash_; }
   size_t num_outputs() const { return outputs_.size(); }
   size_t num_nodes() const { return order_.size(); }
+  size_t num_roots() const { return roots_.size(); }
   std::string lower() const;
+  // After a failure (see torch_xla_core/executor.py). The node that emitted
+  // line `line` (1-based) of the last lower(), as its position in the walk,
+  // or -1.
+  int node_at_line(int line) const;
+  // Node k: {"op", "origin" (aten overload or ""), "dtype", "shape", "bytes"}.
+  pybind11::dict node_info(int k) const;
+  // Nodes by size (bytes), largest first: up to `count` node_info dicts.
+  pybind11::list largest(int count) const;
+  // Indices of the roots whose value uses node k.
+  std::vector<int> roots_using(int k) const;
+  // A cut of some of this cut's roots (by index).
+  GraphCut subset(const std::vector<int>& roots) const;
+  // Makes the given roots hold a failed value (core op "error") whose use
+  // raises `message`; unless they were written since the cut.
+  void poison(const std::vector<int>& roots, const std::string& message);
   // Parameters in order: a device buffer object, or (number, dtype code) for
   // a Python number.
   pybind11::list params() const;
@@ -37,6 +53,7 @@ class GraphCut {
   std::vector<NodePtr> outputs_;
   std::vector<const Node*> order_, params_;
   uint64_t hash_ = 0;
+  mutable std::vector<int> line_node_;  // from the last lower()
 };
 
 }  // namespace txc

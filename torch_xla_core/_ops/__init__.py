@@ -230,10 +230,6 @@ def _fallback(func):
 
 
 def load_all():
-    from . import elementwise, reduce, shape, factory, linalg  # noqa: F401
-    for mod in ("nn", "index", "random", "conv", "rnn", "upsample"):
-        try:
-            __import__(f"{__name__}.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{mod}":
-                raise
+    """Imports every op family (each registers its handlers). An import error
+    surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
+    from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample  # noqa: F401

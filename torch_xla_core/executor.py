@@ -1,0 +1,228 @@
+"""The executor: the one place where pending tensors become device data.
+sync() cuts the pending graph (csrc/trace/graph.h), finds or compiles its
+executable, binds the parameters, executes, and assigns the results back to
+the tensors' storages. It owns:
+
+- the compile cache: graph hash -> loaded executable, least recently used
+  evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
+  "cache_hit", "cache_miss", "cache_evict", "compile");
+- compiles in flight: a compile runs on a worker thread while the caller
+  waits, so Ctrl-C returns at once; the compile finishes in the background
+  and a re-run of the same graph (or another thread's sync of it) waits for
+  that compile instead of starting a second one ("compile_reused");
+- failures: a graph that fails to compile or run raises once, naming the core
+  op and the aten op that made the failing node (from the compiler's line
+  number, else by compiling halves of the graph); the tensors computed from
+  that node then hold a failed value that raises the same error when used,
+  and every other pending tensor is computed by the next sync as usual;
+- out of memory: torch.OutOfMemoryError naming the graph's largest buffers
+  and the aten ops that made them (nothing is marked failed: free memory and
+  retry).
+
+Threading model: there is one pending graph per process, shared by all
+threads (as in PyTorch/XLA, whose graph is per device). Tracing is
+serialized by the GIL; sync() takes a process-wide lock, so syncs run one at
+a time. A sync (all live tensors) computes every thread's pending tensors,
+and a deferred check (torch_xla_core/_checks.py) computed by it raises in
+whichever thread next syncs or reads a value. Tracing in other threads may go
+on while a sync compiles or executes; what they write after the cut stays
+pending for the next sync."""
+import collections
+import concurrent.futures
+import os
+import re
+import threading
+
+import torch
+
+from . import _C, _checks, metrics, runtime
+
+_lock = threading.RLock()     # one sync at a time
+_cache_lock = threading.Lock()
+_cache = collections.OrderedDict()   # graph hash -> executable, least recently used first
+_inflight = {}                       # graph hash -> Future of a compile under way
+_pool = None
+
+
+def cache_size() -> int:
+    """The compile cache's bound (TXC_COMPILE_CACHE_SIZE, default 1024)."""
+    v = os.environ.get("TXC_COMPILE_CACHE_SIZE", "1024")
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"TXC_COMPILE_CACHE_SIZE={v!r} is not an integer; set it to the number of compiled "
+                         f"graphs to keep (e.g. 1024)") from None
+    if n < 1:
+        raise ValueError(f"TXC_COMPILE_CACHE_SIZE={n} must be at least 1")
+    return n
+
+
+def cached_count() -> int:
+    return len(_cache)
+
+
+def clear_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+class GraphError(RuntimeError):
+    """A graph failed to compile or run; the message names the op at fault."""
+
+
+def _workers():
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="txc-compile")
+    return _pool
+
+
+def _compile(key, text):
+    try:
+        with metrics.timed("compile"):
+            exe = runtime.compile_text(text)
+        metrics.counter_add("compile")
+        with _cache_lock:
+            _cache[key] = exe
+            limit = cache_size()
+            while len(_cache) > limit:
+                _cache.popitem(last=False)
+                metrics.counter_add("cache_evict")
+        return exe
+    finally:
+        with _cache_lock:
+            _inflight.pop(key, None)
+
+
+def executable(cut):
+    """The compiled executable of a graph cut: cached, in flight, or compiled now."""
+    key = cut.hash
+    with _cache_lock:
+        exe = _cache.get(key)
+        if exe is not None:
+            _cache.move_to_end(key)
+        fut = _inflight.get(key)
+    if exe is not None:
+        metrics.counter_add("cache_hit")
+        return exe
+    if fut is None:
+        metrics.counter_add("cache_miss")
+        with metrics.timed("lower"):
+            text = cut.lower()
+        with _cache_lock:
+            fut = _inflight.get(key)  # another thread may have started it meanwhile
+            if fut is None:
+                fut = _inflight[key] = _workers().submit(_compile, key, text)
+    else:
+        metrics.counter_add("compile_reused")
+    while True:  # waits in short slices so that Ctrl-C gets through; the compile goes on
+        try:
+            return fut.result(timeout=0.05)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def sync(lts=None, wait=False) -> None:
+    """Computes the pending values of the given LazyTensors' storages (default:
+    every live one) in one compiled graph; they then hold device data."""
+    with _lock:
+        _checks.verify()  # checks computed by an earlier sync that did not wait
+        with metrics.timed("sync"):
+            _C.set_matmul_precision(torch.get_float32_matmul_precision())
+            checks = _checks.snapshot()
+            if lts is not None:
+                lts = list(lts) + [c[0] for c in checks]
+            cut = _C.GraphCut(lts)
+            if cut.num_outputs == 0:
+                return
+            try:
+                exe = executable(cut)
+                params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
+                outs = runtime.execute(exe, params, wait=wait)
+            except Exception as e:
+                raise _failure(cut, e) from None
+            cut.assign(outs)
+            _checks.computed(checks)
+            metrics.counter_add("execute")
+        if wait:
+            _checks.verify()
+
+
+# --- failures ---------------------------------------------------------------
+
+_OOM = re.compile(r"RESOURCE_EXHAUSTED|out of memory", re.IGNORECASE)
+_LINE = re.compile(r"(?:^|[\s(\"])-:(\d+):\d+")
+
+
+def _first_line(e) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+def _describe(info) -> str:
+    made = f"made by {info['origin']}" if info["origin"] else "made inside torch_xla_core (no aten op)"
+    return f"core op '{info['op']}' {info['dtype']}{list(info['shape'])}, {made}"
+
+
+def _failure(cut, e):
+    """The error to raise for a failed sync; marks the failed tensors."""
+    if _OOM.search(str(e)):
+        return _out_of_memory(cut, e)
+    metrics.counter_add("graph_failed")
+    k = _failing_node(cut, e)
+    if k is not None:
+        roots = cut.roots_using(k)
+        where = _describe(cut.node_info(k))
+    else:
+        roots = _failing_roots(cut, list(range(cut.num_roots)), e)
+        where = "a node the compiler did not locate"
+    msg = (f"torch_xla_core: a graph of {cut.num_nodes} nodes failed to compile or run at {where}: "
+           f"{_first_line(e)}. The {len(roots)} tensor(s) computed from it hold no value and raise this error "
+           f"when used; other pending tensors are unaffected. If the op is a torch op, please report it.")
+    cut.poison(roots, msg)
+    _checks.discard_failed()
+    return GraphError(msg)
+
+
+def _failing_node(cut, e):
+    m = _LINE.search(str(e))
+    if m is None:
+        return None
+    k = cut.node_at_line(int(m.group(1)))
+    return k if k >= 0 else None
+
+
+def _compiles(sub) -> bool:
+    try:
+        runtime.compile_text(sub.lower())
+        return True
+    except Exception:
+        return False
+
+
+def _failing_roots(cut, idx, e, depth=0):
+    """The roots (indices into cut) that cannot be compiled, by compiling halves.
+    Gives up (all of idx) past a few levels: an error path, kept bounded."""
+    if len(idx) <= 1 or depth >= 6:
+        return idx
+    half = len(idx) // 2
+    bad = []
+    for part in (idx[:half], idx[half:]):
+        if not _compiles(cut.subset(part)):
+            bad += _failing_roots(cut, part, e, depth + 1)
+    return bad or idx  # each half compiles alone: the failure needs both
+
+
+def _mib(n) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _out_of_memory(cut, e):
+    metrics.counter_add("out_of_memory")
+    top = cut.largest(5)
+    lines = [f"  {_mib(i['bytes'])}: {_describe(i)}" for i in top]
+    msg = (f"torch_xla_core: out of device memory running a graph of {cut.num_nodes} nodes "
+           f"({_first_line(e)}). Its largest buffers:\n" + "\n".join(lines) +
+           "\nFree tensors you no longer need, sync() more often (smaller graphs), or use smaller batches. "
+           "The pending tensors are kept: a later sync retries them.")
+    return torch.OutOfMemoryError(msg)
