@@ -114,7 +114,7 @@ std::vector<double> bench_core(const std::string& kind, int64_t n, int64_t repea
     size_t len = 0;
     for (int64_t i = 0; i < repeats; ++i) {
       auto t0 = Clock::now();
-      std::string text = cut.lower();
+      std::string text = cut.lower(LowerOptions{});
       auto t1 = Clock::now();
       out.push_back(secs(t0, t1));
       if (i == 0) len = text.size();
@@ -135,7 +135,7 @@ void bind_bench_core(py::module_& m) {
         "(StableHLO text). Returns seconds of thread CPU time per repeat.");
   m.def("bench_core_text", [](int64_t n) {
           if (n < 1 || n > 1000000) throw py::value_error("bench_core_text: n must be in [1, 1000000]");
-          return cut_of(build_graph(n)).lower();
+          return cut_of(build_graph(n)).lower(LowerOptions{});
         },
         py::arg("n"), "The StableHLO text that bench_core('lower', n, ...) emits.");
 }

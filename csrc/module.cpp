@@ -63,9 +63,6 @@ PYBIND11_MODULE(_C, m) {
           return LazyTensor(std::move(n));
         },
         "A LazyTensor holding device data (a runtime buffer object).");
-  m.def("set_matmul_precision", &set_matmul_precision,
-        "Float32 matmul/convolution precision for graphs cut from now on: 'highest', 'high' or 'medium' "
-        "(torch.get_float32_matmul_precision()).");
   m.def("live_count", &live_storage_count, "Number of live storages.");
 
   py::class_<GraphCut>(m, "GraphCut")
@@ -80,7 +77,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("hash", &GraphCut::hash)
       .def_property_readonly("num_outputs", &GraphCut::num_outputs)
       .def_property_readonly("num_nodes", &GraphCut::num_nodes)
-      .def("lower", &GraphCut::lower, "StableHLO text of the cut.")
+      .def("lower",
+           [](const GraphCut& c, const std::string& precision, const std::vector<std::pair<int, int>>& aliases) {
+             return c.lower(LowerOptions{precision, aliases});
+           },
+           py::arg("precision") = "highest", py::arg("aliases") = std::vector<std::pair<int, int>>{},
+           "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs.")
+      .def("text", &GraphCut::text, "The graph, one node per line, for people.")
+      .def("donations", &GraphCut::donations)
       .def("params", &GraphCut::params)
       .def("output_specs", &GraphCut::output_specs)
       .def("assign", &GraphCut::assign)

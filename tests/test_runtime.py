@@ -42,8 +42,7 @@ def test_same_step_twice_compiles_once(dev):
 def test_device_data_is_a_parameter_not_a_constant(dev):
     x = torch.arange(4.0).to(dev)
     y = x * 3
-    cut = txc._C.GraphCut([y._lt])
-    text = cut.lower()
+    text = txc.debug.stablehlo(y)
     assert "%arg0: tensor<4xf32>" in text
     assert "dense<[0" not in text and "dense<0.0" not in text.replace("dense<0.00000000000000000e+00>", "")
 
@@ -151,14 +150,12 @@ def test_matmul_precision_follows_torch(dev):
     """Float32 products lower with torch's float32 matmul precision (eager
     PyTorch's full fp32 by default; TF32 on GPUs only when asked), and the
     setting is part of the compile-cache key."""
-    from torch_xla_core import _C
     a, b = torch.randn(8, 8), torch.randn(8, 8)
 
     def hlo_and_compiles():
         y = a.to(dev) @ b.to(dev)
         before = txc.metrics.counters().get("cache_miss", 0)
-        _C.set_matmul_precision(torch.get_float32_matmul_precision())
-        text = _C.GraphCut([y._lt]).lower()
+        text = txc.debug.stablehlo(y)
         exact = torch.get_float32_matmul_precision() == "highest"   # else TF32 on GPUs
         torch.testing.assert_close(y.cpu(), a @ b, **({} if exact else dict(atol=2e-2, rtol=2e-2)))
         return text, txc.metrics.counters().get("cache_miss", 0) - before
@@ -176,4 +173,4 @@ def test_matmul_precision_follows_torch(dev):
     finally:
         torch.set_float32_matmul_precision(prev)
     y = a.to(dev).bfloat16() @ b.to(dev).bfloat16()     # not float32: the default
-    assert "precision DEFAULT" in _C.GraphCut([y._lt]).lower()
+    assert "precision DEFAULT" in txc.debug.stablehlo(y)

@@ -15,7 +15,7 @@ from . import _device
 
 _device.register()
 
-from . import _C, _checks, _tensor, metrics, runtime  # noqa: E402
+from . import _C, _checks, _tensor, debug, executor, metrics, runtime  # noqa: E402
 from . import _ops  # noqa: E402
 
 _tensor.configure(torch.device("xla", 0))

@@ -1,9 +1,14 @@
 """The executor: the one place where pending tensors become device data.
-sync() cuts the pending graph (csrc/trace/graph.h), finds or compiles its
-executable, binds the parameters, executes, and assigns the results back to
-the tensors' storages. It owns:
+sync() cuts the pending graph (csrc/trace/graph.h), makes its cache key,
+finds or compiles its executable, binds the parameters, executes, and
+assigns the results back to the tensors' storages. It owns:
 
-- the compile cache: graph hash -> loaded executable, least recently used
+- the cache key, an explicit value (Key): the graph's structural hash, the
+  float32 matmul precision, the device, the platform and the donated
+  parameters (input/output aliasing: device data that only this graph still
+  refers to — a training step's old parameters and optimizer state — is
+  overwritten in place instead of held twice; see GraphCut.donations);
+- the compile cache: key -> loaded executable, least recently used
   evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
   "cache_hit", "cache_miss", "cache_evict", "compile");
 - compiles in flight: a compile runs on a worker thread while the caller
@@ -17,7 +22,10 @@ the tensors' storages. It owns:
   and every other pending tensor is computed by the next sync as usual;
 - out of memory: torch.OutOfMemoryError naming the graph's largest buffers
   and the aten ops that made them (nothing is marked failed: free memory and
-  retry).
+  retry);
+- TXC_DUMP_DIR: every compiled graph's StableHLO is written there
+  (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
+  running it. TXC_DONATE=0 turns donation off.
 
 Threading model: there is one pending graph per process, shared by all
 threads (as in PyTorch/XLA, whose graph is per device). Tracing is
@@ -37,11 +45,39 @@ import torch
 
 from . import _C, _checks, metrics, runtime
 
+class Key(collections.namedtuple("Key", "graph precision device platform aliases")):
+    """What identifies a compiled executable: the graph's hash, the float32
+    matmul precision, the device index, the platform, and the donated
+    (parameter, output) pairs."""
+
+
+class Plan(collections.namedtuple("Plan", "cut key checks")):
+    """A sync about to run: the cut, its cache key, the deferred checks it computes."""
+
+    def stablehlo(self) -> str:
+        return self.cut.lower(self.key.precision, list(self.key.aliases))
+
+
 _lock = threading.RLock()     # one sync at a time
 _cache_lock = threading.Lock()
 _cache = collections.OrderedDict()   # graph hash -> executable, least recently used first
 _inflight = {}                       # graph hash -> Future of a compile under way
 _pool = None
+_last = None                         # the executable that ran last (memory statistics)
+
+_STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+                "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
+                "host_alias_size_in_bytes", "host_temp_size_in_bytes", "peak_memory_in_bytes")
+
+
+def last_memory_stats() -> dict:
+    """The compiled memory statistics of the graph that ran last (XLA's
+    CompiledMemoryStats: argument/output/alias/temp bytes, host_* and peak),
+    or {} before the first sync."""
+    if _last is None:
+        return {}
+    st = _last.get_compiled_memory_stats()
+    return {f: int(getattr(st, f)) for f in _STAT_FIELDS if hasattr(st, f)}
 
 
 def cache_size() -> int:
@@ -79,8 +115,9 @@ def _workers():
 
 def _compile(key, text):
     try:
+        _dump(key, text)
         with metrics.timed("compile"):
-            exe = runtime.compile_text(text)
+            exe = runtime.compile_text(text, key.device)
         metrics.counter_add("compile")
         with _cache_lock:
             _cache[key] = exe
@@ -94,9 +131,33 @@ def _compile(key, text):
             _inflight.pop(key, None)
 
 
-def executable(cut):
-    """The compiled executable of a graph cut: cached, in flight, or compiled now."""
-    key = cut.hash
+def _dump(key, text):
+    d = os.environ.get("TXC_DUMP_DIR")
+    if d:
+        os.makedirs(d, exist_ok=True)
+        name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "")
+        with open(os.path.join(d, name + ".mlir"), "w") as f:
+            f.write(f"// {key}\n{text}")
+
+
+def _donating() -> bool:
+    return os.environ.get("TXC_DONATE", "1") != "0"
+
+
+def plan(lts=None) -> Plan:
+    """The cut a sync of these LazyTensors (default: all live) would run, and its key."""
+    checks = _checks.snapshot()
+    if lts is not None:
+        lts = list(lts) + [c[0] for c in checks]
+    cut = _C.GraphCut(lts)
+    aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
+    key = Key(cut.hash, torch.get_float32_matmul_precision(), 0, runtime.platform(), aliases)
+    return Plan(cut, key, checks)
+
+
+def executable(p: Plan):
+    """The compiled executable of a plan: cached, in flight, or compiled now."""
+    key, cut = p.key, p.cut
     with _cache_lock:
         exe = _cache.get(key)
         if exe is not None:
@@ -108,7 +169,7 @@ def executable(cut):
     if fut is None:
         metrics.counter_add("cache_miss")
         with metrics.timed("lower"):
-            text = cut.lower()
+            text = p.stablehlo()
         with _cache_lock:
             fut = _inflight.get(key)  # another thread may have started it meanwhile
             if fut is None:
@@ -125,24 +186,23 @@ def executable(cut):
 def sync(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
     every live one) in one compiled graph; they then hold device data."""
+    global _last
     with _lock:
         _checks.verify()  # checks computed by an earlier sync that did not wait
         with metrics.timed("sync"):
-            _C.set_matmul_precision(torch.get_float32_matmul_precision())
-            checks = _checks.snapshot()
-            if lts is not None:
-                lts = list(lts) + [c[0] for c in checks]
-            cut = _C.GraphCut(lts)
+            p = plan(lts)
+            cut = p.cut
             if cut.num_outputs == 0:
                 return
             try:
-                exe = executable(cut)
-                params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
+                exe = executable(p)
+                params = [runtime.scalar(*a) if type(a) is tuple else a for a in cut.params()]
                 outs = runtime.execute(exe, params, wait=wait)
             except Exception as e:
                 raise _failure(cut, e) from None
+            _last = exe
             cut.assign(outs)
-            _checks.computed(checks)
+            _checks.computed(p.checks)
             metrics.counter_add("execute")
         if wait:
             _checks.verify()
@@ -194,7 +254,7 @@ def _failing_node(cut, e):
 
 def _compiles(sub) -> bool:
     try:
-        runtime.compile_text(sub.lower())
+        runtime.compile_text(sub.lower(torch.get_float32_matmul_precision()))
         return True
     except Exception:
         return False

@@ -9,24 +9,20 @@
 namespace txc {
 
 namespace {
-std::string g_precision_torch = "highest";  // torch's name
-std::string g_precision_hlo = "HIGHEST";    // stablehlo's
-}  // namespace
+thread_local std::string t_precision_hlo = "HIGHEST";  // of the lowering under way on this thread
 
-void set_matmul_precision(const std::string& torch_name) {
-  if (torch_name == g_precision_torch) return;
-  if (torch_name == "highest") g_precision_hlo = "HIGHEST";
-  else if (torch_name == "high") g_precision_hlo = "HIGH";
-  else if (torch_name == "medium") g_precision_hlo = "DEFAULT";
-  else throw std::invalid_argument("float32 matmul precision must be 'highest', 'high' or 'medium', got '" + torch_name + "'");
-  g_precision_torch = torch_name;
+std::string precision_hlo(const std::string& torch_name) {
+  if (torch_name == "highest") return "HIGHEST";
+  if (torch_name == "high") return "HIGH";
+  if (torch_name == "medium") return "DEFAULT";
+  throw std::invalid_argument("float32 matmul precision must be 'highest', 'high' or 'medium', got '" +
+                              torch_name + "' (torch.set_float32_matmul_precision)");
 }
-
-const std::string& matmul_precision_name() { return g_precision_torch; }
+}  // namespace
 
 std::string precision_config(DType t) {
   // Only float32 products have a choice in torch; others use the default.
-  const std::string& p = t == DType::F32 || t == DType::C64 ? g_precision_hlo : std::string("DEFAULT");
+  const std::string p = t == DType::F32 || t == DType::C64 ? t_precision_hlo : std::string("DEFAULT");
   return ", precision_config = [#stablehlo<precision " + p + ">, #stablehlo<precision " + p + ">]";
 }
 
@@ -213,15 +209,24 @@ std::string LowerCtx::region_text(const std::vector<std::string>& args, const st
 }
 
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
-                        const std::vector<const Node*>& outputs, std::vector<int>* line_node) {
+                        const std::vector<const Node*>& outputs, const LowerOptions& options,
+                        std::vector<int>* line_node) {
+  struct PrecisionScope {
+    std::string saved = t_precision_hlo;
+    explicit PrecisionScope(const std::string& p) { t_precision_hlo = p; }
+    ~PrecisionScope() { t_precision_hlo = saved; }
+  } precision(precision_hlo(options.precision));
   LowerCtx cx;
   cx.names_.reserve(order.size());
+  std::vector<int> alias_of(params.size(), -1);
+  for (auto [p, o] : options.aliases) alias_of.at(size_t(p)) = o;
   std::string sig;
   for (size_t i = 0; i < params.size(); ++i) {
     const Node* p = params[i];
     p->ssa = int(cx.names_.size());
     cx.names_.push_back("%arg" + std::to_string(i));
     sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
+    if (alias_of[i] >= 0) sig += " {tf.aliasing_output = " + std::to_string(alias_of[i]) + " : i32}";
   }
   if (line_node) line_node->assign(2, -1);  // the module and func.func lines
   size_t counted = 0;

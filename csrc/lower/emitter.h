@@ -12,11 +12,11 @@
 namespace txc {
 
 // Precision of float matrix products and convolutions (stablehlo
-// precision_config), from torch.set_float32_matmul_precision: "highest"
-// (default, full fp32 like eager PyTorch), "high" (TF32 where the device has
-// it), "medium" (bf16 passes). Part of every graph's hash.
-void set_matmul_precision(const std::string& torch_name);
-const std::string& matmul_precision_name();
+// precision_config) in the graph being lowered, from torch's name as
+// torch.set_float32_matmul_precision takes it: "highest" (full fp32 like
+// eager PyTorch), "high" (TF32 where the device has it), "medium" (bf16
+// passes). lower_graph() sets it for the duration of one lowering; the
+// executor makes it part of the compile-cache key.
 // ", precision_config = [...]" for a product computing in t.
 std::string precision_config(DType t);
 
@@ -71,10 +71,19 @@ class LowerCtx {
   int counter_ = 0;
 };
 
+// How to lower one graph: the matmul precision (torch's name) and the
+// parameters donated to outputs of the same type (input/output aliasing:
+// pairs of parameter index, output index).
+struct LowerOptions {
+  std::string precision = "highest";
+  std::vector<std::pair<int, int>> aliases;
+};
+
 // line_node, when given, receives for each line of the text (index = line
 // number - 1) the position in `order` of the node that emitted it, or -1: a
 // compiler error's line number then names the op at fault.
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
-                        const std::vector<const Node*>& outputs, std::vector<int>* line_node = nullptr);
+                        const std::vector<const Node*>& outputs, const LowerOptions& options,
+                        std::vector<int>* line_node = nullptr);
 
 }  // namespace txc

@@ -17,7 +17,7 @@ static bool is_param(const Node& n) {
   return n.op == data || n.op == scalar;
 }
 
-GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live) {
+GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live) : all_live_(all_live) {
   static const uint16_t data = op_id("data");
   if (all_live) {
     for (Storage* s = live_storages_head(); s; s = s->next)
@@ -75,14 +75,79 @@ void GraphCut::walk() {
   }
   for (const auto& out : outputs_) h = hash_mix(h, uint64_t(out->ssa));
   for (const Node* n : order_) n->ssa = -1;
-  h = hash_mix(h, std::hash<std::string>()(matmul_precision_name()));  // lowering setting
   hash_ = hash_mix(h, outputs_.size());
 }
 
-std::string GraphCut::lower() const {
+std::string GraphCut::lower(const LowerOptions& options) const {
   std::vector<const Node*> outs;
   for (const auto& o : outputs_) outs.push_back(o.get());
-  return lower_graph(order_, params_, outs, &line_node_);
+  return lower_graph(order_, params_, outs, options, &line_node_);
+}
+
+std::string GraphCut::text() const {
+  std::unordered_map<const Node*, size_t> pos;
+  std::string s;
+  for (size_t k = 0; k < order_.size(); ++k) {
+    const Node& n = *order_[k];
+    pos.emplace(&n, k);
+    s += "%" + std::to_string(k) + " = " + op_def(n.op).name + "(";
+    for (size_t i = 0; i < n.operands.size(); ++i)
+      s += (i ? ", %" : "%") + std::to_string(pos.at(n.operands[i].get()));
+    s += ")";
+    if (!n.attrs.empty()) {
+      s += " {";
+      for (size_t i = 0; i < n.attrs.size(); ++i) {
+        const Attr& a = n.attrs[i];
+        s += i ? ", " : "";
+        if (auto* v = std::get_if<int64_t>(&a)) s += std::to_string(*v);
+        else if (auto* d = std::get_if<double>(&a)) s += std::to_string(*d);
+        else if (auto* t = std::get_if<std::string>(&a)) s += "\"" + *t + "\"";
+        else s += dims_str(std::get<Dims>(a));
+      }
+      s += "}";
+    }
+    s += std::string(" : ") + dtype_name(n.dtype) + dims_str(n.dims);
+    if (n.origin) s += "  # " + origin_name(n.origin);
+    s += "\n";
+  }
+  s += "outputs:";
+  for (const auto& o : outputs_) s += " %" + std::to_string(pos.at(o.get()));
+  return s + "\n";
+}
+
+std::vector<std::pair<int, int>> GraphCut::donations() const {
+  static const uint16_t data = op_id("data");
+  // Only a sync of every live storage donates: then no pending storage is
+  // left out of the cut that could still read a parameter (a partial sync,
+  // e.g. .item(), leaves such storages behind). Within it, device data may
+  // be overwritten when its node's only holders are operand edges inside
+  // the cut: no storage holds it (a storage's own value), no view chain, no
+  // cached scan body. View chains that hold other nodes of the cut are
+  // rebuilt from the new value after assign (the storage's version moves).
+  std::vector<std::pair<int, int>> out;
+  if (!all_live_) return out;
+  std::unordered_map<const Node*, std::pair<long, long>> refs;  // data node -> (edges in cut, use_count)
+  for (const Node* n : order_)
+    for (const auto& o : n->operands)
+      if (o->op == data) {
+        auto& r = refs[o.get()];
+        r.first += 1;
+        r.second = long(o.use_count());
+      }
+  std::vector<char> taken(outputs_.size(), 0);
+  for (size_t p = 0; p < params_.size(); ++p) {
+    const Node* n = params_[p];
+    auto it = refs.find(n);
+    if (n->op != data || it == refs.end() || it->second.first != it->second.second) continue;
+    if (!n->data || Py_REFCNT(n->data.ptr()) != 1) continue;  // someone else holds the buffer
+    for (size_t o = 0; o < outputs_.size(); ++o) {
+      if (taken[o] || outputs_[o]->dtype != n->dtype || outputs_[o]->dims != n->dims) continue;
+      taken[o] = 1;
+      out.emplace_back(int(p), int(o));
+      break;
+    }
+  }
+  return out;
 }
 
 int GraphCut::node_at_line(int line) const {

@@ -2,12 +2,15 @@
 // sync(), or the few a transfer needs), walked once in post-order to find the
 // parameters (device data and Python numbers) and a structural hash that keys
 // the compile cache. After execution, assign() makes each storage hold its
-// computed device data, so the traced IR is dropped.
+// computed device data, so the traced IR is dropped. A cut's hash is the
+// graph's structure only; the executor's compile-cache key adds the lowering
+// options and the device (torch_xla_core/executor.py).
 #pragma once
 #include <pybind11/pybind11.h>
 #include <memory>
 #include <string>
 #include <vector>
+#include "lower/emitter.h"
 #include "trace/tensor.h"
 
 namespace txc {
@@ -21,7 +24,18 @@ class GraphCut {
   size_t num_outputs() const { return outputs_.size(); }
   size_t num_nodes() const { return order_.size(); }
   size_t num_roots() const { return roots_.size(); }
-  std::string lower() const;
+  // StableHLO text of the cut (see LowerOptions: precision, donation).
+  std::string lower(const LowerOptions& options) const;
+  // One line per node ("%3 = add(%1, %2) : float32[2, 3]  # aten.add.Tensor"):
+  // the graph a sync would compile, for people.
+  std::string text() const;
+  // Parameters that may be donated to an output of the same type, as
+  // (parameter index, output index) pairs: in a sync of every live storage,
+  // device data that nothing but this graph refers to (no storage, view
+  // chain or scan body holds its node, no other Python reference to its
+  // buffer), so overwriting it in place is invisible. A training step's old
+  // parameters and optimizer state are.
+  std::vector<std::pair<int, int>> donations() const;
   // After a failure (see torch_xla_core/executor.py). The node that emitted
   // line `line` (1-based) of the last lower(), as its position in the walk,
   // or -1.
@@ -54,6 +68,7 @@ class GraphCut {
   std::vector<const Node*> order_, params_;
   uint64_t hash_ = 0;
   mutable std::vector<int> line_node_;  // from the last lower()
+  bool all_live_ = false;
 };
 
 }  // namespace txc
