@@ -53,7 +53,7 @@ def deepcopy(t, memo):
         return memo[id(t)]
     if not t.is_leaf:
         raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
-                           "protocol at the moment. If you were attempting to deepcopy a module, this may be "
+                           "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
                            "because of a torch.nn.utils.weight_norm usage, see "
                            "https://github.com/pytorch/pytorch/pull/103001")
     lt = t._lt
@@ -243,39 +243,28 @@ def _shared(source, cpu, offset, size, stride):
         return _tensor.from_cpu(cpu)._lt
     if root.shape == size and whole:
         return root.alias()
-    flat = root.alias() if root.shape == (n,) else _tensor._view(_tensor.OP.reshape, root, ([n],))
-    view = _strided_view(flat, n, offset, size, stride)
+    view = _strided_view(root, n, offset, size, stride)
     return view if view is not None else _tensor.from_cpu(cpu)._lt
 
 
-def _strided_view(flat, n, offset, size, stride):
-    """as_strided(flat, size, stride, offset) from the core's view ops (reshape,
-    slice, permute, expand), or None when that layout needs a gather."""
+def _strided_view(root, n, offset, size, stride):
+    """as_strided(root.reshape(-1), size, stride, offset) from the core's view
+    ops (reshape, slice, permute, expand), or None when that needs a gather."""
     view, OP = _tensor._view, _tensor.OP
+
+    def flat():
+        return root.alias() if root.shape == (n,) else view(OP.reshape, root, ([n],))
     if 0 in size:
         return None
     moving = [d for d in range(len(size)) if size[d] > 1 and stride[d] > 0]
     order = sorted(moving, key=lambda d: -stride[d])  # outermost first
-    radix = [stride[d] for d in order]
-    if not radix or radix[-1] != 1:
-        radix.append(1)
-    if len(set(radix)) != len(radix) or any(a % b for a, b in zip(radix, radix[1:])):
-        return None
-    blocks = [n // radix[0]] + [a // b for a, b in zip(radix, radix[1:])]
-    starts = [offset // radix[0]] + [offset // r % b for r, b in zip(radix[1:], blocks[1:])]
-    lengths = [size[d] for d in order] + [1] * (len(radix) - len(order))
-    if any(s + k > b for s, k, b in zip(starts, lengths, blocks)):
-        return None
-    v = flat
-    if blocks[0] * radix[0] != n:
-        v = view(OP.slice, v, (0, 0, blocks[0] * radix[0], 1))
-    if len(blocks) > 1:
-        v = view(OP.reshape, v, (blocks,))
-    for d, (s, k, b) in enumerate(zip(starts, lengths, blocks)):
-        if (s, k) != (0, b):
-            v = view(OP.slice, v, (d, s, s + k, 1))
-    if len(lengths) != len(order):
-        v = view(OP.reshape, v, ([size[d] for d in order],))
+    if len(order) == 1 and stride[order[0]] > 1:  # one strided dim (a diagonal, x[::k]): a stepped slice
+        d = order[0]
+        v = view(OP.slice, flat(), (0, offset, offset + (size[d] - 1) * stride[d] + 1, stride[d]))
+    else:
+        v = _blocked(root, flat, n, offset, [size[d] for d in order], [stride[d] for d in order])
+        if v is None:
+            return None
     perm = [order.index(d) for d in moving]
     if perm != sorted(perm):
         v = view(OP.permute, v, (perm,))
@@ -284,6 +273,37 @@ def _strided_view(flat, n, offset, size, stride):
         v = view(OP.reshape, v, (squeezed,))
     if tuple(squeezed) != tuple(size):
         v = view(OP.expand, v, (list(size),))
+    return v
+
+
+def _blocked(root, flat, n, offset, sizes, strides):
+    """The elements offset + sum(k_i * strides[i]) (k_i < sizes[i], strides
+    descending) as slices of the storage reshaped to blocks whose strides are
+    those strides; dims in stride order. None if they do not fit such blocks."""
+    view, OP = _tensor._view, _tensor.OP
+    radix = list(strides)
+    if not radix or radix[-1] != 1:
+        radix.append(1)
+    if len(set(radix)) != len(radix) or any(a % b for a, b in zip(radix, radix[1:])):
+        return None
+    blocks = [n // radix[0]] + [a // b for a, b in zip(radix, radix[1:])]
+    starts = [offset // radix[0]] + [offset // r % b for r, b in zip(radix[1:], blocks[1:])]
+    lengths = list(sizes) + [1] * (len(radix) - len(sizes))
+    if any(s + k > b for s, k, b in zip(starts, lengths, blocks)):
+        return None
+    if root.shape == tuple(blocks):
+        v = root.alias()
+    else:
+        v = flat()
+        if blocks[0] * radix[0] != n:
+            v = view(OP.slice, v, (0, 0, blocks[0] * radix[0], 1))
+        if len(blocks) > 1:
+            v = view(OP.reshape, v, (blocks,))
+    for d, (s, k, b) in enumerate(zip(starts, lengths, blocks)):
+        if (s, k) != (0, b):
+            v = view(OP.slice, v, (d, s, s + k, 1))
+    if len(lengths) != len(sizes):
+        v = view(OP.reshape, v, (list(sizes),))
     return v
 
 
