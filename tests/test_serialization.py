@@ -200,6 +200,20 @@ def test_deepcopy_module_with_tied_weights_for_ema(dev):
     assert ema.out.weight is ema.emb.weight and ema.steps.item() == 0
 
 
+def test_shallow_copy_shares_like_cpu(dev):
+    for c in (torch.randn(3, requires_grad=True), torch.nn.Parameter(torch.randn(3))):
+        x = c.detach().to(dev).requires_grad_()
+        if isinstance(c, torch.nn.Parameter):
+            x = torch.nn.Parameter(x.detach())
+        c.tag = x.tag = ["t"]
+        cc, cx = copy.copy(c), copy.copy(x)
+        assert type(cx) is XlaTensor and isinstance(cx, torch.nn.Parameter) == isinstance(cc, torch.nn.Parameter)
+        assert cx.requires_grad == cc.requires_grad and cx.is_leaf and cx.tag is x.tag
+        with torch.no_grad():
+            cx.fill_(2)
+        torch.testing.assert_close(x.detach().cpu(), torch.full((3,), 2.))  # one storage, as on CPU
+
+
 def test_deepcopy_optimizer_state_dict(dev):
     model = torch.nn.Linear(3, 2).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -342,7 +356,9 @@ def test_model_and_optimizer_state_dicts_round_trip_exactly(dev):
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     x = torch.randn(5, 4, device=dev)
     _train_step(model, opt, x)
+    before = txc.metrics.counters().get("execute", 0)
     data = _saved({"model": model.state_dict(), "opt": opt.state_dict()})
+    assert txc.metrics.counters().get("execute", 0) == before + 1  # the pending step, computed in one graph
     ck = _load(data)  # weights_only=True, torch's default
     for k, v in model.state_dict().items():
         _same(ck["model"][k], v.cpu())
@@ -379,6 +395,22 @@ def test_map_location_to_a_missing_device_says_so(dev):
     data = _saved(torch.randn(2).to(dev))
     with pytest.raises(RuntimeError, match="xla device 99 .*map_location"):
         _load(data, map_location="xla:99")
+
+
+def test_legacy_format(dev):
+    # torch fills a legacy checkpoint's storages only after rebuilding its tensors
+    base_c = torch.arange(24.).reshape(4, 6)
+    data = _saved(_views(base_c.to(dev)), _use_new_zipfile_serialization=False)
+    ref = _views(base_c)
+    on_cpu = _load(data, map_location="cpu")
+    for c, x in zip(ref, on_cpu):
+        assert torch.equal(x, c) and x.stride() == c.stride() and x.storage_offset() == c.storage_offset()
+    lx = _load(data)
+    for c, x in zip(ref, lx):
+        _same(x, c)
+    lx[0].neg_()
+    for c, x in zip(ref, lx):
+        torch.testing.assert_close(x.cpu(), -c)
 
 
 def test_pickle_round_trip_in_process(dev):

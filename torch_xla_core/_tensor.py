@@ -79,6 +79,9 @@ class XlaTensor(torch.Tensor):
     def __deepcopy__(self, memo):
         return serialization.deepcopy(self, memo)
 
+    def __copy__(self):
+        return serialization.shallow_copy(self)
+
 
 def v(x):
     """The core operand for x: a LazyTensor, a Python number, or (number, dtype)

@@ -1,5 +1,5 @@
-"""copy.deepcopy, torch.save and torch.load of xla tensors: XlaTensor's
-__deepcopy__ and __reduce_ex__ delegate here, and register() adds the "xla"
+"""copy.deepcopy, copy.copy, torch.save and torch.load of xla tensors:
+XlaTensor's __deepcopy__, __copy__ and __reduce_ex__ delegate here, and register() adds the "xla"
 entry of torch.serialization's storage location registry and the set_ kernel
 that torch.load's rebuild of an xla tensor calls.
 
@@ -21,10 +21,13 @@ so torch.load restores the sharing.
 torch.load: our deserializer hands the storage on as an XlaHostStorage (its
 data on the host, its device xla:N); torch's rebuild then runs
 torch.empty(device=xla).set_(storage, offset, size, stride), and our set_
-uploads each storage once and makes the tensors on it views of that value.
+uploads each storage once and makes the tensors on it views of that value
+(torch's legacy format fills storages after that: XlaHostStorage's
+_set_from_file writes the data in then).
 """
 import collections
 import copy
+import math
 import weakref
 
 import torch
@@ -75,6 +78,16 @@ def deepcopy(t, memo):
     return new
 
 
+def shallow_copy(t):
+    """copy.copy of an xla tensor, as torch's on the CPU (which goes through
+    __reduce_ex__): a new leaf sharing t's storage, requires_grad and attributes."""
+    with torch.no_grad():
+        new = _tensor.wrap(t._lt.alias())
+    new.requires_grad_(t.requires_grad)
+    new.__dict__.update(t.__dict__)
+    return new
+
+
 # ---- torch.save -----------------------------------------------------------------
 
 def reduce_ex(t, proto):
@@ -108,8 +121,10 @@ def _host_storage(t):
     lt = t._lt
     root = lt.root()
     if not root.is_data:
+        # Compute everything pending at once (as txc.sync()): saving a state
+        # dict after a step is then one graph, not one per tensor.
         del root
-        _tensor.sync_lazy([lt], wait=True)
+        _tensor.sync_lazy(None, wait=True)
         root = lt.root()
     geometry = _geometry(lt, root.shape)
     if geometry is None:  # no strided layout over the storage: save the view's value alone
@@ -184,6 +199,17 @@ class XlaHostStorage(torch.UntypedStorage):
     def device(self):
         return torch.device("xla", self._txc_index)
 
+    def _set_from_file(self, *args, **kwargs):
+        # torch's legacy (non-zip) format fills a storage only after the
+        # tensors on it were rebuilt: write the data into them now.
+        r = super()._set_from_file(*args, **kwargs)
+        for dtype, root in self._txc_roots.items():
+            host = torch.empty(0, dtype=dtype).set_(self, 0, (math.prod(root.shape),), (1,)).reshape(root.shape)
+            root.assign(_tensor.from_cpu(host)._lt)
+        for lt, host in self._txc_copies:
+            lt.assign(_tensor.from_cpu(host)._lt)
+        return r
+
 
 def _device_index(location):
     """The device index of an xla location ("xla", "xla:N"), else None."""
@@ -207,6 +233,7 @@ def _deserializer(storage, location):
     storage.__class__ = XlaHostStorage  # the loaded CPU storage is ours alone: retag it in place
     storage._txc_index = index
     storage._txc_roots = {}  # dtype -> the LazyTensor holding the uploaded storage
+    storage._txc_copies = []  # (LazyTensor, host view) of tensors whose layout is no core view
     return storage
 
 
@@ -232,19 +259,22 @@ def _shared(source, cpu, offset, size, stride):
     uploaded once per source and dtype, where its layout allows."""
     n = source.nbytes() // cpu.element_size()
     whole = offset == 0 and cpu.numel() == n and stride == _contiguous(size)
+    if n == 0:
+        return _tensor.from_cpu(cpu)._lt
     root = source._txc_roots.get(cpu.dtype)
     if root is None:
-        if n == 0 or whole:
+        if whole:
             root = _tensor.from_cpu(cpu)._lt  # the common case: the tensor is its storage
         else:
             root = _tensor.from_cpu(torch.empty(0, dtype=cpu.dtype).set_(source, 0, (n,), (1,)))._lt
         source._txc_roots[cpu.dtype] = root
-    if n == 0:
-        return _tensor.from_cpu(cpu)._lt
     if root.shape == size and whole:
         return root.alias()
     view = _strided_view(root, n, offset, size, stride)
-    return view if view is not None else _tensor.from_cpu(cpu)._lt
+    if view is None:
+        view = _tensor.from_cpu(cpu)._lt
+        source._txc_copies.append((view, cpu))
+    return view
 
 
 def _strided_view(root, n, offset, size, stride):
