@@ -30,6 +30,10 @@ if os.environ.get("TXC_AUTOGRAD_THREADS") != "1":
     torch._C._set_multithreading_enabled(False)
 _ops.load_all()
 
+from . import serialization  # noqa: E402
+
+serialization.register()  # torch.save/torch.load of xla tensors
+
 
 def device(index: int = 0) -> torch.device:
     """The xla device `index` (torch.device("xla:0") by default)."""

@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _dtypes, executor, runtime
+from . import _C, _dtypes, executor, runtime, serialization
 
 DEVICE = None  # torch.device("xla", 0), set by init()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
@@ -75,13 +75,14 @@ class XlaTensor(torch.Tensor):
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         return to_cpu(self).numpy()
 
-    def __reduce_ex__(self, proto):
-        # Pickling (torch.save) moves the value to the CPU.
-        return (_from_cpu_reduce, (to_cpu(self), self.requires_grad))
+    def __reduce_ex__(self, proto):  # torch.save, pickle
+        return serialization.reduce_ex(self, proto)
 
+    def __deepcopy__(self, memo):
+        return serialization.deepcopy(self, memo)
 
-def _from_cpu_reduce(cpu, requires_grad):
-    return from_cpu(cpu).requires_grad_(requires_grad)
+    def __copy__(self):
+        return serialization.shallow_copy(self)
 
 
 def v(x):

@@ -1,5 +1,6 @@
 // The LazyTensor Python type (see lazy.h).
 #include "py/lazy.h"
+#include <algorithm>
 #include <new>
 #include "ops/registry.h"
 
@@ -21,6 +22,14 @@ py::tuple shape_of(LazyTensor& t) {
   py::tuple r(d.size());
   for (size_t i = 0; i < d.size(); ++i) PyTuple_SET_ITEM(r.ptr(), i, PyLong_FromLongLong(d[i]));
   return r;
+}
+
+// t's view nodes, from the one applied to its storage's value to t's own.
+std::vector<NodePtr> view_chain(LazyTensor& t) {
+  std::vector<NodePtr> nodes;
+  for (NodePtr n = t.value(); n != t.storage()->value; n = n->operands.at(0)) nodes.push_back(n);
+  std::reverse(nodes.begin(), nodes.end());
+  return nodes;
 }
 
 }  // namespace
@@ -68,6 +77,30 @@ void bind_lazy(py::module_& m) {
                                         "v's value.");
   cls.attr("alias") = py::cpp_function([](LazyTensor& t) { return t.alias(); }, py::is_method(cls),
                                        py::name("alias"), "A new tensor sharing this one's storage and view chain.");
+  // For deepcopy and torch.save (torch_xla_core/serialization.py).
+  prop("view_ops", py::cpp_function([](LazyTensor& t) {
+         py::list r;
+         for (const NodePtr& n : view_chain(t)) r.append(op_def(n->op).name);
+         return py::tuple(r);
+       }));
+  cls.attr("root") = py::cpp_function([](LazyTensor& t) { return LazyTensor(t.storage()->value); },
+                                      py::is_method(cls), py::name("root"),
+                                      "A new storage holding this tensor's storage's current value (the same IR "
+                                      "node, so no device work): an independent copy of the whole storage.");
+  cls.attr("rebase") = py::cpp_function(
+      [](LazyTensor& t, LazyTensor& base) {
+        if (base.value()->dims != t.storage()->value->dims)
+          throw py::value_error("rebase: the new base is " + dims_str(base.value()->dims) + ", the storage is " +
+                                dims_str(t.storage()->value->dims));
+        LazyTensor r = base.alias();
+        for (const NodePtr& n : view_chain(t)) {
+          NodePtr v = make_node(n->op, {r.value()}, n->attrs);
+          r = LazyTensor(r, std::move(v));
+        }
+        return r;
+      },
+      py::is_method(cls), py::name("rebase"),
+      "This tensor's view chain applied to `base` (a tensor of its storage's shape): a view of base's storage.");
 }
 
 }  // namespace txc
