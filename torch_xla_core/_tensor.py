@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _checks, _dtypes, metrics, runtime
+from . import _C, _checks, _dtypes, _random, metrics, runtime
 
 DEVICE = None  # torch.device("xla", 0), set by init()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
@@ -130,7 +130,7 @@ def sync_lazy(lts=None, wait=False) -> None:
     with metrics.timed("sync"):
         _C.set_matmul_precision(torch.get_float32_matmul_precision())
         if lts is not None:
-            lts = list(lts) + _checks.roots()
+            lts = list(lts) + _checks.roots() + _random.roots()  # the RNG state moves on too
         cut = _C.GraphCut(lts)
         if cut.num_outputs == 0:
             return
