@@ -12,10 +12,11 @@
 // kernel of its own per draw, and the chain duplicated into each kernel,
 // so compile time grew superlinearly with the number of draws.)
 //
-// The bits are counter-based, a few fused elementwise ops per draw:
-// stream key k = mix(seed + (c + 1) * G), element i gets
-// mix(k + (i + 1) * G) (SplitMix64: G the 64-bit golden ratio, mix its
-// finalizer), on every backend the same bits.
+// The bits are counter-based, a few fused elementwise ops per draw: one
+// SplitMix64 sequence per graph, key = mix(seed + counter * G), where the
+// draw at offset c takes positions c * 2^40 + 1, + 2, ...: element i is
+// mix(key + (c * 2^40 + i + 1) * G) (G the 64-bit golden ratio, mix
+// SplitMix64's finalizer), on every backend the same bits.
 //
 // Ops (operands; attributes after ';'):
 //   rng_advance(state, count)                          -> state + [0, count]
@@ -67,9 +68,17 @@ std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
 
 // The bits of one draw: tensor<dims x elem> (elem "ui32": the high halves,
 // or "ui64") from operands 0 (the state, i64[2] = [seed, counter]) and 1
-// (the offset, an i64 scalar).
+// (the offset, an i64 scalar): element i of the draw at offset c is
+// mix(key + (c * 2^40 + i + 1) * G), key = mix(seed + counter * G). The key
+// is the same for every draw of a graph (XLA computes it once); a draw's
+// own ops are the index and the hash.
+constexpr int kOffsetShift = 40;  // a draw has fewer than 2^40 elements
+
 std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* elem) {
   const std::string u1 = tstr({1}, "ui64"), u2 = tstr({2}, "ui64"), s0 = tstr({}, "ui64");
+  auto bin = [&](const char* op, const std::string& a, const std::string& b, const std::string& ty) {
+    return cx.op(op, {a, b}, {ty, ty}, ty);
+  };
   std::string s = cx.op("stablehlo.bitcast_convert", {cx.in(n, 0)}, {"tensor<2xi64>"}, u2);
   auto part = [&](int i) {
     std::string p = cx.op("stablehlo.slice", {s}, {u2}, u1,
@@ -77,22 +86,21 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
                               std::to_string(i + 1) + ">, strides = array<i64: 1>");
     return cx.op("stablehlo.reshape", {p}, {u1}, s0);
   };
-  auto bin = [&](const char* op, const std::string& a, const std::string& b, const std::string& ty) {
-    return cx.op(op, {a, b}, {ty, ty}, ty);
-  };
-  // stream key: mix(seed + (counter + offset + 1) * G)
-  std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
-  std::string c = bin("stablehlo.add", bin("stablehlo.add", part(1), off, s0), ucon(cx, "1", {}), s0);
-  std::string key = mix64(cx, bin("stablehlo.add", part(0), bin("stablehlo.multiply", c, ucon(cx, kGolden, {}), s0), s0), {});
-  // element i: mix(key + (i + 1) * G), i the row-major index
+  std::string g = ucon(cx, kGolden, {});
+  std::string key = mix64(cx, bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), g, s0), s0), {});
+  key = bin("stablehlo.add", key, g, s0);  // + 1 * G
   int64_t numel = 1;
   for (auto x : d) numel *= x;
+  if (numel >= (int64_t(1) << kOffsetShift))
+    op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
   std::string ty = tstr(d, "ui64");
+  std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
+  off = cx.op("stablehlo.shift_left", {off, ucon(cx, std::to_string(kOffsetShift), {})}, {s0, s0}, s0);
+  std::string base = bin("stablehlo.add", key, bin("stablehlo.multiply", off, g, s0), s0);
   std::string i = cx.op("stablehlo.iota", {}, {}, tstr({numel}, "ui64"), "iota_dimension = 0 : i64");
   if (d != Dims{numel}) i = cx.op("stablehlo.reshape", {i}, {tstr({numel}, "ui64")}, ty);
-  std::string kg = bin("stablehlo.add", key, ucon(cx, kGolden, {}), s0);
-  if (!d.empty()) kg = cx.op("stablehlo.broadcast_in_dim", {kg}, {s0}, ty, "broadcast_dimensions = array<i64>");
-  std::string z = mix64(cx, bin("stablehlo.add", kg, bin("stablehlo.multiply", i, ucon(cx, kGolden, d), ty), ty), d);
+  if (!d.empty()) base = cx.op("stablehlo.broadcast_in_dim", {base}, {s0}, ty, "broadcast_dimensions = array<i64>");
+  std::string z = mix64(cx, bin("stablehlo.add", base, bin("stablehlo.multiply", i, ucon(cx, kGolden, d), ty), ty), d);
   if (std::string(elem) == "ui64") return z;
   return cx.op("stablehlo.convert", {ushift(cx, z, d, "ui64", 32)}, {ty}, tstr(d, elem));
 }
