@@ -13,7 +13,10 @@ torch.seed reach manual_seed() here through the device module
 (torch.xla.manual_seed_all).
 
 `_state` is the current state as a LazyTensor; scan.py swaps it for a loop's
-own (a placeholder, the loop's final state), which starts a new base."""
+own (a placeholder, the loop's final state), which starts a new base. Inside
+a scan body being traced, draws chain from the body's state (a few per
+iteration) and leave _base/_last alone: a body value held here would stay
+live outside the body."""
 import torch
 
 _MASK = (1 << 64) - 1
@@ -53,13 +56,15 @@ def _upload(seed: int, counter: int = 0):
 
 _I64 = None  # dtype code of int64 (an offset is the scalar operand (n, _I64))
 _adv = None  # (_tensor._make, OP.rng_advance)
+_tracers = ()  # scan's list of body traces under way
 
 
 def _init():
-    global _I64, _adv
-    from . import _dtypes, _tensor
+    global _I64, _adv, _tracers
+    from . import _dtypes, _tensor, scan
     _I64 = _dtypes.code(torch.int64)
     _adv = (_tensor._make, _tensor.OP.rng_advance)
+    _tracers = scan._TRACERS
 
 
 def draw(generator=None):
@@ -73,6 +78,9 @@ def draw(generator=None):
         s = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
         return _upload(s), (0, _I64)
     s = _state
+    if _tracers:  # in a scan body: chain from the body's state
+        _state = _adv[0](_adv[1], (s, (1, _I64)), ())
+        return s, (0, _I64)
     if s is None or s is not _last or s.is_data:
         # First use, seeded or set anew, swapped by scan, or computed by a
         # sync: draws count from here.
