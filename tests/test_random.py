@@ -304,3 +304,98 @@ def test_errors_name_the_op(dev, fn, msg):
     # CPU raises the same kind of error
     with pytest.raises(RuntimeError):
         fn("cpu")
+
+
+# --- graph structure: compile cost linear in the number of draws --------------
+
+def _rng_chain_text(dev, n):
+    """StableHLO of n chained randn + matmul steps (not run)."""
+    from torch_xla_core import _C
+    txc.sync()
+    h = torch.ones(2, 8, device=dev)
+    for _ in range(n):
+        h = h @ torch.randn(8, 8, device=dev)
+    text = _C.GraphCut([h._lt]).lower()
+    txc.sync()
+    return text
+
+
+def _normalized_ops(text):
+    """The body's op lines with SSA names and parameter numbers erased."""
+    import re
+    lines = [ln.strip() for ln in text.splitlines() if '= "' in ln]
+    return [re.sub(r"%(v|arg)\d+", r"%\1", ln) for ln in lines]
+
+
+def test_rng_graph_is_linear_and_every_draw_lowers_alike(dev):
+    # Each draw's ops are the same ops on other parameters: no per-draw
+    # constant (XLA would compile a kernel per draw) and no chain of state
+    # updates (XLA duplicated the chain into every draw: superlinear compile).
+    ops = {n: _normalized_ops(_rng_chain_text(dev, n)) for n in (4, 8, 16)}
+    per_draw = (len(ops[16]) - len(ops[8])) / 8
+    assert len(ops[8]) - len(ops[4]) == 4 * per_draw  # op count exactly linear in the draws
+    assert per_draw <= 80  # a small body per draw (hash + normal transform + matmul)
+    assert set(ops[16]) == set(ops[4])  # no op text that is new per draw
+    for n, lines in ops.items():
+        assert not any("rng_bit_generator" in ln for ln in lines)
+    # the draws read the graph's one state parameter and an offset each
+    text = _rng_chain_text(dev, 16)
+    sig = text[text.index("@main("):text.index(")", text.index("@main("))]
+    assert sig.count("tensor<2xi64>") == 1 and sig.count("tensor<i64>") == 16
+
+
+def test_draw_offsets_are_parameters_not_part_of_the_hash(dev):
+    from torch_xla_core import _C
+    txc.sync()
+    a = torch.rand(5, device=dev)
+    b = torch.rand(5, device=dev)
+    h1 = _C.GraphCut([a._lt, b._lt]).hash
+    txc.sync()
+    c = torch.rand(5, device=dev)
+    d = torch.rand(5, device=dev)
+    assert _C.GraphCut([c._lt, d._lt]).hash == h1
+    assert not torch.equal(a.cpu(), c.cpu()) and not torch.equal(b.cpu(), d.cpu())
+
+
+# --- partial syncs (.item() without sync()) carry the RNG state ---------------
+
+def test_item_without_sync_compiles_once_and_state_stays_bounded(dev):
+    from torch_xla_core import _C, _random
+    txc.sync()
+    compiles, live, pending, vals = [], [], [], []
+    for _ in range(12):
+        vals.append(torch.rand(3, device=dev).sum().item())
+        compiles.append(txc.metrics.counters()["compile"])
+        live.append(_C.live_count())
+        s = _random._state
+        pending.append(0 if s.is_data else _C.GraphCut([s]).num_nodes)
+    assert compiles[-1] == compiles[1]  # no recompiles after the first steps
+    assert live[-1] == live[1]  # no storages pile up
+    assert max(pending) == 0  # the partial sync computed the state too
+    assert len(set(vals)) == len(vals)  # and it moved on: fresh numbers each step
+
+
+def test_pending_state_is_one_op_however_many_draws(dev):
+    from torch_xla_core import _C, _random
+    txc.sync()
+    for k in range(1, 40):
+        torch.randn(2, device=dev)
+        assert _C.GraphCut([_random._state]).num_nodes <= 4  # rng_advance(state, offset): no chain
+
+
+def test_partial_sync_then_full_sync_continue_the_stream(dev):
+    # Draws after an .item() (a partial sync) come from the moved-on state:
+    # the same numbers as with a full sync in between.
+    def run(partial):
+        torch.manual_seed(5)
+        a = torch.rand(4, device=dev)
+        if partial:
+            a.sum().item()
+        else:
+            txc.sync()
+        b = torch.rand(4, device=dev)
+        return a.cpu(), b.cpu()
+
+    a1, b1 = run(True)
+    a2, b2 = run(False)
+    assert torch.equal(a1, a2) and torch.equal(b1, b2) and not torch.equal(a1, b1)

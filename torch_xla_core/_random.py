@@ -1,15 +1,30 @@
 """The xla device's random-number state. It is a lazy tensor, int64[2] =
 [seed, counter], uploaded as device data (a graph parameter, so a new seed
-never recompiles). Each random op takes the current state as an operand and
-the state moves on in the IR (`rng_advance`: counter + 1), so two draws in
-one graph differ, successive steps differ, and the state is computed at
-sync like any other live tensor. torch.manual_seed / torch.seed reach
-manual_seed() here through the device module (torch.xla.manual_seed_all)."""
+never recompiles). A draw takes two operands (see csrc/ops/random.cpp): a
+base state and its offset from it, a Python number (a scalar graph
+parameter), and draws stream counter + offset. The base is the state as
+it was last computed (device data, after a sync) or set; the offsets count
+the draws since, 0, 1, 2, ..., the same at every step, so a training step's
+graph (and its hash) stays the same, and the pending state is always one
+op, `rng_advance(base, offsets used)`, never a chain that grows with the
+number of draws or of steps. The state is computed at every sync, partial
+ones included (roots()), like any other live tensor. torch.manual_seed /
+torch.seed reach manual_seed() here through the device module
+(torch.xla.manual_seed_all).
+
+`_state` is the current state as a LazyTensor; scan.py swaps it for a loop's
+own (a placeholder, the loop's final state), which starts a new base. Inside
+a scan body being traced, draws chain from the body's state (a few per
+iteration) and leave _base/_last alone: a body value held here would stay
+live outside the body."""
 import torch
 
 _MASK = (1 << 64) - 1
 _seed = None   # the seed as an unsigned 64-bit int; None: torch.initial_seed() at first use
 _state = None  # the current state (a _C.LazyTensor), or None: upload [seed, 0] at first use
+_base = None   # the state the pending draws are offsets from
+_n = 0         # offsets used since _base: the current state is _base + [0, _n]
+_last = None   # the _state this module made last (another value in _state: a new base)
 
 
 def manual_seed(seed: int) -> None:
@@ -39,28 +54,62 @@ def _upload(seed: int, counter: int = 0):
     return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64))._lt
 
 
-def _make_advance():
-    from . import _tensor
-    return _tensor._make, _tensor.OP.rng_advance
+_I64 = None  # dtype code of int64 (an offset is the scalar operand (n, _I64))
+_adv = None  # (_tensor._make, OP.rng_advance)
+_tracers = ()  # scan's list of body traces under way
 
 
-_adv = None
+def _init():
+    global _I64, _adv, _tracers
+    from . import _dtypes, _tensor, scan
+    _I64 = _dtypes.code(torch.int64)
+    _adv = (_tensor._make, _tensor.OP.rng_advance)
+    _tracers = scan._TRACERS
+
+
+def draw(generator=None):
+    """The operands of one draw, (state, (offset, int64)); the device state
+    moves on by one. With a (CPU) torch.Generator, a fresh state seeded from
+    that generator instead."""
+    global _state, _base, _n, _last
+    if _adv is None:
+        _init()
+    if generator is not None:
+        s = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+        return _upload(s), (0, _I64)
+    s = _state
+    if _tracers:  # in a scan body: chain from the body's state
+        _state = _adv[0](_adv[1], (s, (1, _I64)), ())
+        return s, (0, _I64)
+    if s is None or s is not _last or s.is_data:
+        # First use, seeded or set anew, swapped by scan, or computed by a
+        # sync: draws count from here.
+        if s is None:
+            s = _upload(initial_seed())
+        _base, _n = s, 0
+    n = _n
+    _n = n + 1
+    _state = _last = _adv[0](_adv[1], (_base, (_n, _I64)), ())
+    return _base, (n, _I64)
 
 
 def state(generator=None):
-    """The state for one draw (a LazyTensor); the device state moves on. With
-    a (CPU) torch.Generator, a fresh state seeded from that generator instead."""
-    global _state, _adv
-    if generator is not None:
-        s = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
-        return _upload(s)
+    """The state for one draw as a tensor (a LazyTensor): a draw from it at
+    offset 0 is the draw draw() would give; the device state moves on."""
+    base, off = draw(generator)
+    if off[0] == 0:
+        return base
+    return _adv[0](_adv[1], (base, off), ())
+
+
+def roots():
+    """The pending state, for a partial sync to compute too (an empty list
+    when it is device data): the next step's draws then count from device
+    data again, whatever the sync computed."""
     s = _state
-    if s is None:
-        s = _upload(initial_seed())
-    if _adv is None:
-        _adv = _make_advance()
-    _state = _adv[0](_adv[1], (s,), ())
-    return s
+    if s is None or s.is_data:
+        return []
+    return [s]
 
 
 def get_rng_state() -> torch.Tensor:

@@ -43,7 +43,7 @@ import threading
 
 import torch
 
-from . import _C, _checks, metrics, runtime
+from . import _C, _checks, _random, metrics, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases")):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -147,8 +147,8 @@ def _donating() -> bool:
 def plan(lts=None) -> Plan:
     """The cut a sync of these LazyTensors (default: all live) would run, and its key."""
     checks = _checks.snapshot()
-    if lts is not None:
-        lts = list(lts) + [c[0] for c in checks]
+    if lts is not None:  # a partial sync: the checks and the RNG state move on too
+        lts = list(lts) + [c[0] for c in checks] + _random.roots()
     cut = _C.GraphCut(lts)
     aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
     key = Key(cut.hash, torch.get_float32_matmul_precision(), 0, runtime.platform(), aliases)

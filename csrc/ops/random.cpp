@@ -1,23 +1,33 @@
 // Random numbers. The device RNG state is an ordinary tensor, i64[2] =
 // [seed, counter], held by torch_xla_core/_random.py as a graph parameter
-// (device data), never a constant, so a new seed doesn't recompile. Every
-// random op takes the state as its first operand; `rng_advance` gives the
-// next state (counter + 1). Each draw derives a Threefry key from
-// (seed, counter) with a splitmix64 mix and makes its bits with
-// stablehlo.rng_bit_generator (THREE_FRY: the same bits on every backend),
-// so two draws in one graph, and successive steps, get independent streams
-// while the graph stays the same from step to step.
+// (device data), never a constant, so a new seed doesn't recompile.
 //
-// Ops (state first; attributes after ';'):
-//   rng_advance(state)                            -> i64[2]
-//   rng(state; kind, dtype, dims, a, b)           -> floats: kind 0 uniform [a, b),
+// Every draw takes two operands: a state and an offset, a Python number
+// (a scalar graph parameter): it draws stream c = counter + offset. The
+// draws of one graph share one state (the one at the start of the graph)
+// and differ by their offsets 0, 1, 2, ..., so no draw depends on a chain
+// of state updates, and every draw of one shape lowers to the same ops
+// with different parameters. (A chain of `state + 1` ops, or a constant
+// per draw, makes XLA fold each draw's key into a different constant: a
+// kernel of its own per draw, and the chain duplicated into each kernel,
+// so compile time grew superlinearly with the number of draws.)
+//
+// The bits are counter-based, a few fused elementwise ops per draw: one
+// SplitMix64 sequence per graph, key = mix(seed + counter * G), where the
+// draw at offset c takes positions c * 2^40 + 1, + 2, ...: element i is
+// mix(key + (c * 2^40 + i + 1) * G) (G the 64-bit golden ratio, mix
+// SplitMix64's finalizer), on every backend the same bits.
+//
+// Ops (operands; attributes after ';'):
+//   rng_advance(state, count)                          -> state + [0, count]
+//   rng(state, offset; kind, dtype, dims, a, b)        -> floats: kind 0 uniform [a, b),
 //        1 normal (mean a, std b), 2 log-normal, 3 exponential (rate a),
 //        4 cauchy (median a, sigma b)
-//   rng_int(state; dtype, dims, low, range - 1)   -> low + (bits mod range); range is
+//   rng_int(state, offset; dtype, dims, low, range - 1) -> low + (bits mod range); range is
 //        an unsigned 64-bit count (range - 1 given as its i64 bit pattern)
-//   rng_bernoulli(state[, p]; dtype, dims, p)     -> uniform < p (p: tensor or number)
-//   rng_perm(state; dtype, n)                     -> a random permutation of 0..n-1
-//   masked_scale(x, mask; scale)                  -> x * mask * scale (dropout fwd/bwd)
+//   rng_bernoulli(state, offset[, p]; dtype, dims, p)  -> uniform < p (p: tensor or number)
+//   rng_perm(state, offset; dtype, n)                  -> a random permutation of 0..n-1
+//   masked_scale(x, mask; scale)                       -> x * mask * scale (dropout fwd/bwd)
 #include <cmath>
 #include "lower/emitter.h"
 #include "ops/registry.h"
@@ -31,42 +41,68 @@ std::string tstr(const Dims& d, const char* elem) {
   return s + elem + ">";
 }
 
-std::string u64c(LowerCtx& cx, const char* value, int64_t n) {
-  std::string ty = tstr({n}, "ui64");
-  return cx.op("stablehlo.constant", {}, {}, ty, std::string("value = dense<") + value + "> : " + ty);
+std::string ucon(LowerCtx& cx, const std::string& value, const Dims& d, const char* elem = "ui64") {
+  std::string c = tstr({}, elem);
+  std::string k = cx.op("stablehlo.constant", {}, {}, c, "value = dense<" + value + "> : " + c);
+  if (d.empty()) return k;
+  return cx.op("stablehlo.broadcast_in_dim", {k}, {c}, tstr(d, elem), "broadcast_dimensions = array<i64>");
 }
 
 std::string ushift(LowerCtx& cx, const std::string& v, const Dims& d, const char* elem, int bits) {
-  std::string ty = tstr(d, elem), c = tstr({}, elem);
-  std::string k = cx.op("stablehlo.constant", {}, {}, c, "value = dense<" + std::to_string(bits) + "> : " + c);
-  if (!d.empty()) k = cx.op("stablehlo.broadcast_in_dim", {k}, {c}, ty, "broadcast_dimensions = array<i64>");
-  return cx.op("stablehlo.shift_right_logical", {v, k}, {ty, ty}, ty);
+  std::string ty = tstr(d, elem);
+  return cx.op("stablehlo.shift_right_logical", {v, ucon(cx, std::to_string(bits), d, elem)}, {ty, ty}, ty);
 }
 
-// The bits of one draw: tensor<dims x elem> (elem "ui32" or "ui64") from the
-// state operand (i64[2] = [seed, counter]).
+const char* kGolden = "11400714819323198485";  // 2^64 / golden ratio, odd
+
+// SplitMix64's finalizer (a bijection of 64-bit words) on tensor<d x ui64>.
+std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
+  std::string ty = tstr(d, "ui64");
+  auto bin = [&](const char* op, const std::string& a, const std::string& b) { return cx.op(op, {a, b}, {ty, ty}, ty); };
+  z = bin("stablehlo.xor", z, ushift(cx, z, d, "ui64", 30));
+  z = bin("stablehlo.multiply", z, ucon(cx, "13787848793156543929", d));
+  z = bin("stablehlo.xor", z, ushift(cx, z, d, "ui64", 27));
+  z = bin("stablehlo.multiply", z, ucon(cx, "10723151780598845931", d));
+  return bin("stablehlo.xor", z, ushift(cx, z, d, "ui64", 31));
+}
+
+// The bits of one draw: tensor<dims x elem> (elem "ui32": the high halves,
+// or "ui64") from operands 0 (the state, i64[2] = [seed, counter]) and 1
+// (the offset, an i64 scalar): element i of the draw at offset c is
+// mix(key + (c * 2^40 + i + 1) * G), key = mix(seed + counter * G). The key
+// is the same for every draw of a graph (XLA computes it once); a draw's
+// own ops are the index and the hash.
+constexpr int kOffsetShift = 40;  // a draw has fewer than 2^40 elements
+
 std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* elem) {
-  const std::string u1 = tstr({1}, "ui64"), u2 = tstr({2}, "ui64");
+  const std::string u1 = tstr({1}, "ui64"), u2 = tstr({2}, "ui64"), s0 = tstr({}, "ui64");
+  auto bin = [&](const char* op, const std::string& a, const std::string& b, const std::string& ty) {
+    return cx.op(op, {a, b}, {ty, ty}, ty);
+  };
   std::string s = cx.op("stablehlo.bitcast_convert", {cx.in(n, 0)}, {"tensor<2xi64>"}, u2);
   auto part = [&](int i) {
-    return cx.op("stablehlo.slice", {s}, {u2}, u1,
-                 "start_indices = array<i64: " + std::to_string(i) + ">, limit_indices = array<i64: " +
-                     std::to_string(i + 1) + ">, strides = array<i64: 1>");
+    std::string p = cx.op("stablehlo.slice", {s}, {u2}, u1,
+                          "start_indices = array<i64: " + std::to_string(i) + ">, limit_indices = array<i64: " +
+                              std::to_string(i + 1) + ">, strides = array<i64: 1>");
+    return cx.op("stablehlo.reshape", {p}, {u1}, s0);
   };
-  auto bin = [&](const char* op, const std::string& a, const std::string& b) {
-    return cx.op(op, {a, b}, {u1, u1}, u1);
-  };
-  // splitmix64(seed + counter * golden)
-  std::string z = bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), u64c(cx, "11400714819323198485", 1)));
-  z = bin("stablehlo.xor", z, ushift(cx, z, {1}, "ui64", 30));
-  z = bin("stablehlo.multiply", z, u64c(cx, "13787848793156543929", 1));
-  z = bin("stablehlo.xor", z, ushift(cx, z, {1}, "ui64", 27));
-  z = bin("stablehlo.multiply", z, u64c(cx, "10723151780598845931", 1));
-  z = bin("stablehlo.xor", z, ushift(cx, z, {1}, "ui64", 31));
-  std::string key = cx.op("stablehlo.concatenate", {z, u64c(cx, "0", 1)}, {u1, u1}, u2, "dimension = 0 : i64");
-  std::string r = cx.op_multi("stablehlo.rng_bit_generator", {key}, {u2}, {u2, tstr(d, elem)},
-                              "rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>");
-  return r + "#1";
+  std::string g = ucon(cx, kGolden, {});
+  std::string key = mix64(cx, bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), g, s0), s0), {});
+  key = bin("stablehlo.add", key, g, s0);  // + 1 * G
+  int64_t numel = 1;
+  for (auto x : d) numel *= x;
+  if (numel >= (int64_t(1) << kOffsetShift))
+    op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
+  std::string ty = tstr(d, "ui64");
+  std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
+  off = cx.op("stablehlo.shift_left", {off, ucon(cx, std::to_string(kOffsetShift), {})}, {s0, s0}, s0);
+  std::string base = bin("stablehlo.add", key, bin("stablehlo.multiply", off, g, s0), s0);
+  std::string i = cx.op("stablehlo.iota", {}, {}, tstr({numel}, "ui64"), "iota_dimension = 0 : i64");
+  if (d != Dims{numel}) i = cx.op("stablehlo.reshape", {i}, {tstr({numel}, "ui64")}, ty);
+  if (!d.empty()) base = cx.op("stablehlo.broadcast_in_dim", {base}, {s0}, ty, "broadcast_dimensions = array<i64>");
+  std::string z = mix64(cx, bin("stablehlo.add", base, bin("stablehlo.multiply", i, ucon(cx, kGolden, d), ty), ty), d);
+  if (std::string(elem) == "ui64") return z;
+  return cx.op("stablehlo.convert", {ushift(cx, z, d, "ui64", 32)}, {ty}, tstr(d, elem));
 }
 
 // Uniform floats of type c (F32 or F64) from m random bits k (m <= 24 for
@@ -96,28 +132,36 @@ int mantissa_bits(DType t) {
 
 DType compute_t(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
+// Operands 0 (the state) and 1 (an offset or count: an int64 scalar).
 void check_state(const Node& n) {
-  const Node& s = *n.operands.at(0);
+  if (n.operands.size() < 2) op_error(n, "expected (state, offset) operands");
+  const Node& s = *n.operands[0];
   if (s.dtype != DType::I64 || s.dims != Dims{2})
     op_error(n, "the RNG state must be an int64 tensor of shape [2], got " + std::string(dtype_name(s.dtype)) +
                     " " + dims_str(s.dims));
+  const Node& o = *n.operands[1];
+  if (o.dtype != DType::I64 || !o.dims.empty())
+    op_error(n, "the RNG offset must be an int64 scalar, got " + std::string(dtype_name(o.dtype)) + " " +
+                    dims_str(o.dims));
 }
 
-TXC_OP("rng_advance", 1,
+TXC_OP("rng_advance", 2,
        [](Node& n) {
          check_state(n);
          n.dtype = DType::I64;
          n.dims = {2};
        },
-       [](LowerCtx& cx, const Node& n) {
+       [](LowerCtx& cx, const Node& n) {  // state + [0, count]
          std::string ty = "tensor<2xi64>";
-         std::string one = cx.op("stablehlo.constant", {}, {}, ty, "value = dense<[0, 1]> : " + ty);
-         return cx.op("stablehlo.add", {cx.in(n, 0), one}, {ty, ty}, ty);
+         std::string zero = cx.op("stablehlo.constant", {}, {}, "tensor<1xi64>", "value = dense<0> : tensor<1xi64>");
+         std::string k = cx.op("stablehlo.reshape", {cx.in(n, 1)}, {"tensor<i64>"}, "tensor<1xi64>");
+         k = cx.op("stablehlo.concatenate", {zero, k}, {"tensor<1xi64>", "tensor<1xi64>"}, ty, "dimension = 0 : i64");
+         return cx.op("stablehlo.add", {cx.in(n, 0), k}, {ty, ty}, ty);
        });
 
 enum Kind { kUniform, kNormal, kLogNormal, kExponential, kCauchy };
 
-TXC_OP("rng", 1,
+TXC_OP("rng", 2,
        [](Node& n) {
          check_state(n);
          n.dtype = DType(n.attr_int(1));
@@ -168,7 +212,7 @@ TXC_OP("rng", 1,
          return cx.convert(r, c, n.dtype, d);
        });
 
-TXC_OP("rng_int", 1,
+TXC_OP("rng_int", 2,
        [](Node& n) {
          check_state(n);
          n.dtype = DType(n.attr_int(0));
@@ -202,12 +246,12 @@ TXC_OP("rng_int", 1,
 
 TXC_OP("rng_bernoulli", -1,
        [](Node& n) {
-         if (n.operands.size() != 1 && n.operands.size() != 2) op_error(n, "expected (state[, p]) operands");
+         if (n.operands.size() != 2 && n.operands.size() != 3) op_error(n, "expected (state, offset[, p]) operands");
          check_state(n);
          n.dtype = DType(n.attr_int(0));
          n.dims = n.attr_dims(1);
-         if (n.operands.size() == 2) {
-           const Node& p = *n.operands[1];
+         if (n.operands.size() == 3) {
+           const Node& p = *n.operands[2];
            if (!is_floating(p.dtype))
              op_error(n, std::string("expected a floating-point probability tensor, got ") + dtype_name(p.dtype));
            if (broadcast_dims(n, p.dims, n.dims) != n.dims)
@@ -216,11 +260,11 @@ TXC_OP("rng_bernoulli", -1,
        },
        [](LowerCtx& cx, const Node& n) {
          const Dims& d = n.dims;
-         bool has_p = n.operands.size() == 2;
-         DType c = has_p && n.operands[1]->dtype == DType::F64 ? DType::F64 : DType::F32;
+         bool has_p = n.operands.size() == 3;
+         DType c = has_p && n.operands[2]->dtype == DType::F64 ? DType::F64 : DType::F32;
          std::string ty = LowerCtx::type(c, d);
          std::string u = uniform_bits(cx, n, d, c, c == DType::F64 ? 53 : 24, false);
-         std::string p = has_p ? cx.coerce(n, 1, c, d) : cx.constant(n.attr_float(2), c, d);
+         std::string p = has_p ? cx.coerce(n, 2, c, d) : cx.constant(n.attr_float(2), c, d);
          std::string lt = cx.op("stablehlo.compare", {u, p}, {ty, ty}, LowerCtx::type(DType::Bool, d),
                                 "compare_type = #stablehlo<comparison_type FLOAT>, "
                                 "comparison_direction = #stablehlo<comparison_direction LT>");
@@ -228,7 +272,7 @@ TXC_OP("rng_bernoulli", -1,
          return cx.op("stablehlo.convert", {lt}, {LowerCtx::type(DType::Bool, d)}, LowerCtx::type(n));
        });
 
-TXC_OP("rng_perm", 1,
+TXC_OP("rng_perm", 2,
        [](Node& n) {
          check_state(n);
          n.dtype = DType(n.attr_int(0));

@@ -2,8 +2,8 @@
 exponential_/log_normal_/cauchy_, the factories randn/rand/randint/randperm/
 normal (PrivateUse1 kernels, as they have no tensor input), the *_like
 factories, and dropout (native_dropout and its backward). Each draw is one
-core op taking the device RNG state from torch_xla_core._random (see
-csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
+core op whose first operands, a state and an offset, come from
+torch_xla_core._random.draw() (see csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
 device state from that generator instead of the device RNG."""
 import torch
 
@@ -13,7 +13,7 @@ from .._tensor import OP, _make, op, wrap
 from . import aten, assign, impl
 from .factory import _lib
 
-_state = _random.state
+_key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
 UNIFORM, NORMAL, LOG_NORMAL, EXPONENTIAL, CAUCHY = range(5)
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
@@ -29,7 +29,7 @@ def _float_check(name, dtype):
 
 
 def _draw(kind, dtype, shape, a, b, generator):
-    return wrap(_make(_RNG, (_state(generator),), (kind, code(dtype), [int(s) for s in shape], float(a), float(b))))
+    return wrap(_make(_RNG, _key(generator), (kind, code(dtype), [int(s) for s in shape], float(a), float(b))))
 
 
 def _dt(dtype):
@@ -123,10 +123,10 @@ def normal_tensor(mean, std, *, generator=None):
 
 def _bern(dtype, shape, p, generator):
     if isinstance(p, torch.Tensor):
-        return wrap(_make(_BERN, (_state(generator), p._lt), (code(dtype), [int(s) for s in shape], 0.0)))
+        return wrap(_make(_BERN, (*_key(generator), p._lt), (code(dtype), [int(s) for s in shape], 0.0)))
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
-    return wrap(_make(_BERN, (_state(generator),), (code(dtype), [int(s) for s in shape], float(p))))
+    return wrap(_make(_BERN, _key(generator), (code(dtype), [int(s) for s in shape], float(p))))
 
 
 @impl(aten.bernoulli.default)
@@ -177,7 +177,7 @@ def _ints(dtype, shape, low, high, generator, name="random_"):
     r1 = (high - low - 1) & ((1 << 64) - 1)
     if r1 >= 1 << 63:
         r1 -= 1 << 64
-    return wrap(_make(_INT, (_state(generator),), (code(dtype), [int(s) for s in shape], int(low), r1)))
+    return wrap(_make(_INT, _key(generator), (code(dtype), [int(s) for s in shape], int(low), r1)))
 
 
 @impl(aten.random.default)
@@ -239,7 +239,7 @@ def _randint(high, size, **kw):
 def _randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     if n < 0:
         raise RuntimeError(f"randperm: n must be non-negative, got {n}")
-    return wrap(_make(_PERM, (_state(generator),), (code(dtype or torch.int64), int(n))))
+    return wrap(_make(_PERM, _key(generator), (code(dtype or torch.int64), int(n))))
 
 
 def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
@@ -293,7 +293,7 @@ def native_dropout(x, p, train):
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
     p1m = 1.0 - p
     scale = 0.0 if p1m == 0 else 1.0 / p1m
-    mask = wrap(_make(_BERN, (_state(),), (code(torch.bool), list(x.shape), p1m)))
+    mask = wrap(_make(_BERN, _key(), (code(torch.bool), list(x.shape), p1m)))
     return wrap(_make(OP.masked_scale, (x._lt, mask._lt), (scale,))), mask
 
 
