@@ -115,6 +115,18 @@ def pow_(a, b):
     return _op(OP.pow, (a, b), ())
 
 
+@impl(aten.equal.default)
+def equal(a, b):
+    # torch.equal refuses other devices, CPU 0-d tensors included
+    from .._tensor import device_error
+    for t in (a, b):
+        if not isinstance(t, XlaTensor):
+            raise device_error(t)
+    if a.shape != b.shape:
+        return False
+    return a.numel() == 0 or bool(_op(OP.all, (_make(OP.eq, (a._lt, b._lt), ()),), ([], False)).item())
+
+
 @impl(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(cond, a, b):
     return _op(OP.where, (cond, a, b), ())

@@ -15,8 +15,17 @@ def _dt(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
 
 
+def sizes(shape):
+    """A factory's size argument as a list of ints, refused as torch does when negative."""
+    shape = [int(s) for s in shape]
+    for s in shape:
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {shape}")
+    return shape
+
+
 def full(shape, value, dtype):
-    return _op(OP.full, (), (float(value), code(dtype), [int(s) for s in shape]))
+    return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
 
 
 def _check_device(device):

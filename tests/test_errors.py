@@ -1,0 +1,103 @@
+"""Errors users meet first: each names the op/tensor/setting at fault, is
+the error torch raises (CPU eager as the oracle), and leaves the process
+working. Mixed devices, negative sizes, formatting, complex dtypes, device
+indices."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xla_core as txc
+
+SAME_DEVICE = "Expected all tensors to be on the same device, but found at least two devices, xla:0 and cpu!"
+
+
+def _mixed_cases(dev):
+    x = torch.randn(2, 3, device=dev)
+    c, w = torch.randn(2, 3), torch.randn(4, 3)
+    return {
+        "linear": lambda: torch.nn.Linear(3, 4)(x),           # CPU weight and bias (addmm)
+        "linear_no_bias": lambda: F.linear(x, w),             # mm of a transposed CPU weight
+        "matmul": lambda: x @ w.t(),
+        "bmm": lambda: torch.bmm(x[None], w.t()[None]),
+        "addmm": lambda: torch.addmm(torch.zeros(4), x, w.t()),
+        "add": lambda: x + c,
+        "rsub": lambda: c - x,
+        "where": lambda: torch.where(x > 0, c, x),
+        "cat": lambda: torch.cat([x, c]),
+        "conv2d": lambda: F.conv2d(torch.randn(1, 3, 5, 5, device=dev), torch.randn(2, 3, 3, 3)),
+        "layer_norm": lambda: F.layer_norm(x, (3,), torch.ones(3), torch.zeros(3)),
+        "embedding": lambda: F.embedding(torch.tensor([0, 1], device=dev), w),
+        "mse_loss": lambda: F.mse_loss(x, c),
+        "cross_entropy": lambda: F.cross_entropy(x, torch.tensor([0, 1])),
+        "einsum": lambda: torch.einsum("ij,kj->ik", x, w),
+        "lerp": lambda: torch.lerp(x, c, 0.5),
+        "equal": lambda: torch.equal(x, c),
+        "equal_cpu_first": lambda: torch.equal(c, x),
+        "equal_0d_cpu": lambda: torch.equal(x[0, 0], torch.tensor(1.0)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_mixed_cases("cpu")))
+def test_mixed_devices_raise_torchs_error(name, dev):
+    with pytest.raises(RuntimeError) as e:
+        _mixed_cases(dev)[name]()
+    assert str(e.value).startswith(SAME_DEVICE), str(e.value)
+    assert (torch.ones(2, device=dev) + 1).cpu().tolist() == [2.0, 2.0]  # still working
+
+
+def test_linear_works_once_moved(dev):
+    lin = torch.nn.Linear(3, 4)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(lin.to(dev)(x.to(dev)).cpu(), lin.cpu()(x))
+
+
+def test_equal_on_device_matches_cpu(dev):
+    nan = float("nan")
+    pairs = [(torch.ones(3), torch.ones(3)), (torch.ones(3), torch.zeros(3)), (torch.ones(3), torch.ones(4)),
+             (torch.ones(2, 3), torch.ones(3)), (torch.tensor([nan]), torch.tensor([nan])),
+             (torch.ones(3), torch.ones(3, dtype=torch.int64)), (torch.ones(0), torch.ones(0))]
+    for a, b in pairs:
+        assert torch.equal(a.to(dev), b.to(dev)) is torch.equal(a, b)
+
+
+NEGATIVE = {
+    "empty": lambda d: torch.empty(-1, 3, device=d),
+    "zeros": lambda d: torch.zeros(-1, 3, device=d),
+    "ones": lambda d: torch.ones(2, -3, device=d),
+    "full": lambda d: torch.full((-1, 3), 2.0, device=d),
+    "rand": lambda d: torch.rand(-1, 3, device=d),
+    "randn": lambda d: torch.randn(-1, device=d),
+    "randint": lambda d: torch.randint(0, 5, (-2,), device=d),
+    "empty_strided": lambda d: torch.empty_strided((-1, 3), (3, 1), device=d),
+    "new_zeros": lambda d: torch.ones(2, device=d).new_zeros((-1,)),
+    "new_full": lambda d: torch.ones(2, device=d).new_full((-1,), 1.0),
+    "new_empty": lambda d: torch.ones(2, device=d).new_empty((3, -1)),
+}
+
+
+@pytest.mark.parametrize("name", list(NEGATIVE))
+def test_negative_sizes_raise_torchs_error(name, dev):
+    with pytest.raises(RuntimeError) as want:
+        NEGATIVE[name]("cpu")
+    with pytest.raises(RuntimeError) as got:
+        NEGATIVE[name](dev)
+    assert str(got.value) == str(want.value)  # "Trying to create tensor with negative dimension -1: [-1, 3]"
+
+
+@pytest.mark.parametrize("value,spec", [(1.23456, ".3f"), (1.5, "8.2e"), (7, ">4d"), (7, "x"), (True, ""),
+                                        (-0.5, "+.1%"), (3.0, "")])
+def test_format_of_0d_tensor_matches_cpu(value, spec, dev):
+    t = torch.tensor(value)
+    assert format(t.to(dev), spec) == format(t, spec)
+
+
+def test_format_of_tensor_with_dims(dev):
+    t = torch.ones(2, device=dev)
+    assert f"{t}" == str(t)
+    with pytest.raises(TypeError):
+        f"{t:.2f}"
