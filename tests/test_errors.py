@@ -101,3 +101,58 @@ def test_format_of_tensor_with_dims(dev):
     assert f"{t}" == str(t)
     with pytest.raises(TypeError):
         f"{t:.2f}"
+
+
+# Every way a device index reaches us, as source (also run in a subprocess).
+DEVICE_PATHS = {
+    "factory": 'lambda d: torch.ones(3, device=d)',
+    "full": 'lambda d: torch.full((2,), 1.0, device=d)',
+    "arange": 'lambda d: torch.arange(3, device=d)',
+    "rand": 'lambda d: torch.rand(3, device=d)',
+    "randint": 'lambda d: torch.randint(0, 3, (2,), device=d)',
+    "tensor": 'lambda d: torch.tensor([1.0, 2.0], device=d)',
+    "cpu.to": 'lambda d: torch.ones(3).to(d)',
+    "xla.to": 'lambda d: torch.ones(3, device="xla").to(d)',
+    "module.to": 'lambda d: torch.nn.Linear(2, 2).to(d)',
+    "zeros_like": 'lambda d: torch.zeros_like(torch.ones(2, device="xla"), device=d)',
+    "empty_like_of_cpu": 'lambda d: torch.empty_like(torch.ones(2), device=d)',
+    "new_ones": 'lambda d: torch.ones(2, device="xla").new_ones(3, device=d)',
+}
+
+
+@pytest.mark.parametrize("path", list(DEVICE_PATHS))
+def test_device_index_that_is_no_device_is_refused(path, dev):
+    n = txc.device_count()
+    with pytest.raises(RuntimeError, match=rf"xla:{n + 4} is not a device: this process has {n} xla device"):
+        eval(DEVICE_PATHS[path])(f"xla:{n + 4}")
+    assert eval(DEVICE_PATHS[path])("xla:0") is not None  # still working
+    assert torch.ones(1, device="xla").device == torch.device("xla", 0)
+
+
+def test_second_real_device_is_refused_not_silently_xla0():
+    # two CPU devices in a fresh process: xla:1 exists, but tensors live on xla:0 only (for now)
+    code = textwrap.dedent("""
+        import torch, torch_xla_core as txc
+        assert txc.device_count() == 2, txc.device_count()
+        paths = {PATHS}
+        for name, f in paths.items():
+            try:
+                t = f("xla:1")
+            except RuntimeError as e:
+                assert "xla:1 is not supported yet: only xla:0" in str(e), (name, str(e))
+                assert "multi-device support is tracked in the sharding work" in str(e), (name, str(e))
+            else:
+                raise AssertionError(f"{name}: xla:1 gave {t}")
+            try:
+                f("xla:2")
+            except RuntimeError as e:
+                assert "xla:2 is not a device: this process has 2 xla devices" in str(e), (name, str(e))
+            else:
+                raise AssertionError(f"{name}: xla:2 accepted")
+        assert (torch.ones(2, device="xla:0") * 2).cpu().tolist() == [2.0, 2.0]
+        print("ok")
+    """).replace("{PATHS}", "{" + ", ".join(f"{k!r}: {v}" for k, v in DEVICE_PATHS.items()) + "}")
+    env = dict(os.environ, PJRT_DEVICE="CPU", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+

@@ -227,9 +227,10 @@ def masked_fill(x, mask, value):
 @impl(aten._to_copy.default)
 def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
-    from .. import _tensor
+    from .. import _device, _tensor
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
+        _device.check(dev)
         if isinstance(x, XlaTensor):
             r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
             return r

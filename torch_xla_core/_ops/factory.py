@@ -3,7 +3,7 @@ the PrivateUse1 ("xla") kernels registered here; *_like and new_* reach
 __torch_dispatch__ like any op."""
 import torch
 
-from .. import _tensor
+from .. import _device, _tensor
 from .._dtypes import code
 from .._tensor import OP, _make, _op, wrap
 from . import aten, impl
@@ -74,6 +74,15 @@ def _scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return full([], s, _dt(dtype))
 
 
+def register(name, fn):
+    """Registers fn as the xla (PrivateUse1) kernel of factory `name`; a
+    device index other than xla:0 is refused first."""
+    def kernel(*args, **kwargs):
+        _device.check(kwargs.get("device"))
+        return fn(*args, **kwargs)
+    _lib.impl(name, kernel, "PrivateUse1")
+
+
 for _name, _fn in [
     ("empty.memory_format", _empty),
     ("empty_strided", _empty_strided),
@@ -83,11 +92,12 @@ for _name, _fn in [
     ("arange.start_step", _arange),
     ("scalar_tensor", _scalar_tensor),
 ]:
-    _lib.impl(_name, _fn, "PrivateUse1")
+    register(_name, _fn)
 
 
 @impl(aten.empty_like.default, aten.zeros_like.default)
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device.check(device)
     if device is not None and torch.device(device).type != "xla":
         return torch.zeros(x.shape, dtype=dtype or x.dtype, device=device)
     return full(x.shape, 0, dtype or x.dtype)
@@ -95,31 +105,37 @@ def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memo
 
 @impl(aten.ones_like.default)
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device.check(device)
     return full(x.shape, 1, dtype or x.dtype)
 
 
 @impl(aten.full_like.default)
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device.check(device)
     return full(x.shape, fill_value, dtype or x.dtype)
 
 
 @impl(aten.new_empty.default, aten.new_zeros.default)
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, 0, dtype or x.dtype)
 
 
 @impl(aten.new_ones.default)
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, 1, dtype or x.dtype)
 
 
 @impl(aten.new_full.default)
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, fill_value, dtype or x.dtype)
 
 
 @impl(aten.new_empty_strided.default)
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, 0, dtype or x.dtype)
 
 

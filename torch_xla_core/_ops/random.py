@@ -11,7 +11,7 @@ from .. import _random
 from .._dtypes import code
 from .._tensor import OP, _make, op, wrap
 from . import aten, assign, impl
-from .factory import _lib, sizes
+from .factory import register, sizes
 
 _state = _random.state
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
@@ -258,7 +258,7 @@ for _name, _fn in [
     ("randperm", _randperm), ("randperm.generator", _randperm),
     ("normal.float_float", _normal_ff),
 ]:
-    _lib.impl(_name, _fn, "PrivateUse1")
+    register(_name, _fn)
 
 
 @impl(aten.randn_like.default, aten.randn_like.generator)
