@@ -156,3 +156,40 @@ def test_second_real_device_is_refused_not_silently_xla0():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
+
+
+# Where a complex tensor or number can enter, and the op the error must name.
+COMPLEX_PATHS = {
+    "ones": ('lambda x: torch.ones(2, dtype=torch.complex64, device="xla")', "aten::empty"),
+    "ones_times_2": ('lambda x: (torch.ones(2, dtype=torch.complex64, device="xla") * 2).cpu()', "aten::empty"),
+    "full_complex_value": ('lambda x: torch.full((2,), 1 + 2j, device="xla")', "aten::full"),
+    "tensor": ('lambda x: torch.tensor([1 + 2j], device="xla")', "aten::empty_strided"),
+    "arange": ('lambda x: torch.arange(3, dtype=torch.complex64, device="xla")', "aten::arange"),
+    "cpu_to_xla": ('lambda x: torch.ones(2, dtype=torch.complex64).to("xla")', "aten::empty_strided"),
+    "to_dtype": ("lambda x: x.to(torch.complex64)", "aten::_to_copy"),
+    "zeros_like": ("lambda x: torch.zeros_like(x, dtype=torch.complex64)", "_like"),
+    "new_ones": ("lambda x: x.new_ones(2, dtype=torch.complex64)", "aten::new_ones"),
+    "complex": ("lambda x: torch.complex(x, x)", "aten::complex"),
+    "polar": ("lambda x: torch.polar(x, x)", "aten::polar"),
+    "view_as_complex": ("lambda x: torch.view_as_complex(torch.stack([x, x], -1))", "aten::view_as_complex"),
+    "fft": ("lambda x: torch.fft.fft(x)", "aten::_fft_r2c"),
+    "rfft": ("lambda x: torch.fft.rfft(x)", "aten::_fft_r2c"),
+    "python_complex": ("lambda x: x * 1j", "a complex Python number"),
+    "complex_0d_cpu": ("lambda x: x + torch.tensor(1j)", "a complex 0-d CPU tensor"),
+}
+
+
+@pytest.mark.parametrize("path", list(COMPLEX_PATHS))
+@pytest.mark.filterwarnings("ignore:torch_xla_core")  # CPU fallbacks (fft, view_as_complex) warn first
+def test_complex_is_refused_at_trace_time_naming_the_op(path, dev):
+    src, op = COMPLEX_PATHS[path]
+    x = torch.arange(4.0, device=dev)
+    with pytest.raises((TypeError, RuntimeError)) as e:
+        eval(src)(x)
+    msg = str(e.value)
+    assert "complex64 is not supported on the xla device yet" in msg and op in msg, msg
+    assert "compute on CPU" in msg
+    # nothing broken is left pending: the next sync and later work are fine
+    txc.sync(wait=True)
+    assert (x * 2).cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert torch.equal(torch.view_as_real(torch.complex(x.cpu(), x.cpu())), torch.stack([x, x], -1).cpu())

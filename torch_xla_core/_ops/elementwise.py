@@ -2,7 +2,7 @@
 csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
-from .._dtypes import code
+from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, XlaTensor, _make, _op, v, wrap
 from . import XLA, aten, call, convert, direct, impl
 
@@ -227,6 +227,13 @@ def masked_fill(x, mask, value):
 @impl(aten._to_copy.default)
 def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
+    try:
+        return _to_copy(x, dtype, device)
+    except UnsupportedDtype as e:  # x.to(torch.complex64), complex_cpu.to("xla")
+        raise e.at("aten::_to_copy") from None
+
+
+def _to_copy(x, dtype, device):
     from .. import _device, _tensor
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
