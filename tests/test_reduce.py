@@ -37,6 +37,10 @@ EMPTY_CASES = [
     ("any.dim0", lambda x: x.bool().any(0)),
     ("all.dim0", lambda x: x.bool().all(0)),
     ("logsumexp.dim0", lambda x: x.logsumexp(0)),
+    ("mode.dim0", lambda x: x.mode(0)),
+    ("median", lambda x: x.float().median()),
+    ("median.dim0", lambda x: x.median(0)),
+    ("median.dim1", lambda x: x.median(1)),
 ]
 
 
