@@ -78,3 +78,48 @@ def test_scalars_do_not_recompile(dev):
     for s in (0.5, 1.5, 2.5):
         (x * s).cpu()
     assert txc.metrics.counters()["compile"] == 1
+
+
+_POW_BASES = {
+    "int64": torch.tensor([-3, -1, 0, 1, 2, 3]), "int32": torch.tensor([-2, 0, 1, 2, 3, 4], dtype=torch.int32),
+    "uint8": torch.tensor([0, 1, 2, 3, 4, 5], dtype=torch.uint8),
+    "float32": torch.tensor([0.5, 0.0, 1.0, 2.0, 3.0, 4.0]),
+    "float64": torch.tensor([0.5, 0.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
+    "bfloat16": torch.tensor([0.5, 0.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16),
+    "bool": torch.tensor([True, False, True, True, False, True]),
+}
+_POW_EXPS = [0, 1, 2, 3, -1, -2, 0.0, 0.5, 1.0, 2.0, 3.0, -1.0, -0.5, 2.5, True, False]
+
+
+def _same_outcome(fn, *args):
+    """fn on CPU and xla: the same dtype and values, or the same exception type."""
+    try:
+        want, err = fn(*args), None
+    except Exception as e:  # noqa: BLE001 - the oracle's own error
+        want, err = None, e
+    xargs = [a.to(txc.device()) if isinstance(a, torch.Tensor) else a for a in args]
+    if err is not None:
+        with pytest.raises(type(err)):
+            fn(*xargs).cpu()
+        return
+    got = fn(*xargs)
+    assert got.device.type == "xla"
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("base", list(_POW_BASES), ids=list(_POW_BASES))
+def test_pow_dtype_and_values_match_cpu(base):
+    t = _POW_BASES[base]
+    for e in _POW_EXPS:
+        _same_outcome(lambda x: x ** e, t)           # pow.Tensor_Scalar
+        _same_outcome(lambda x: e ** x, t)           # pow.Scalar (Python number ** tensor)
+    for other in _POW_BASES.values():
+        _same_outcome(lambda x, y: x ** y, t, other)          # pow.Tensor_Tensor
+        _same_outcome(lambda x, y: x ** y, t, other[3].clone())  # 0-d exponent tensor
+
+
+def test_pow_error_leaves_process_working(dev):
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        torch.arange(3, device=dev) ** -1
+    assert (torch.arange(3, device=dev) ** 2.0).cpu().tolist() == [0.0, 1.0, 4.0]

@@ -229,6 +229,32 @@ def test_bce_with_logits(reduction):
     assert_matches_cpu(lambda x, y: F.binary_cross_entropy_with_logits(x, y), x, torch.rand(4, 5))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss(reduction):
+    # labels up to the first -1 (rows: some labels, all labels, a repeated
+    # label, -1 first), values after it ignored
+    t = torch.tensor([[3, 0, -1, 1, 2], [0, 1, 2, 3, 4], [4, 2, 2, -1, 0], [-1, 3, 0, 1, 1]])
+    x = rg(4, 5)
+    loss = lambda a, b: F.multilabel_margin_loss(a, b, reduction=reduction)  # noqa: E731
+    assert_matches_cpu(loss, x, t)
+    for row in range(4):  # 1-D input: one sample
+        assert_matches_cpu(loss, x[row].detach().requires_grad_(), t[row])
+    assert_matches_cpu(loss, rg(3, 1), torch.tensor([[0], [-1], [0]]))
+
+
+def test_multilabel_margin_loss_target_out_of_range(dev):
+    x = torch.randn(2, 4, device=dev)
+    with pytest.raises(RuntimeError, match="multilabel_margin_loss.*'target' is out of range"):
+        F.multilabel_margin_loss(x, torch.tensor([[5, -1, 0, 0], [0, 1, 2, 3]], device=dev)).item()
+    with pytest.raises(RuntimeError, match="inconsistent target size"):
+        F.multilabel_margin_loss(x, torch.zeros(2, 3, dtype=torch.long, device=dev))
+    with pytest.raises(RuntimeError, match="'target' is out of range"):  # also after the first -1, as torch
+        F.multilabel_margin_loss(x, torch.tensor([[1, -1, 7, 0], [0, 1, 2, 3]], device=dev)).item()
+    ok = F.multilabel_margin_loss(x, torch.tensor([[1, -1, 3, 3], [0, 1, 2, 3]], device=dev))
+    want = F.multilabel_margin_loss(x.cpu(), torch.tensor([[1, -1, 3, 3], [0, 1, 2, 3]]))
+    torch.testing.assert_close(ok.cpu(), want)
+
+
 # ---- a GPT-style block --------------------------------------------------------------------
 
 class Block(nn.Module):

@@ -174,3 +174,28 @@ def test_matmul_precision_follows_torch(dev):
         torch.set_float32_matmul_precision(prev)
     y = a.to(dev).bfloat16() @ b.to(dev).bfloat16()     # not float32: the default
     assert "precision DEFAULT" in txc.debug.stablehlo(y)
+
+
+    assert "precision DEFAULT" in _C.GraphCut([y._lt]).lower()
+
+
+def test_scalar_buffers_keep_signed_zero_and_nan_payloads(dev):
+    # Python numbers are graph parameters whose device buffers are cached:
+    # equal-comparing numbers with other bits must not share one.
+    x = torch.ones(3, device=dev)
+    assert not torch.signbit((x * 0.0).cpu()).any()
+    assert torch.signbit((x * -0.0).cpu()).all()
+    assert not torch.signbit((x * 0.0).cpu()).any()
+    assert torch.signbit(torch.where(x > 0, -0.0, x).cpu()).all()
+    # NaNs with different payloads (float64 x * NaN keeps the NaN's payload)
+    import struct
+    nan1, nan2 = (struct.unpack("<d", struct.pack("<Q", b))[0] for b in (0x7FF8000000000001, 0x7FF8000000000002))
+    y = torch.ones(2, dtype=torch.float64, device=dev)
+    bits = [(y * n).cpu().view(torch.int64).tolist() for n in (nan1, nan2, nan1)][:2]
+    assert bits == [[0x7FF8000000000001] * 2, [0x7FF8000000000002] * 2]
+
+
+def test_scalar_wraps_into_narrow_integer_dtypes_like_torch(dev):
+    x = torch.tensor([0, 1, 250], dtype=torch.uint8)
+    for fn in (lambda t: t + -1, lambda t: t * 300, lambda t: t - 7):
+        assert torch.equal(fn(x.to(dev)).cpu(), fn(x))

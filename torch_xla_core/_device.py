@@ -64,6 +64,25 @@ class _DeviceModule:
         return True
 
 
+def check(device) -> None:
+    """Refuses a device argument naming an xla index other than 0: tensors
+    live on xla:0 only (an index that is no device at all says how many
+    there are). None, other device types and "xla" pass."""
+    if device is None:
+        return
+    d = device if isinstance(device, torch.device) else torch.device(device)
+    if d.type != "xla" or not d.index:
+        return
+    from . import runtime
+    n = runtime.device_count()
+    if not 0 <= d.index < n:
+        raise RuntimeError(f"xla:{d.index} is not a device: this process has {n} xla device{'s' if n != 1 else ''} "
+                           f"({runtime.platform()}); use device 'xla' (xla:0)")
+    raise RuntimeError(f"xla:{d.index} is not supported yet: only xla:0 holds tensors ({n} {runtime.platform()} "
+                       f"devices found; multi-device support is tracked in the sharding work). Use device 'xla' "
+                       f"(xla:0), and torch_xla_core.sharding to spread a computation over devices.")
+
+
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
     def is_available(self) -> bool:
         return True

@@ -15,9 +15,32 @@ NP_CODE = {np.dtype(t): i for i, t in enumerate(NUMPY)}
 BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64 = range(11)
 
 
+class UnsupportedDtype(TypeError):
+    """A dtype the device cannot hold; at(op) names the op that met it.
+    (A TypeError: torch's Tensor operators turn TypeError into NotImplemented,
+    so operand paths re-raise it as RuntimeError, see _tensor.v.)"""
+
+    def __init__(self, dtype, op=None):
+        self.dtype, self.op = dtype, op
+        where = f" ({op})" if op else ""
+        if dtype.is_complex:
+            msg = (f"{str(dtype).replace('torch.', '')} is not supported on the xla device yet{where}; compute on "
+                   f"CPU (tensor.cpu()) and move real-valued results back with .to('xla')")
+        else:
+            msg = (f"dtype {dtype} is not supported on the xla device{where}; supported: "
+                   f"{', '.join(str(t) for t in TORCH if not t.is_complex)}")
+        super().__init__(msg)
+
+    def at(self, op):
+        """The same error naming `op` (the outermost op that reports it wins:
+        torch.complex rather than the new_empty its decomposition calls)."""
+        return UnsupportedDtype(self.dtype, op)
+
+
 def code(dtype: torch.dtype) -> int:
-    try:
-        return CODE[dtype]
-    except KeyError:
-        raise TypeError(f"dtype {dtype} is not supported on the xla device; "
-                        f"supported: {', '.join(str(t) for t in TORCH)}") from None
+    """The core's code for dtype. Complex dtypes are refused here, where every
+    tensor or number enters the core (the core's C64 has no lowering yet)."""
+    c = CODE.get(dtype)
+    if c is None or c == C64:
+        raise UnsupportedDtype(dtype)
+    return c

@@ -67,6 +67,13 @@ class XlaTensor(torch.Tensor):
             extra += ", requires_grad=True"
         return s[:-1] + extra + ")"
 
+    def __format__(self, format_spec):
+        # as torch.Tensor.__format__ (which formats only its own class's 0-d
+        # tensors): a 0-d tensor formats as its Python number
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def tolist(self):
         return to_cpu(self).tolist()
 
@@ -94,15 +101,35 @@ def v(x):
         return x._lt
     if isinstance(x, torch.Tensor):
         if x.dim() == 0 and x.device.type == "cpu":
-            return (x.item(), _dtypes.code(x.dtype))
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                           f"{DEVICE} and {x.device}! Move the tensor with .to('xla').")
+            try:
+                return (x.item(), _dtypes.code(x.dtype))
+            except _dtypes.UnsupportedDtype as e:  # RuntimeError: torch's operators swallow TypeError
+                raise RuntimeError(str(e.at("a complex 0-d CPU tensor operand"))) from None
+        raise device_error(x)
     return x
+
+
+def device_error(other: torch.Tensor) -> RuntimeError:
+    """torch's error for an op over an xla tensor and `other` (on another device)."""
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{DEVICE} and {other.device}! Move the tensor with .to('xla').")
+
+
+def device_mismatch(args, kwargs):
+    """For a handler that failed with AttributeError (it read `_lt` of a tensor
+    that is not an xla tensor; called from C++): the device error, or None."""
+    for a in list(args) + list((kwargs or {}).values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor) and not isinstance(t, XlaTensor):
+                return device_error(t)
+    return None
 
 
 def _operand_fallback(x):
     """Core operand for what the core does not take directly (called from C++)."""
     r = v(x)
+    if isinstance(x, complex):  # RuntimeError: torch's operators swallow TypeError
+        raise RuntimeError(str(_dtypes.UnsupportedDtype(torch.complex64, "a complex Python number operand")))
     if r is x:
         raise TypeError(f"unsupported operand of type {type(x).__name__} for an xla op")
     return r

@@ -5,6 +5,7 @@ data between host and device. jaxlib's compile entry points are
 semi-private; this module is the only place that touches them. The
 compile cache and sync live in executor.py."""
 import os
+import struct
 import time
 
 import numpy as np
@@ -78,15 +79,21 @@ def compile_text(text: str, device_index: int = 0):
 
 
 def scalar(value, dtype_code: int):
-    """A device buffer holding a Python number (cached per value and dtype)."""
-    key = (value, dtype_code)
+    """A device buffer holding a Python number, cached per dtype and value.
+    A float is keyed by its bits: 0.0 and -0.0 (or NaNs with different
+    payloads) compare equal but are different values. The number is cast as
+    torch casts a scalar: integers wrap (-1 -> 255 in uint8), floats truncate."""
+    key = (_F64.pack(value) if type(value) is float else value, dtype_code)
     buf = _scalars.get(key)
     if buf is None:
-        buf = _put(np.asarray(value, dtype=_dtypes.NUMPY[dtype_code]), devices()[0])
+        buf = _put(np.asarray(value).astype(_dtypes.NUMPY[dtype_code]), devices()[0])
         if len(_scalars) > 4096:
             _scalars.clear()
         _scalars[key] = buf
     return buf
+
+
+_F64 = struct.Struct("<d")
 
 
 def execute(exe, params, wait: bool = False):

@@ -1,5 +1,6 @@
 // StableHLO text emission (see emitter.h).
 #include "lower/emitter.h"
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -108,7 +109,10 @@ std::string LowerCtx::literal(double v, DType t) {
   char buf[64];
   if (t == DType::Bool) return v != 0 ? "true" : "false";
   if (is_integral(t)) {
-    std::snprintf(buf, sizeof buf, "%lld", (long long)v);
+    // Saturate: int64's highest value is 2^63 as a double, and converting
+    // that to long long is undefined (x86 gives the lowest value).
+    long long i = v >= 9223372036854775807.0 ? LLONG_MAX : v <= -9223372036854775808.0 ? LLONG_MIN : (long long)v;
+    std::snprintf(buf, sizeof buf, "%lld", i);
     return buf;
   }
   if (std::isnan(v) || std::isinf(v)) {

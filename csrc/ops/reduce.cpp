@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include "lower/emitter.h"
 #include "ops/registry.h"
 
@@ -73,6 +74,23 @@ void normalize_axes(Node& n, int rank) {
   axes = out;
 }
 
+// amax/amin of floats: NaN where the reduced slice holds one, as torch.
+// XLA:CPU's vectorized max/min reductions may drop NaN (fast min/max).
+std::string nan_wins(LowerCtx& cx, const std::string& v, DType t, const Dims& in, const Dims& axes,
+                     const std::string& r) {
+  if (!is_floating(t) || axes.empty()) return r;
+  Dims flat;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (std::find(axes.begin(), axes.end(), int64_t(i)) == axes.end()) flat.push_back(in[i]);
+  std::string ty = LowerCtx::type(t, in), fty = LowerCtx::type(t, flat);
+  std::string isnan = cx.op("stablehlo.compare", {v, v}, {ty, ty}, LowerCtx::type(DType::Bool, in),
+                            "compare_type = #stablehlo<comparison_type FLOAT>, "
+                            "comparison_direction = #stablehlo<comparison_direction NE>");
+  std::string any = cx.reduce(isnan, DType::Bool, in, axes, "stablehlo.or", 0);
+  return cx.op("stablehlo.select", {any, cx.constant(NAN, t, flat), r}, {LowerCtx::type(DType::Bool, flat), fty, fty},
+               fty);
+}
+
 void reg(const char* name, RK k) {
   register_op(OpDef{
       name, 1,
@@ -92,8 +110,8 @@ void reg(const char* name, RK k) {
         switch (k) {
           case RK::Sum: r = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0); break;
           case RK::Prod: r = cx.reduce(v, t, x.dims, axes, "stablehlo.multiply", 1); break;
-          case RK::Max: r = cx.reduce(v, t, x.dims, axes, "stablehlo.maximum", lowest_value(t)); break;
-          case RK::Min: r = cx.reduce(v, t, x.dims, axes, "stablehlo.minimum", highest_value(t)); break;
+          case RK::Max: r = nan_wins(cx, v, t, x.dims, axes, cx.reduce(v, t, x.dims, axes, "stablehlo.maximum", lowest_value(t))); break;
+          case RK::Min: r = nan_wins(cx, v, t, x.dims, axes, cx.reduce(v, t, x.dims, axes, "stablehlo.minimum", highest_value(t))); break;
           case RK::Any: r = cx.reduce(v, t, x.dims, axes, "stablehlo.or", 0); break;
           case RK::All: r = cx.reduce(v, t, x.dims, axes, "stablehlo.and", 1); break;
           case RK::Mean: {
@@ -134,14 +152,18 @@ void reg(const char* name, RK k) {
   return true;
 }();
 
-// argmax/argmin(x; dim, keepdim) -> int64; ties pick the first index, NaN wins.
+// argmax/argmin(x; dim, keepdim) -> int64; NaN wins, ties (equal values or
+// both NaN) pick the smaller index.
 void reg_arg(const char* name, bool is_max) {
   register_op(OpDef{
       name, 1,
-      [](Node& n) {
+      [name](Node& n) {
         const Node& x = *n.operands[0];
         n.dtype = DType::I64;
         n.dims = reduced_dims(n, x.dims, {n.attr_int(0)}, n.attr_int(1) != 0);
+        if (x.dims[n.attr_int(0)] == 0)  // no index to return; torch raises IndexError
+          throw std::out_of_range(std::string(name) + "(): Expected reduction dim " + std::to_string(n.attr_int(0)) +
+                                  " to have non-zero size.");
       },
       [is_max](LowerCtx& cx, const Node& n) {
         const Node& x = *n.operands[0];
@@ -163,16 +185,31 @@ void reg_arg(const char* name, bool is_max) {
                                        ">, comparison_direction = #stablehlo<comparison_direction " + dir +
                                        ">}> : (" + ty + ", " + ty + ") -> tensor<i1>\n");
         };
+        // a wins outright when it is better, or (floating) NaN against a
+        // number; a and b tie when equal or both NaN. A tie goes to the
+        // smaller index, so the result does not depend on the order in which
+        // XLA combines partial results (torch: the first max/min, first NaN).
         auto [better, l1] = c(a, b, is_max ? "GT" : "LT", cmp, st);
-        auto [nan, l2] = c(a, a, "NE", cmp, st);
-        auto [eq, l3] = c(a, b, "EQ", cmp, st);
-        auto [lt, l4] = c(ai, bi, "LT", "SIGNED", it);
-        std::string take = cx.fresh(), tie = cx.fresh(), take_i = cx.fresh(), rv = cx.fresh(), ri = cx.fresh();
-        std::string body = l1 + l2 + l3 + l4;
-        body += "      " + take + " = \"stablehlo.or\"(" + better + ", " + nan + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
-        body += "      " + tie + " = \"stablehlo.and\"(" + eq + ", " + lt + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
-        body += "      " + take_i + " = \"stablehlo.or\"(" + take + ", " + tie + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
-        body += "      " + rv + " = \"stablehlo.select\"(" + take + ", " + a + ", " + b + ") : (tensor<i1>, " + st + ", " + st + ") -> " + st + "\n";
+        auto [eq, l2] = c(a, b, "EQ", cmp, st);
+        auto [lt, l3] = c(ai, bi, "LT", "SIGNED", it);
+        std::string body = l1 + l2 + l3;
+        auto logic = [&](const char* op, const std::string& l, const std::string& r) {
+          std::string o = cx.fresh();
+          body += "      " + o + " = \"stablehlo." + op + "\"(" + l + ", " + r + ") : (" + bt + ", " + bt + ") -> " + bt + "\n";
+          return o;
+        };
+        std::string take = better, tie = eq;
+        if (is_floating(t)) {
+          auto [a_nan, l4] = c(a, a, "NE", cmp, st);
+          auto [b_num, l5] = c(b, b, "EQ", cmp, st);
+          auto [b_nan, l6] = c(b, b, "NE", cmp, st);
+          body += l4 + l5 + l6;
+          take = logic("or", better, logic("and", a_nan, b_num));
+          tie = logic("or", eq, logic("and", a_nan, b_nan));
+        }
+        std::string take_i = logic("or", take, logic("and", tie, lt));
+        std::string rv = cx.fresh(), ri = cx.fresh();
+        body += "      " + rv + " = \"stablehlo.select\"(" + take_i + ", " + a + ", " + b + ") : (tensor<i1>, " + st + ", " + st + ") -> " + st + "\n";
         body += "      " + ri + " = \"stablehlo.select\"(" + take_i + ", " + ai + ", " + bi + ") : (tensor<i1>, " + it + ", " + it + ") -> " + it + "\n";
         body += "      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + st + ", " + it + ") -> ()\n";
         std::string region = "({\n    ^bb0(" + a + ": " + st + ", " + ai + ": " + it + ", " + b + ": " + st + ", " +

@@ -50,12 +50,33 @@ uint64_t g_recipe_runs = 0, g_recipe_declines = 0;
 // XlaTensor.backward re-raises this one instead.
 thread_local PyObject* t_last_error = nullptr;
 
+// A handler that read `_lt` of a CPU tensor (nn.Linear's CPU weight with an
+// xla input) fails with AttributeError: report torch's device mismatch
+// instead (error path only; _tensor.device_mismatch words it).
+void mixed_device(PyObject* args, PyObject* kwargs, PyObject*& type, PyObject*& value, PyObject*& tb) {
+  try {
+    py::object err = py::module_::import("torch_xla_core._tensor")
+                         .attr("device_mismatch")(py::handle(args), kwargs ? py::handle(kwargs) : py::none());
+    if (err.is_none()) return;
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    type = (PyObject*)Py_TYPE(err.ptr());
+    Py_INCREF(type);
+    value = err.release().ptr();
+    tb = nullptr;
+  } catch (py::error_already_set&) {
+    // keep the handler's own error
+  }
+}
+
 PyObject* call_handler(PyObject* handler, PyObject* args, PyObject* kwargs) {
   PyObject* r = PyObject_Call(handler, args, kwargs);
   if (!r) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
+    if (PyErr_GivenExceptionMatches(type, PyExc_AttributeError)) mixed_device(args, kwargs, type, value, tb);
     if (tb) PyException_SetTraceback(value, tb);
     Py_XINCREF(value);
     Py_XSETREF(t_last_error, value);

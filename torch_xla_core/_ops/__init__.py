@@ -6,6 +6,7 @@ metrics and warned about once per op."""
 import torch
 
 from .. import _C, _tensor, metrics
+from .._dtypes import UnsupportedDtype
 from .._tensor import DIRECT, HANDLERS, OP, XlaTensor
 
 aten = torch.ops.aten
@@ -118,7 +119,10 @@ def _decomposed(func):
 
     def h(*args, **kwargs):
         nonlocal fallback
-        r = d(*args, **kwargs)
+        try:
+            r = d(*args, **kwargs)
+        except UnsupportedDtype as e:  # e.g. torch.complex: name it, not the new_empty inside
+            raise e.at(func._schema.name) from None
         if r is NotImplemented:  # the decomposition declined these inputs
             if fallback is None:
                 fallback = _fallback(func)
@@ -219,13 +223,16 @@ def _fallback(func):
         except NotImplementedError as e:
             raise NotImplementedError(f"{func._schema.name} is not supported on the xla device: it has no XLA lowering "
                                       f"and no CPU fallback ({e})") from None
-        # Write back mutated arguments.
-        for i in mutated:
-            if i < len(args) and isinstance(args[i], XlaTensor):
-                assign(args[i], _tensor.from_cpu(cargs[i]))
-        if mutated and isinstance(r, torch.Tensor) and r is cargs[mutated[0]]:
-            return args[mutated[0]]
-        return torch.utils._pytree.tree_map(to_xla, r)
+        try:
+            # Write back mutated arguments.
+            for i in mutated:
+                if i < len(args) and isinstance(args[i], XlaTensor):
+                    assign(args[i], _tensor.from_cpu(cargs[i]))
+            if mutated and isinstance(r, torch.Tensor) and r is cargs[mutated[0]]:
+                return args[mutated[0]]
+            return torch.utils._pytree.tree_map(to_xla, r)
+        except UnsupportedDtype as e:  # a complex result (torch.complex, fft, view_as_complex)
+            raise e.at(func._schema.name) from None
     return h
 
 

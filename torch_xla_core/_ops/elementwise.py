@@ -2,6 +2,7 @@
 csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
+from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, XlaTensor, _make, _op, v, wrap
 from . import XLA, aten, call, convert, direct, impl
 
@@ -87,16 +88,43 @@ def floor_divide(a, b):
     return _op(OP.div_floor, (a, b), ())
 
 
+def _is_bool(x):
+    return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+
+
 @impl(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(a, b):
+    # Result dtype as torch: promotion of a and b (x ** 2.0 on ints is float),
+    # except bool ** bool-scalar, which stays bool. Shortcuts only where they
+    # give that dtype.
+    if _is_bool(a) and _is_bool(b):
+        if isinstance(a, XlaTensor) and isinstance(b, bool):
+            return _op(OP.alias, (a._lt,), ()) if b else _op(OP.full, (), (1.0, code(torch.bool), list(a.shape)))
+        raise NotImplementedError('"pow" not implemented for \'Bool\'')
     if isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(a, XlaTensor):
-        if b == 2:
-            return mul(a, a)
-        if b == 1:
-            return _op(OP.alias, (a._lt,), ()) if a.is_floating_point() or not isinstance(b, float) else div(a, 1)
+        floating = a.is_floating_point()
+        if not floating and isinstance(b, int) and b < 0:
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        if floating or (isinstance(b, int) and a.dtype != torch.bool):  # the result has a's dtype
+            if b == 2:
+                return mul(a, a)
+            if b == 1:
+                return _op(OP.alias, (a._lt,), ())
         if b == 0.5:
-            return _op(OP.sqrt, (a._lt,), ())
+            return _op(OP.sqrt, (a._lt,), ())  # float result, as a ** 0.5
     return _op(OP.pow, (a, b), ())
+
+
+@impl(aten.equal.default)
+def equal(a, b):
+    # torch.equal refuses other devices, CPU 0-d tensors included
+    from .._tensor import device_error
+    for t in (a, b):
+        if not isinstance(t, XlaTensor):
+            raise device_error(t)
+    if a.shape != b.shape:
+        return False
+    return a.numel() == 0 or bool(_op(OP.all, (_make(OP.eq, (a._lt, b._lt), ()),), ([], False)).item())
 
 
 @impl(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -199,9 +227,17 @@ def masked_fill(x, mask, value):
 @impl(aten._to_copy.default)
 def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
-    from .. import _tensor
+    try:
+        return _to_copy(x, dtype, device)
+    except UnsupportedDtype as e:  # x.to(torch.complex64), complex_cpu.to("xla")
+        raise e.at("aten::_to_copy") from None
+
+
+def _to_copy(x, dtype, device):
+    from .. import _device, _tensor
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
+        _device.check(dev)
         if isinstance(x, XlaTensor):
             r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
             return r

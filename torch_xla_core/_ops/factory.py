@@ -1,10 +1,12 @@
 """Tensor factories. Those with a device argument and no tensor input reach
 the PrivateUse1 ("xla") kernels registered here; *_like and new_* reach
 __torch_dispatch__ like any op."""
+import functools
+
 import torch
 
-from .. import _tensor
-from .._dtypes import code
+from .. import _device, _tensor
+from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
 from . import aten, impl
 
@@ -15,8 +17,17 @@ def _dt(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
 
 
+def sizes(shape):
+    """A factory's size argument as a list of ints, refused as torch does when negative."""
+    shape = [int(s) for s in shape]
+    for s in shape:
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {shape}")
+    return shape
+
+
 def full(shape, value, dtype):
-    return _op(OP.full, (), (float(value), code(dtype), [int(s) for s in shape]))
+    return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
 
 
 def _check_device(device):
@@ -35,6 +46,8 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
 
 
 def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if isinstance(fill_value, complex) or (dtype is not None and dtype.is_complex):
+        raise UnsupportedDtype(dtype if dtype is not None else torch.complex64)
     if dtype is None:
         dtype = (torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int)
                  else torch.get_default_dtype())
@@ -65,6 +78,31 @@ def _scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return full([], s, _dt(dtype))
 
 
+def _named(op):
+    """Decorates a factory: an unsupported dtype (complex) names `op`."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def h(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except UnsupportedDtype as e:
+                raise e.at(op) from None
+        return h
+    return deco
+
+
+def register(name, fn):
+    """Registers fn as the xla (PrivateUse1) kernel of factory `name`; a
+    device index other than xla:0 is refused first, and an unsupported dtype
+    (complex) is reported naming the factory."""
+    named = _named("aten::" + name)(fn)
+
+    def kernel(*args, **kwargs):
+        _device.check(kwargs.get("device"))
+        return named(*args, **kwargs)
+    _lib.impl(name, kernel, "PrivateUse1")
+
+
 for _name, _fn in [
     ("empty.memory_format", _empty),
     ("empty_strided", _empty_strided),
@@ -74,43 +112,57 @@ for _name, _fn in [
     ("arange.start_step", _arange),
     ("scalar_tensor", _scalar_tensor),
 ]:
-    _lib.impl(_name, _fn, "PrivateUse1")
+    register(_name, _fn)
 
 
 @impl(aten.empty_like.default, aten.zeros_like.default)
+@_named("aten::empty_like")
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device.check(device)
     if device is not None and torch.device(device).type != "xla":
         return torch.zeros(x.shape, dtype=dtype or x.dtype, device=device)
     return full(x.shape, 0, dtype or x.dtype)
 
 
 @impl(aten.ones_like.default)
+@_named("aten::ones_like")
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device.check(device)
     return full(x.shape, 1, dtype or x.dtype)
 
 
 @impl(aten.full_like.default)
+@_named("aten::full_like")
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _device.check(device)
     return full(x.shape, fill_value, dtype or x.dtype)
 
 
 @impl(aten.new_empty.default, aten.new_zeros.default)
+@_named("aten::new_empty")
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, 0, dtype or x.dtype)
 
 
 @impl(aten.new_ones.default)
+@_named("aten::new_ones")
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, 1, dtype or x.dtype)
 
 
 @impl(aten.new_full.default)
+@_named("aten::new_full")
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, fill_value, dtype or x.dtype)
 
 
 @impl(aten.new_empty_strided.default)
+@_named("aten::new_empty_strided")
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _device.check(device)
     return full(size, 0, dtype or x.dtype)
 
 

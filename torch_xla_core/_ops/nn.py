@@ -1,7 +1,7 @@
 """Neural-network aten ops -> fused core ops (csrc/ops/nn.cpp): softmax and
 log_softmax, layer norm, RMS norm, nll loss (so cross_entropy), scaled
-dot-product attention, embedding, mse and bce-with-logits losses, each
-forward and backward.
+dot-product attention, embedding, mse, bce-with-logits and multilabel margin
+losses, each forward and backward.
 
 Two composite ops never reach __torch_dispatch__ on their own (torch
 decomposes them above it, into many small ops); they get xla kernels at the
@@ -263,6 +263,59 @@ def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     ops = (x, target) + ((weight,) if weight is not None else ()) + \
           ((pos_weight,) if pos_weight is not None else ())
     return _op(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None))
+
+
+# ---- multilabel margin loss -------------------------------------------------------
+# Per sample (a row of C scores x and labels y, read up to the first -1):
+# sum over labels j and non-labels i of max(0, 1 - x[y_j] + x[i]) / C.
+# Built from [N, C(j), C(i)] masks: no data-dependent shapes, no scatter.
+# (torch._decomp's version adds terms for the slots after the first -1.)
+def _mlm_parts(x, target, is_target=None):
+    C = x.shape[-1] if x.dim() else 1
+    if x.dim() > 2 or C == 0:
+        raise RuntimeError(f"multilabel_margin_loss: Expected non-empty vector or matrix with optional 0-dim batch "
+                           f"size, but got: {list(x.shape)}")
+    if target.shape != x.shape:
+        raise RuntimeError(f"multilabel_margin_loss: inconsistent target size: {list(target.shape)} for input of "
+                           f"size: {list(x.shape)}")
+    x2, t2 = x.reshape(-1, C), target.reshape(-1, C)
+    idx = torch.arange(C, device=x.device)
+    valid = idx < torch.where(t2 == -1, idx, C).amin(-1, keepdim=True)  # [N, j]: j before the first -1
+    if is_target is None:  # forward (the backward's targets were checked there)
+        _checks.require(((t2 < -1) | (t2 >= C))._lt,
+                        f"multilabel_margin_loss: argument #2 'target' is out of range: targets must lie in "
+                        f"[-1, {C})", RuntimeError)
+    tj = torch.where(valid, t2, 0)
+    onehot = (tj.unsqueeze(-1) == idx) & valid.unsqueeze(-1)  # [N, j, i]: i is label j
+    is_t = onehot.any(1) if is_target is None else is_target.reshape(-1, C) != 0
+    z = 1 - x2.gather(1, tj).unsqueeze(-1) + x2.unsqueeze(1)  # [N, j, i]
+    active = valid.unsqueeze(-1) & ~is_t.unsqueeze(1) & (z > 0)
+    return x2, onehot, is_t, z, active
+
+
+@impl(aten.multilabel_margin_loss_forward.default)
+@_checks.staged
+def multilabel_margin_loss_forward(x, target, reduction):
+    x2, _, is_t, z, active = _mlm_parts(x, target)
+    loss = torch.where(active, z, 0).sum((1, 2)) / x2.shape[1]
+    loss = loss.mean() if reduction == 1 else loss.sum() if reduction == 2 else loss.reshape(x.shape[:-1])
+    return loss, is_t.to(x.dtype).reshape(target.shape)
+
+
+@impl(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
+    x2, onehot, _, _, active = _mlm_parts(x, target, is_target)
+    a = active.to(x.dtype)
+    # d/dx[i]: +1 per (label j, non-label i) term that is active, -1 per active
+    # term of label j at i = y_j
+    g = (a.sum(1) - (onehot.to(x.dtype) * a.sum(2, keepdim=True)).sum(1)) / x2.shape[1]
+    if reduction == 1:
+        g = g * (grad / x2.shape[0])
+    elif reduction == 2:
+        g = g * grad
+    else:
+        g = g * grad.reshape(-1, 1)
+    return g.reshape(x.shape)
 
 
 _lib = torch.library.Library("aten", "IMPL")

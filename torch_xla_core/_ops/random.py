@@ -11,7 +11,7 @@ from .. import _random
 from .._dtypes import code
 from .._tensor import OP, _make, op, wrap
 from . import aten, assign, impl
-from .factory import _lib
+from .factory import register, sizes
 
 _key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
@@ -29,7 +29,7 @@ def _float_check(name, dtype):
 
 
 def _draw(kind, dtype, shape, a, b, generator):
-    return wrap(_make(_RNG, _key(generator), (kind, code(dtype), [int(s) for s in shape], float(a), float(b))))
+    return wrap(_make(_RNG, _key(generator), (kind, code(dtype), sizes(shape), float(a), float(b))))
 
 
 def _dt(dtype):
@@ -177,7 +177,7 @@ def _ints(dtype, shape, low, high, generator, name="random_"):
     r1 = (high - low - 1) & ((1 << 64) - 1)
     if r1 >= 1 << 63:
         r1 -= 1 << 64
-    return wrap(_make(_INT, _key(generator), (code(dtype), [int(s) for s in shape], int(low), r1)))
+    return wrap(_make(_INT, _key(generator), (code(dtype), sizes(shape), int(low), r1)))
 
 
 @impl(aten.random.default)
@@ -258,7 +258,7 @@ for _name, _fn in [
     ("randperm", _randperm), ("randperm.generator", _randperm),
     ("normal.float_float", _normal_ff),
 ]:
-    _lib.impl(_name, _fn, "PrivateUse1")
+    register(_name, _fn)
 
 
 @impl(aten.randn_like.default, aten.randn_like.generator)

@@ -44,31 +44,67 @@ def prod_dim(x, dim, keepdim=False, *, dtype=None):
     return _reduce("prod", x, dim, keepdim, dtype)
 
 
+# Reductions without an identity (max, min, argmax, ...) refuse an empty
+# reduced dim as torch does: IndexError naming the dim, or, for a reduction
+# over all dims of an empty tensor, an error asking for a dim.
+def _no_identity(name, x, dim, normalize=True):
+    """dim: None or [] (all dims), an int, or a list of ints (as given)."""
+    dims = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    rank = x.dim()
+    if not dims:
+        if x.numel() != 0:
+            return
+        if name in ("argmax", "argmin"):
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                           f"Specify the reduction dim with the 'dim' argument.")
+    r = max(rank, 1)
+    for d in dims:
+        if not -r <= d < r:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
+        if rank and x.shape[d] == 0:
+            shown = d % rank if normalize else d
+            raise IndexError(f"{name}{'' if name == 'aminmax' else '()'}: Expected reduction dim {shown} "
+                             f"to have non-zero size.")
+
+
 @impl(aten.amax.default)
 def amax(x, dim=(), keepdim=False):
+    _no_identity("amax", x, dim, normalize=False)
     return _reduce("amax", x, dim, keepdim)
 
 
 @impl(aten.amin.default)
 def amin(x, dim=(), keepdim=False):
+    _no_identity("amin", x, dim, normalize=False)
     return _reduce("amin", x, dim, keepdim)
 
 
 @impl(aten.max.default)
 def max_(x):
-    if x.numel() == 0:
-        raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0.")
+    _no_identity("max", x, None)
     return _reduce("amax", x, None, False)
 
 
 @impl(aten.min.default)
 def min_(x):
-    if x.numel() == 0:
-        raise RuntimeError("min(): Expected reduction dim to be specified for input.numel() == 0.")
+    _no_identity("min", x, None)
     return _reduce("amin", x, None, False)
 
 
+@impl(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    if dim is None and x.numel() == 0:
+        raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation "
+                           "has no identity.")
+    _no_identity("aminmax", x, dim)
+    if dim is not None and x.dim() == 0:
+        dim = None  # a 0-d input reduces nothing (dim 0 or -1)
+    return _reduce("amin", x, dim, keepdim), _reduce("amax", x, dim, keepdim)
+
+
 def _arg(name, x, dim, keepdim):
+    _no_identity(name, x, dim)
     if dim is None:
         flat = _op(OP.reshape, (x._lt,), ([x.numel()],))
         r = _op(getattr(OP, name), (flat._lt,), (0, False))
@@ -92,11 +128,13 @@ def argmin(x, dim=None, keepdim=False):
 
 @impl(aten.max.dim)
 def max_dim(x, dim, keepdim=False):
+    _no_identity("max", x, dim)
     return _reduce("amax", x, dim, keepdim), _arg("argmax", x, dim, keepdim)
 
 
 @impl(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
+    _no_identity("min", x, dim)
     return _reduce("amin", x, dim, keepdim), _arg("argmin", x, dim, keepdim)
 
 
