@@ -80,20 +80,15 @@ def test_unlocated_failure_finds_the_failing_tensor_by_halves(dev, monkeypatch):
 
 
 def test_a_real_compile_failure_is_named(dev):
-    # A complex64 constant built straight from the core: XLA's parser refuses
-    # its literal. (torch ops refuse complex before this point.)
-    c64 = txc._dtypes.code(torch.complex64)
-    bad = txc._tensor.op("full", attrs=(1.0, c64, [2]))
+    # A core op XLA refuses, built straight from the core (torch ops never
+    # make it): stablehlo.iota has no bool results.
+    bad = txc._tensor.op("iota", attrs=(txc._dtypes.code(torch.bool), [3], 0))
     fine = torch.ones(2, device=dev) + 1
-    try:
+    with pytest.raises(executor.GraphError, match=r"core op 'iota' bool\[3\].*stablehlo\.iota"):
         txc.sync()
-    except executor.GraphError as e:
-        assert "core op 'full' complex64[2]" in str(e)
-        assert fine.cpu().tolist() == [2.0, 2.0]
-        with pytest.raises(RuntimeError, match="core op 'full'"):
-            bad.cpu()
-    else:  # complex constants lower now: nothing failed
-        assert bad.cpu().dtype == torch.complex64
+    assert fine.cpu().tolist() == [2.0, 2.0]
+    with pytest.raises(RuntimeError, match="core op 'iota'"):
+        bad.cpu()
 
 
 def test_out_of_memory_names_the_largest_buffers(dev, monkeypatch):
