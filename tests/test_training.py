@@ -89,3 +89,32 @@ def test_steady_state_steps_compile_nothing():
     # every step is the same graph and hits the cache.
     assert compiles[2] == compiles[-1], compiles
     assert txc.metrics.fallbacks() == {}
+
+
+class _TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 8)
+        self.mix = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 20, bias=False)
+        self.out.weight = self.emb.weight  # tied input/output embeddings
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.mix(self.emb(tokens))))
+
+
+def test_tied_weights_stay_tied_after_to_xla_and_train_like_cpu(dev):
+    torch.manual_seed(0)
+    cpu = _TiedLM()
+    xla = copy.deepcopy(cpu).to(dev)
+    assert xla.out.weight is xla.emb.weight
+    assert len(list(xla.parameters())) == len(list(cpu.parameters())) == 3
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randint(0, 20, (4, 6), generator=g), torch.randint(0, 20, (24,), generator=g))
+               for _ in range(4)]
+    loss_fn = lambda logits, y: F.cross_entropy(logits.reshape(-1, 20), y)  # noqa: E731
+    lc, cpu = _train(cpu, torch.optim.AdamW, batches, loss_fn, "cpu", steps=4, lr=1e-2)
+    lx, xla = _train(xla, torch.optim.AdamW, batches, loss_fn, dev, steps=4, sync=txc.sync, lr=1e-2)
+    assert lx == pytest.approx(lc, rel=1e-4, abs=1e-5)
+    torch.testing.assert_close(xla.emb.weight.cpu(), cpu.emb.weight, atol=1e-5, rtol=1e-4)
+    assert xla.out.weight is xla.emb.weight

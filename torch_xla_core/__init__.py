@@ -34,6 +34,10 @@ from . import serialization  # noqa: E402
 
 serialization.register()  # torch.save/torch.load of xla tensors
 
+from . import _tying  # noqa: E402
+
+_tying.install()  # Module.to("xla") keeps tied parameters tied
+
 
 def device(index: int = 0) -> torch.device:
     """The xla device `index` (torch.device("xla:0") by default)."""
