@@ -4,6 +4,10 @@
     dev = txc.device()                 # torch.device("xla:0")
     y = model.to(dev)(x.to(dev))       # traced, not run
     txc.sync()                         # compiled once per graph, then cached
+
+Training helpers in torch_xla's names: mark_step (= sync), optimizer_step,
+wait_device_ops; txc.amp (autocast("xla")), txc.data.DeviceLoader,
+txc.profiler.trace, txc.metrics.short_report().
 """
 __version__ = "0.1.0"
 
@@ -31,6 +35,10 @@ if os.environ.get("TXC_AUTOGRAD_THREADS") != "1":
 _ops.load_all()
 
 from . import serialization  # noqa: E402
+from . import amp  # noqa: E402
+
+amp.register_handlers()
+amp.install()  # torch.autocast("xla"): cast policies on the AutocastPrivateUse1 key
 
 serialization.register()  # torch.save/torch.load of xla tensors
 
@@ -55,4 +63,28 @@ def sync(wait: bool = False) -> None:
     """Compiles (once per graph) and runs everything traced so far; with
     wait=True, also blocks until the device has finished."""
     _tensor.sync_lazy(None, wait=wait)
+
+
+def mark_step(wait: bool = False) -> None:
+    """torch_xla's name for sync(): ends the step being traced."""
+    sync(wait=wait)
+
+
+def wait_device_ops() -> None:
+    """Blocks until the device has finished all work launched so far (the
+    pending graph is not run: call sync() first for that)."""
+    runtime.wait_all()
+
+
+def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None):
+    """optimizer.step(**optimizer_args), as torch_xla's xm.optimizer_step.
+    With barrier=True it then syncs (the step's graph compiles and runs now).
+    As in torch_xla the default is no barrier: a loop over
+    txc.data.DeviceLoader syncs at each batch, so the step's updates are run
+    there; in a loop of your own, pass barrier=True (or call mark_step())."""
+    r = optimizer.step(**(optimizer_args or {}))
+    if barrier:
+        sync()
+    return r
 from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
+from . import data, profiler  # noqa: E402

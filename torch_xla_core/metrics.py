@@ -1,6 +1,9 @@
 """Counters and timers of the runtime: compiles, cache hits and misses,
 lowering/compile/execute/transfer times, and per-op CPU fallbacks.
-`report()` renders them as text; `clear()` resets them."""
+`report()` renders them as text, `short_report()` as a few key lines;
+`clear()` resets them. Listeners (add_listener) see every timed span as it
+ends: the profiler (torch_xla_core/profiler.py) is one; with none installed
+a timer costs one list test more."""
 import collections
 import threading
 import time
@@ -9,6 +12,7 @@ from contextlib import contextmanager
 _counters = collections.Counter()
 _timers = {}  # name -> [count, total seconds]
 _lock = threading.Lock()  # threads (and the compile workers) update these
+_listeners = []  # fn(name, start, end): perf_counter seconds, called on the timing thread
 
 
 def counter_add(name: str, n: int = 1) -> None:
@@ -24,6 +28,23 @@ def timer_add(name: str, seconds: float) -> None:
         else:
             t[0] += 1
             t[1] += seconds
+    if _listeners:
+        end = time.perf_counter()
+        for fn in tuple(_listeners):
+            fn(name, end - seconds, end)
+
+
+def add_listener(fn) -> None:
+    """fn(name, start, end) is called as each timed span ends (perf_counter
+    seconds; on the thread that timed it: compiles run on worker threads)."""
+    with _lock:
+        _listeners.append(fn)
+
+
+def remove_listener(fn) -> None:
+    with _lock:
+        if fn in _listeners:
+            _listeners.remove(fn)
 
 
 @contextmanager
@@ -68,4 +89,30 @@ def report() -> str:
     for k in sorted(ts):
         n, total = ts[k]
         lines.append(f"  {k}: count={n} total={total * 1e3:.3f}ms mean={total / n * 1e3:.3f}ms")
+    return "\n".join(lines)
+
+
+def short_report() -> str:
+    """A few key lines: compiles and their time, compile-cache hits and misses,
+    executions and execute time, transfers, and the ops that fell back to the
+    CPU (the first thing to fix when a step is slow)."""
+    cs, ts = counters(), timers()
+
+    def t(name):
+        n, total = ts.get(name, (0, 0.0))
+        return f"{total * 1e3:.1f}ms" + (f" ({total / n * 1e3:.2f}ms mean)" if n else "")
+
+    hits, misses = cs.get("cache_hit", 0), cs.get("cache_miss", 0)
+    rate = f"{100 * hits / (hits + misses):.0f}%" if hits + misses else "n/a"
+    fb = fallbacks()
+    top = ", ".join(f"{k} x{v}" for k, v in sorted(fb.items(), key=lambda kv: -kv[1])[:5])
+    execute = "execute" if "execute" in ts else "execute_launch"
+    lines = [
+        f"compiles: {cs.get('compile', 0)} in {t('compile')}, lowering {t('lower')}",
+        f"compile cache: {hits} hits, {misses} misses (hit rate {rate})",
+        f"executions: {cs.get('execute', 0)}, {execute} {t(execute)}",
+        f"transfers: {cs.get('transfer_to_device', 0)} to device ({t('transfer_to_device')}), "
+        f"{cs.get('transfer_to_host', 0)} to host ({t('transfer_to_host')})",
+        f"cpu fallbacks: {sum(fb.values())}" + (f" ({top})" if top else ""),
+    ]
     return "\n".join(lines)

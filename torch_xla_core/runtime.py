@@ -143,3 +143,13 @@ def to_host(buf) -> torch.Tensor:
             t = torch.from_numpy(a.copy()) if not a.flags.writeable else torch.from_numpy(a)
     metrics.counter_add("transfer_to_host")
     return t
+
+
+def wait_all() -> None:
+    """Blocks until every live device buffer is ready: all launched
+    executions and transfers have finished."""
+    for a in backend().live_arrays():
+        try:
+            a.block_until_ready()
+        except RuntimeError:  # a deleted (donated) buffer: nothing to wait for
+            pass

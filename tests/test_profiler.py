@@ -1,0 +1,69 @@
+"""txc.profiler.trace: the Chrome trace JSON loads and holds the spans of
+a step (trace, sync, lower, compile, execute, transfers, step markers) in
+order and nested as they ran, with the graph's aten op names."""
+import json
+import os
+
+import pytest
+import torch
+
+import torch_xla_core as txc
+
+
+def _spans(path):
+    with open(path) as f:
+        doc = json.load(f)
+    return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+
+
+def _inside(inner, outer):
+    return outer["ts"] <= inner["ts"] + 1e-3 and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+
+
+def test_trace_spans(tmp_path):
+    w = torch.randn(8, 8)
+    txc.sync()  # the RNG state seeded by the test fixture: not part of the steps' graph
+    with txc.profiler.trace(str(tmp_path / "prof")) as t:
+        for i in range(2):
+            with txc.profiler.step(i):
+                x = torch.randn(4, 8).to(txc.device())
+                y = torch.softmax(x @ w.to(txc.device()), -1).sum()
+                txc.sync(wait=True)
+                y.cpu()
+    assert os.path.dirname(t.path) == str(tmp_path / "prof")
+    spans = _spans(t.path)
+    names = [e["name"] for e in spans]
+    for n in ("step 0", "step 1", "trace", "sync", "lower", "compile", "execute", "transfer_to_device",
+              "transfer_to_host"):
+        assert n in names, n
+    syncs = [e for e in spans if e["name"] == "sync" and "graph" in e.get("args", {})]
+    assert len(syncs) == 2 and syncs[0]["args"]["graph"] == syncs[1]["args"]["graph"]  # one graph, cached
+    ops = syncs[0]["args"]["ops"]
+    assert any("mm" in k for k in ops) and any("softmax" in k for k in ops), ops
+    assert names.count("compile") == 1  # the second step hit the cache
+    steps = [e for e in spans if e["name"].startswith("step ")]
+    lower = next(e for e in spans if e["name"] == "lower")
+    assert _inside(lower, syncs[0]) and _inside(syncs[0], steps[0]) and _inside(syncs[1], steps[1])
+    execs = [e for e in spans if e["name"] == "execute"]
+    assert all(any(_inside(e, s) for s in syncs) for e in execs)
+    traces = [e for e in spans if e["name"] == "trace"]
+    assert traces[0]["ts"] + traces[0]["dur"] <= syncs[0]["ts"] + 1e-3  # tracing precedes its sync
+    assert steps[0]["ts"] + steps[0]["dur"] <= steps[1]["ts"]
+
+
+def test_no_listener_when_off(tmp_path):
+    with txc.profiler.trace(str(tmp_path)):
+        pass
+    assert not txc.metrics._listeners
+    with txc.profiler.step(0):  # no trace: a no-op
+        pass
+
+
+def test_unwritable_dir_fails_before_the_run(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    ran = []
+    with pytest.raises(RuntimeError, match="cannot write the trace"):
+        with txc.profiler.trace(str(f / "sub")):
+            ran.append(1)
+    assert not ran
