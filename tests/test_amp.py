@@ -235,3 +235,19 @@ def test_grad_scaler_fp16_step():
     txc.sync()
     torch.testing.assert_close(lin.weight.cpu(), before)
     assert scaler.get_scale() == 512.0
+
+
+def test_emitted_stablehlo_has_bf16_dots_and_f32_reductions():
+    lin = torch.nn.Linear(8, 4).to(txc.device())
+    x = torch.randn(2, 8).to(txc.device())
+    with torch.autocast("xla", dtype=torch.bfloat16):
+        y = torch.softmax(lin(x), -1)
+    assert y.dtype == torch.float32
+    text = txc.debug.stablehlo(y)
+    dots = [ln for ln in text.splitlines() if "stablehlo.dot_general" in ln]
+    assert dots and all("xbf16>, tensor<" in d and d.rstrip().endswith("xbf16>") for d in dots), dots
+    reduces = [ln for ln in text.splitlines() if "stablehlo.reduce\"" in ln]
+    assert len(reduces) == 2  # softmax's max and sum
+    first = text.index("stablehlo.reduce\"")
+    region = text[first:text.index("})", first)]  # the reduction's body: its accumulator type
+    assert "tensor<f32>" in region and "bf16" not in region, region
