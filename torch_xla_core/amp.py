@@ -177,7 +177,11 @@ def install() -> None:
     if _lib is not None:
         return
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(torch.library.fallthrough_kernel, _KEY)
+    try:
+        fallback.fallback(torch.library.fallthrough_kernel, _KEY)
+    except RuntimeError as e:  # a torch that already has one (as for CUDA's key): keep it
+        if "already" not in str(e).lower() and "registered" not in str(e).lower():
+            raise
     lib = torch.library.Library("aten", "IMPL")
     plans = [(LOWER, _lower_kernel), (FP32, _fp32_kernel), (FP32_SET_DTYPE, _set_dtype_kernel),
              (PROMOTE, _promote_kernel)]
