@@ -63,6 +63,7 @@ _cache_lock = threading.Lock()
 _cache = collections.OrderedDict()   # graph hash -> executable, least recently used first
 _inflight = {}                       # graph hash -> Future of a compile under way
 _pool = None
+_sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
 
 _STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
@@ -194,6 +195,8 @@ def sync(lts=None, wait=False) -> None:
             cut = p.cut
             if cut.num_outputs == 0:
                 return
+            for listen in _sync_listeners:
+                listen(p)
             try:
                 exe = executable(p)
                 params = [runtime.scalar(*a) if type(a) is tuple else a for a in cut.params()]

@@ -17,8 +17,8 @@ first ("ops" in its args): per-op spans would cost the tracing path time.
 
 The spans come from metrics' timers (metrics.add_listener): nothing is added
 to the per-op path, and with no trace active nothing runs at all. To name a
-sync's graph, executor.plan is wrapped while a trace is active (and only
-then)."""
+sync's graph, the trace listens to the executor's syncs
+(executor._sync_listeners) while it is active."""
 import collections
 import json
 import os
@@ -123,22 +123,14 @@ def trace(directory: str, top_ops: int = 10):
                            "txc.profiler.step(n) instead")
     _check_writable(directory)
     t = Trace(directory, top_ops)
-    plan = executor.plan
-
-    def traced_plan(lts=None):
-        p = plan(lts)
-        if p.cut.num_outputs:
-            t.on_plan(p)
-        return p
-
     _active = t
-    executor.plan = traced_plan
+    executor._sync_listeners.append(t.on_plan)
     metrics.add_listener(t.on_timer)
     try:
         yield t
     finally:
         metrics.remove_listener(t.on_timer)
-        executor.plan = plan
+        executor._sync_listeners.remove(t.on_plan)
         t.add("trace", t._trace_start, time.perf_counter())  # traced after the last sync
         _active = None
         t.write()
