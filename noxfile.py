@@ -95,7 +95,7 @@ def cibuildwheel(session: nox.Session) -> None:
 
 @nox.session(python=PY, reuse_venv=True)
 def tests(session: nox.Session) -> None:
-    """Placeholder: the package built from source, then pytest tests."""
+    """The test suite: the package built from source, then pytest tests/."""
     session.install(TORCH)
     session.install(".[test]", env=_jobs_env())
     session.run("pytest", "tests", *session.posargs)

@@ -42,9 +42,7 @@ import platform
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -52,7 +50,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
-import trace_overhead as to  # noqa: E402  (bench/trace_overhead.py: worker, backends, stats)
+import trace_overhead as to  # noqa: E402  (bench/trace_overhead.py: worker, backends)
+from _harness import RemoteWorker, WorkerError, stats, worker_env  # noqa: E402
 
 SCHEMA = "torch_xla_core/bench/flavors/1"
 PEER = to.PEER
@@ -85,23 +84,15 @@ class FlavorWorker(to.Worker):
 def worker_main(backend_name):
     """JSON lines on stdin -> JSON lines on the original stdout (trace_overhead's loop)."""
     to.worker_main(backend_name, FlavorWorker)
-class Remote(to.RemoteWorker):
+def remote(name, backend, python):
     """A worker process of this file under `python`, named `name`."""
-
-    def __init__(self, name, backend, python):
-        self.name = name
-        # absolute (the worker runs in bench/), but not resolved: a venv's
-        # python is a symlink that must stay one
-        self.python = python = (os.path.abspath(python) if os.sep in python
-                                else shutil.which(python) or python)
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        env.setdefault("PJRT_DEVICE", "CPU")
-        env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            [python, str(Path(__file__).resolve()), "--worker", "--backend", backend],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            text=True, bufsize=1, env=env, cwd=str(BENCH_DIR))
+    # absolute (the worker runs in bench/), but not resolved: a venv's
+    # python is a symlink that must stay one
+    python = os.path.abspath(python) if os.sep in python else shutil.which(python) or python
+    worker = RemoteWorker(name, [python, Path(__file__).resolve(), "--worker", "--backend", backend],
+                          worker_env(clean_python_path=True))
+    worker.python = python
+    return worker
 
 
 # ==================================================================== driver
@@ -121,17 +112,6 @@ def build_flavors():
 
 def log(msg):
     print(f"[flavors] {msg}", file=sys.stderr, flush=True)
-
-
-def rstats(xs):
-    """median, quartiles, min/max and the samples in run order."""
-    xs = [float(x) for x in xs if x is not None]
-    if not xs:
-        return None
-    s = sorted(xs)
-    q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0]] * 3
-    return {"median": statistics.median(s), "p25": q[0], "p75": q[2], "min": s[0],
-            "max": s[-1], "n": len(s), "samples": xs}
 
 
 def rotate(xs, i):
@@ -229,10 +209,10 @@ def figures(models_res, core_res, names, flavor_names):
 
     def row(group, key, label, unit, series):
         r = {"group": group, "key": key, "label": label, "unit": unit,
-             "values": {n: rstats(series.get(n, [])) for n in names if n in series}}
+             "values": {n: stats(series.get(n, [])) for n in names if n in series}}
         a, b = series.get(num, []), series.get(den, [])
         paired = [x / y for x, y in zip(a, b) if x is not None and y]
-        r["ratio"] = rstats(paired)
+        r["ratio"] = stats(paired)
         if PEER in series and series[PEER]:
             ma, mp = statistics.median(a), statistics.median(series[PEER])
             r["ratio_vs_peer"] = ma / mp if mp else None
@@ -467,15 +447,15 @@ def main(argv=None):
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.monotonic()
     load_before = os.getloadavg()
-    workers = [Remote(n, to.OURS, pythons[n]) for n in flavor_names]
+    workers = [remote(n, to.OURS, pythons[n]) for n in flavor_names]
     if args.peer:
-        workers.append(Remote(PEER, PEER, args.peer))
+        workers.append(remote(PEER, PEER, args.peer))
     names = [w.name for w in workers]
     try:
         infos = flavor_check(workers, {n: n for n in flavor_names})
         core = run_core(workers[:2], args.core_n, args.core_inner, core_rounds)
         models_res = run_models(workers, models, repeats, warmup, trace_iters, args.seed)
-    except to.WorkerError as e:
+    except WorkerError as e:
         log(f"FAILED: {e}")
         return 1
     finally:

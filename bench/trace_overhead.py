@@ -32,24 +32,17 @@ import json
 import os
 import platform
 import socket
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _harness import (BENCH_DIR, BackendUnavailable, LocalWorker, RemoteWorker,  # noqa: F401
+                      WorkerError, serve, stats, worker_env)
 OURS, PEER = "txc", "torch_xla"
 SCHEMA = "torch_xla_core/bench/trace_overhead/1"
 
 
 # =========================================================== backends (worker)
-
-class BackendUnavailable(RuntimeError):
-    pass
-
 
 class TxcBackend:
     """torch_xla_core: txc.device(), txc.sync(wait=True), txc.metrics.{counters,timers,clear}."""
@@ -264,113 +257,20 @@ class Worker:
 
 
 def worker_main(backend_name, worker_cls=None):
-    """JSON lines on stdin -> JSON lines on the original stdout. Anything else the
-    process prints (library warnings, C++ logs) goes to stderr. worker_cls
-    (default Worker) answers the commands."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    worker = (worker_cls or Worker)(backend_name)
-    for line in sys.stdin:
-        req = json.loads(line)
-        cmd, kwargs = req["cmd"], req.get("args", {})
-        if cmd == "quit":
-            break
-        try:
-            resp = {"ok": True, "result": getattr(worker, cmd)(**kwargs)}
-        except BackendUnavailable as e:
-            resp = {"ok": False, "error": str(e), "unavailable": True}
-        except Exception as e:
-            resp = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc()}
-        proto.write(json.dumps(resp) + "\n")
-        proto.flush()
+    """Serves a worker (default Worker) of backend_name over stdin/stdout."""
+    serve((worker_cls or Worker)(backend_name))
 
 
 # ================================================================ the driver
 
-class WorkerError(RuntimeError):
-    def __init__(self, msg, unavailable=False):
-        super().__init__(msg)
-        self.unavailable = unavailable
-
-
-class LocalWorker:
-    def __init__(self, backend_name):
-        self.name = backend_name
-        self.worker = Worker(backend_name)
-
-    def call(self, cmd, **kwargs):
-        try:
-            return getattr(self.worker, cmd)(**kwargs)
-        except BackendUnavailable as e:
-            raise WorkerError(str(e), unavailable=True) from e
-        except Exception as e:
-            raise WorkerError(f"{type(e).__name__}: {e}\n{traceback.format_exc()}") from e
-
-    def close(self):
-        pass
-
-
-class RemoteWorker:
-    def __init__(self, backend_name, python):
-        self.name = backend_name
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        env = dict(os.environ)
-        env.setdefault("PJRT_DEVICE", "CPU")
-        env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            [python, str(Path(__file__).resolve()), "--worker", "--backend", backend_name],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            text=True, bufsize=1, env=env, cwd=str(BENCH_DIR))
-
-    def _stderr_tail(self, n=3000):
-        self.stderr.flush()
-        self.stderr.seek(0)
-        return self.stderr.read()[-n:]
-
-    def call(self, cmd, **kwargs):
-        try:
-            self.proc.stdin.write(json.dumps({"cmd": cmd, "args": kwargs}) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = ""
-        if not line:
-            self.proc.wait()
-            raise WorkerError(f"{self.name} worker exited (rc={self.proc.returncode}) during "
-                              f"{cmd!r}; its stderr ends with:\n{self._stderr_tail()}",
-                              unavailable=True)
-        resp = json.loads(line)
-        if not resp["ok"]:
-            raise WorkerError(resp["error"] + ("\n" + resp["traceback"] if "traceback" in resp
-                                               else ""), resp.get("unavailable", False))
-        return resp["result"]
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
+def remote_worker(backend_name, python):
+    """This program's worker of backend_name in a subprocess under `python`."""
+    return RemoteWorker(backend_name, [python, Path(__file__).resolve(), "--worker",
+                                       "--backend", backend_name], worker_env())
 
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def stats(xs):
-    xs = sorted(float(x) for x in xs)
-    if not xs:
-        return None
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": xs[0],
-            "max": xs[-1], "mean": statistics.fmean(xs),
-            "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs),
-            "samples": xs}
 
 
 def summarize(setup, first, samples):
@@ -586,7 +486,7 @@ def main(argv=None):
         ap.error(f"unknown model(s) {bad}; choose from {sorted(_models.CASES)}")
 
     if args.peer:
-        workers = [RemoteWorker(OURS, sys.executable), RemoteWorker(PEER, args.peer)]
+        workers = [remote_worker(OURS, sys.executable), remote_worker(PEER, args.peer)]
         default_json = BENCH_DIR / "results" / f"trace_overhead_{OURS}_vs_{PEER}.json"
     else:
         backend = args.backend
@@ -595,7 +495,7 @@ def main(argv=None):
             backend = OURS if importlib.util.find_spec("torch_xla_core") else (
                 PEER if importlib.util.find_spec("torch_xla") else OURS)
         os.environ.setdefault("PJRT_DEVICE", "CPU")
-        workers = [LocalWorker(backend)]
+        workers = [LocalWorker(backend, Worker(backend))]
         default_json = BENCH_DIR / "results" / f"trace_overhead_{backend}.json"
 
     started = datetime.datetime.now(datetime.timezone.utc)

@@ -35,50 +35,37 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import flavors as fl  # noqa: E402
 import wheels  # noqa: E402
+from engine import BUILDER, builder_env, command_ok, docker_answers, no_docker_reason  # noqa: E402
 
 ROOT = fl.ROOT
 MATRIX = fl.load()
 OUT = ROOT / "wheelhouse" / "cibuildwheel"
 REAL_IMAGE = "quay.io/pypa/manylinux_2_28_x86_64"
 LOCAL_IMAGE = "localhost/txc-manylinux-local:bookworm"
-BUILDER = HERE / "builder"
 
 
 def log(msg: str) -> None:
     print(f"[cibuildwheel] {msg}", flush=True)
 
 
-def _ok(cmd: list[str], timeout: float = 60, env=None) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, timeout=timeout, env=env).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def podman_env() -> dict[str, str]:
-    return {**os.environ, "CONTAINERS_CONF": str(BUILDER / "containers.conf"),
-            "CONTAINERS_STORAGE_CONF": str(BUILDER / "storage.conf")}
-
-
 def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
     """(route, extra env for cibuildwheel, why)."""
-    if engine in ("auto", "docker") and shutil.which("docker"):
-        if _ok(["docker", "info"], 20):
-            if _ok(["docker", "image", "inspect", REAL_IMAGE], 20) or \
-                    _ok(["docker", "pull", REAL_IMAGE], 300):
-                return "docker", {"CIBW_CONTAINER_ENGINE": "docker"}, \
-                    f"docker daemon answers; official image {REAL_IMAGE}"
-            why = f"docker answers but {REAL_IMAGE} cannot be pulled"
-        else:
-            why = "no Docker daemon answers"
+    if engine not in ("auto", "docker"):
+        why = "docker not asked for"
+    elif docker_answers():
+        if command_ok(["docker", "image", "inspect", REAL_IMAGE], timeout=20) or \
+                command_ok(["docker", "pull", REAL_IMAGE], timeout=300):
+            return "docker", {"CIBW_CONTAINER_ENGINE": "docker"}, \
+                f"docker daemon answers; official image {REAL_IMAGE}"
+        why = f"docker answers but {REAL_IMAGE} cannot be pulled"
     else:
-        why = "docker not asked for" if engine != "auto" else "no docker CLI"
+        why = no_docker_reason()
     if engine == "docker":
         raise SystemExit(f"[cibuildwheel] docker route not available: {why}")
-    env = podman_env()
+    env = builder_env()
     # generous timeout: podman waits on the storage lock while another
     # buildah/podman job (an image build, a CI dry run) holds it
-    if not _ok(["podman", "image", "exists", LOCAL_IMAGE], 600, env):
+    if not command_ok(["podman", "image", "exists", LOCAL_IMAGE], env=env, timeout=600):
         log(f"{why}; making the local builder image {LOCAL_IMAGE} (build/builder/make-image.sh)")
         subprocess.run(["bash", str(BUILDER / "make-image.sh")], check=True,
                        env={**env, "IMAGE": LOCAL_IMAGE})

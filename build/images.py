@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Build, tag, push and round-trip the container images of every C++-ABI flavor.
 
-Owns the image side of a release: the tag scheme, staging the build context
-for docker/Dockerfile, picking the engine and the base image, and the
-push/pull/run round trip through a local registry. The flavor matrix is
+Owns the image side of a release and its CLI: the tag scheme, staging the
+build context for docker/Dockerfile, building and pushing, and the
+push/pull/run round trip through a local registry. The container engine is
+build/engine.py, the base image build/base_image.py, the size table
+build/image_sizes.py. The flavor matrix is
 build/flavors.toml; the wheels come from build/wheels.py (wheelhouse/<flavor>/).
 
     python build/images.py build     [--flavor F ...] [--base IMG] [--push REGISTRY]
@@ -16,8 +18,7 @@ Engine: docker when a daemon answers, else buildah (`bud --isolation chroot
 --storage-driver vfs`, with build/builder/containers.conf + storage.conf).
 Base: the public python:3.11-slim-bookworm when it is present or can be
 pulled; otherwise a local stand-in, localhost/txc-python:3.11-slim-bookworm,
-made here from a debootstrap'd Debian bookworm (its python3 is 3.11) and
-imported with podman (or docker). It says which base it used.
+made here from a debootstrap'd Debian bookworm. It says which base it used.
 Wheels: reused from wheelhouse/<flavor>/ when there is one of the current
 version, else built with build/wheels.py. Dependencies (torch CPU, jax,
 jaxlib, ...) are downloaded once with this machine's pip configuration into
@@ -47,19 +48,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import flavors as fl  # noqa: E402  build/flavors.py, loaded by path
+from base_image import PUBLIC_BASE, make_local_base, resolve_base  # noqa: E402
+from engine import Engine, ImageError, log, pick_engine, run_cmd  # noqa: E402
+from image_sizes import summary  # noqa: E402
 
 ROOT = fl.ROOT
 MATRIX = fl.load()
-DOCKERFILE = ROOT / "docker" / "Dockerfile"
 STAGE = ROOT / "docker" / "stage"       # git-ignored (docker/.gitignore)
 REPORT = STAGE / "report.json"
 REPO = "torch-xla-core"                  # image repository name
 LOCAL = f"localhost/{REPO}"
 PYTHON = "3.11"
-PUBLIC_BASE = "python:3.11-slim-bookworm"
-PUBLIC_BASE_FQ = "docker.io/library/python:3.11-slim-bookworm"
-LOCAL_BASE = "localhost/txc-python:3.11-slim-bookworm"
-BUILDER = HERE / "builder"              # containers.conf / storage.conf for this machine
 # Platforms an image is made for. `cpu` is built here; `tpu` adds the tpu
 # extra (libtpu) to the same runtime stage, a tag of its own
 # (r<v>_<py>_tpu_<flavor>); it needs a TPU VM to be smoke-tested, so it is
@@ -67,14 +66,6 @@ BUILDER = HERE / "builder"              # containers.conf / storage.conf for thi
 PLATFORMS = {"cpu": {"extras": [], "default": True},
              "tpu": {"extras": ["tpu"], "default": False}}
 TORCH_PIN = "torch==2.13.0"
-
-
-def log(msg: str) -> None:
-    print(f"[images] {msg}", flush=True)
-
-
-class ImageError(Exception):
-    pass
 
 
 # ------------------------------------------------------------------ tags
@@ -101,204 +92,6 @@ def label_version(version: str, flavor: fl.Flavor) -> str:
     return f"{version}+{flavor.name}"
 
 
-# ---------------------------------------------------------------- engines
-def _run(cmd, *, check=True, env=None, timeout=None, quiet=False, **kw):
-    if not quiet:
-        log("$ " + " ".join(str(c) for c in cmd))
-    res = subprocess.run([str(c) for c in cmd], env=env, timeout=timeout,
-                         text=True, **kw)
-    if check and res.returncode:
-        raise ImageError(f"{cmd[0]} {cmd[1] if len(cmd) > 1 else ''} failed (rc={res.returncode})"
-                         + (f":\n{(res.stdout or '')[-3000:]}{(res.stderr or '')[-3000:]}"
-                            if kw.get("capture_output") else ""))
-    return res
-
-
-def _ok(cmd, env=None, timeout=60) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, env=env, timeout=timeout).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-class Engine:
-    """The few container operations this script needs, for docker or buildah."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.env = dict(os.environ)
-        if name == "buildah":
-            self.env.update(CONTAINERS_CONF=str(BUILDER / "containers.conf"),
-                            CONTAINERS_STORAGE_CONF=str(BUILDER / "storage.conf"))
-        self.cli = ["docker"] if name == "docker" else ["buildah", "--storage-driver", "vfs"]
-
-    def __str__(self):
-        return self.name
-
-    def q(self, *args, timeout=120) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.cli, *args], capture_output=True, text=True,
-                              env=self.env, timeout=timeout)
-
-    def exists(self, image: str) -> bool:
-        args = ["image", "inspect", image] if self.name == "docker" else \
-            ["inspect", "--type", "image", image]
-        return self.q(*args).returncode == 0
-
-    def pull(self, image: str, *, tls_verify: bool = True, timeout=300) -> bool:
-        if self.name == "docker":
-            return self.q("pull", image, timeout=timeout).returncode == 0
-        ref = image if "://" in image else f"docker://{image}"
-        return self.q("pull", f"--tls-verify={str(tls_verify).lower()}", ref,
-                      timeout=timeout).returncode == 0
-
-    def build(self, tags: list[str], build_args: dict[str, str], *,
-              labels: dict[str, str] | None = None, context: Path = ROOT,
-              quiet=False) -> subprocess.CompletedProcess:
-        # No --target: runtime is the last stage, and buildah 1.28 with
-        # --target prunes the stage that `FROM wheel-${WHEEL_FROM}` names.
-        cmd = [*self.cli, "build" if self.name == "docker" else "bud"]
-        if self.name == "buildah":
-            cmd += ["--isolation", "chroot", "--layers", "--force-rm"]
-        cmd += ["-f", str(DOCKERFILE)]
-        for k, v in build_args.items():
-            cmd += ["--build-arg", f"{k}={v}"]
-        for k, v in (labels or {}).items():
-            cmd += ["--label", f"{k}={v}"]
-        for t in tags:
-            cmd += ["-t", t]
-        cmd.append(str(context))
-        log("$ " + " ".join(cmd))
-        return subprocess.run(cmd, env=self.env, text=True,
-                              capture_output=quiet, cwd=ROOT)
-
-    def tag(self, src: str, dst: str) -> None:
-        _run([*self.cli, "tag", src, dst], env=self.env, quiet=True)
-
-    def rmi(self, *images: str) -> None:
-        for image in images:
-            if self.exists(image):
-                _run([*self.cli, "rmi", image], env=self.env, quiet=True,
-                     capture_output=True)
-
-    def push(self, image: str, dest: str, *, tls_verify: bool = True) -> None:
-        if self.name == "docker":
-            self.tag(image, dest)
-            _run(["docker", "push", dest], env=self.env)
-        else:
-            _run([*self.cli, "push", f"--tls-verify={str(tls_verify).lower()}", image,
-                  f"docker://{dest}"], env=self.env)
-
-    def size(self, image: str) -> int:
-        """Bytes of the image's layers, uncompressed (what `images` shows)."""
-        if self.name == "docker":
-            out = self.q("image", "inspect", "--format", "{{.Size}}", image).stdout
-        else:
-            out = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", image],
-                                 capture_output=True, text=True, env=self.env).stdout
-        return int(out.strip() or 0)
-
-    def labels(self, image: str) -> dict:
-        if self.name == "docker":
-            out = self.q("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout
-            return json.loads(out or "{}") or {}
-        # buildah's templates have no json function: read the whole record.
-        # It pushes OCI manifests, so a pulled image's labels are in the OCI config.
-        res = self.q("inspect", "--type", "image", image)
-        if res.returncode:
-            return {}
-        data = json.loads(res.stdout)
-        return ((data.get("OCIv1") or {}).get("config") or {}).get("Labels") \
-            or ((data.get("Docker") or {}).get("config") or {}).get("Labels") or {}
-
-    def run(self, image: str, cmd: list[str], timeout=600) -> subprocess.CompletedProcess:
-        """Runs cmd in a fresh container of image, as the image's user."""
-        if self.name == "docker":
-            return subprocess.run(["docker", "run", "--rm", image, *cmd], capture_output=True,
-                                  text=True, env=self.env, timeout=timeout)
-        ctr = self.q("from", "--pull-never", image).stdout.strip()
-        if not ctr:
-            raise ImageError(f"buildah from {image} failed")
-        try:
-            return subprocess.run([*self.cli, "run", "--isolation", "chroot", ctr, "--", *cmd],
-                                  capture_output=True, text=True, env=self.env, timeout=timeout)
-        finally:
-            self.q("rm", ctr)
-
-
-def pick_engine(name: str = "auto") -> tuple[Engine, str]:
-    if name in ("auto", "docker") and shutil.which("docker") and _ok(["docker", "info"], timeout=20):
-        return Engine("docker"), "a Docker daemon answers"
-    why = "no Docker daemon answers" if shutil.which("docker") else "no docker CLI"
-    if name == "docker":
-        raise ImageError(f"docker asked for, but {why}")
-    if not shutil.which("buildah"):
-        raise ImageError(f"{why} and buildah is not installed "
-                         "(apt-get install buildah podman runc)")
-    return Engine("buildah"), f"{why}: buildah bud --isolation chroot --storage-driver vfs"
-
-
-# ------------------------------------------------------------ local base
-def make_local_base(engine: Engine, image: str = LOCAL_BASE, suite: str = "bookworm") -> None:
-    """A stand-in for python:3.11-slim-bookworm: Debian bookworm minbase with
-    python3 (3.11), python3-venv and ca-certificates, docs/man/locales and
-    apt caches trimmed as Debian's slim images do, imported as one layer."""
-    for t in ("debootstrap", "tar") + (("podman",) if engine.name == "buildah" else ()):
-        if not shutil.which(t):
-            raise ImageError(f"making the local base needs {t} (apt-get install debootstrap podman)")
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="txc-base-", dir="/var/tmp") as tmp:
-        root = Path(tmp) / "root"
-        mirror = os.environ.get("TXC_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-        log(f"debootstrap --variant=minbase {suite} (python3, python3-venv, ca-certificates) from {mirror}")
-        _run(["debootstrap", "--variant=minbase",
-              "--include=python3,python3-venv,ca-certificates", suite, root, mirror],
-             capture_output=True)
-        for pattern in ("usr/share/doc/*", "usr/share/man/*", "usr/share/info/*",
-                        "usr/share/locale/*", "var/cache/apt/archives/*.deb",
-                        "var/cache/apt/*.bin", "var/lib/apt/lists/*", "var/log/*.log",
-                        "var/log/apt/*", "debootstrap"):
-            for p in root.glob(pattern):
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        py = root / "usr/bin/python"
-        if not py.exists():
-            py.symlink_to("python3")
-        changes = ['CMD ["python3"]', "ENV LANG=C.UTF-8",
-                   "LABEL io.torch-xla-core.base=debootstrap-bookworm-python3"]
-        importer = ["docker", "import"] if engine.name == "docker" else ["podman", "import"]
-        cmd = [*importer]
-        for c in changes:
-            cmd += ["--change", c]
-        cmd += ["-", image]
-        log(f"tar -C <rootfs> -c . | {' '.join(cmd)}")
-        tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."],
-                               stdout=subprocess.PIPE)
-        res = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True, env=engine.env)
-        tar.stdout.close()
-        if tar.wait() or res.returncode:
-            raise ImageError(f"importing the local base failed: {res.stderr[-2000:]}")
-    log(f"made {image} in {time.monotonic() - t0:.0f} s")
-
-
-def resolve_base(engine: Engine, base: str, *, allow_local: bool = True) -> tuple[str, str]:
-    """(image to build FROM, what was used and why)."""
-    candidates = [base] + ([PUBLIC_BASE_FQ] if base == PUBLIC_BASE else [])
-    for c in candidates:
-        if engine.exists(c):
-            return c, f"{c} (present locally)"
-    log(f"pulling {candidates[-1]}")
-    if engine.pull(candidates[-1], timeout=300):
-        return candidates[-1], f"{candidates[-1]} (pulled)"
-    if not allow_local or base != PUBLIC_BASE:
-        raise ImageError(f"base image {base} is not here and cannot be pulled")
-    why = (f"the public base {PUBLIC_BASE} cannot be pulled here; USING THE LOCAL BASE "
-           f"{LOCAL_BASE} (debootstrap'd Debian bookworm, python3 3.11, build/images.py)")
-    if not engine.exists(LOCAL_BASE):
-        log(why + ": making it")
-        make_local_base(engine)
-    return LOCAL_BASE, why
-
-
-# ----------------------------------------------------------------- wheels
 def flavor_wheel(flavor: fl.Flavor, *, build_missing: bool = True) -> Path:
     """The flavor's wheel in wheelhouse/<flavor>/ of the current version;
     built with build/wheels.py only when it is missing or stale."""
@@ -313,7 +106,7 @@ def flavor_wheel(flavor: fl.Flavor, *, build_missing: bool = True) -> Path:
     if not build_missing:
         raise ImageError(f"{d}: {why}; run `nox -s wheels`")
     log(f"{flavor.name}: {why}: building it (build/wheels.py all --flavor {flavor.name})")
-    _run([sys.executable, str(HERE / "wheels.py"), "all", "--flavor", flavor.name],
+    run_cmd([sys.executable, str(HERE / "wheels.py"), "all", "--flavor", flavor.name],
          env={**os.environ, "MAX_JOBS": os.environ.get("MAX_JOBS", "2")})
     return flavor_wheel(flavor, build_missing=False)
 
@@ -348,7 +141,7 @@ def stage_deps(whl: Path, platform: str, *, refresh: bool = False) -> Path:
     if Path("/opt/wheels").is_dir():   # this machine's torch CPU wheel
         cmd += ["--find-links", "/opt/wheels"]
     t0 = time.monotonic()
-    _run(cmd, capture_output=True)
+    run_cmd(cmd, capture_output=True)
     pins, seen = [], set()
     for w in sorted(out.glob("*.whl")):
         m = _WHEEL_NAME.match(w.name)
@@ -468,48 +261,12 @@ def push(engine: Engine, registry: str, flavors: list[fl.Flavor], platform: str,
     return pushed
 
 
-# -------------------------------------------------------------- measures
-_SIZES = r"""
-import importlib.metadata as md, json, os, sys
-site = [p for p in sys.path if p.endswith("site-packages")][0]
-def size(dist):
-    n = 0
-    for f in dist.files or []:
-        p = os.path.join(site, str(f))
-        if os.path.isfile(p) and not os.path.islink(p):
-            n += os.path.getsize(p)
-    return n
-by = {d.metadata["Name"].lower().replace("_", "-"): size(d) for d in md.distributions()}
-def closure(name):
-    seen, todo = set(), [name]
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in by:
-            continue
-        seen.add(n)
-        for r in md.requires(n) or []:
-            if "extra ==" in r:
-                continue
-            todo.append(r.split(";")[0].split("[")[0].split("=")[0].split("<")[0]
-                        .split(">")[0].split("!")[0].split("~")[0].strip().lower().replace("_", "-"))
-    return seen
-torch = closure("torch")
-ours = {"torch-xla-core"}
-rest = set(by) - torch - ours
-print(json.dumps({"torch_closure": sum(by[n] for n in torch),
-                  "ours": sum(by[n] for n in ours),
-                  "jax_and_rest": sum(by[n] for n in rest),
-                  "largest": sorted(((by[n], n) for n in by), reverse=True)[:6]}))
-"""
-
-
-def measure(engine: Engine, image: str) -> dict:
-    """Installed bytes by part (torch and its deps, our package, the rest:
-    jax, jaxlib, numpy, scipy, ...) and the size target of the issue."""
-    res = engine.run(image, ["python", "-c", _SIZES])
-    if res.returncode:
-        raise ImageError(f"measuring {image} failed: {res.stderr[-2000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+# ---------------------------------------------------------------- report
+def write_report(report: dict) -> None:
+    STAGE.mkdir(parents=True, exist_ok=True)
+    old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    old.update(report)
+    REPORT.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
 
 
 # -------------------------------------------------------------- roundtrip
@@ -672,38 +429,6 @@ def roundtrip(engine: Engine, flavors: list[fl.Flavor], report: dict, *,
 
 
 # ------------------------------------------------------------------- main
-def write_report(report: dict) -> None:
-    STAGE.mkdir(parents=True, exist_ok=True)
-    old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    old.update(report)
-    REPORT.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
-
-
-def summary(engine: Engine, report: dict, *, sizes: bool = True) -> None:
-    imgs = report.get("images", {})
-    if not imgs:
-        return
-    base_b = report.get("base_bytes", 0)
-    print(f"\nbase {report.get('base')}: {base_b / 2**20:.0f} MiB")
-    print(f"{'flavor':<10} {'build s':>8} {'MiB':>6} {'target MiB':>11}  tags")
-    for name, r in imgs.items():
-        target = ""
-        if sizes:
-            try:
-                m = measure(engine, r["tags"][0])
-                r["measure"] = m
-                # The issue's target: base + torch CPU + our wheel, +10%;
-                # jax/jaxlib (our hard dependency) are added to it as well.
-                r["target_bytes"] = int(1.1 * (base_b + m["torch_closure"] + m["ours"]
-                                                + m["jax_and_rest"]))
-                r["target_bytes_without_jax"] = int(1.1 * (base_b + m["torch_closure"] + m["ours"]))
-                target = f"{r['target_bytes'] / 2**20:.0f}"
-            except ImageError as e:
-                log(f"size measure skipped: {e}")
-        print(f"{name:<10} {r['seconds']:>8} {r['bytes'] / 2**20:>6.0f} {target:>11}  "
-              f"{' '.join(t.split(':', 1)[1] for t in r['tags'])}")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["build", "push", "roundtrip", "base", "tags"])

@@ -12,7 +12,7 @@ from torch.utils._mode_utils import no_dispatch
 
 from . import _C, _dtypes, executor, runtime, serialization
 
-DEVICE = None  # torch.device("xla", 0), set by init()
+DEVICE = None  # torch.device("xla", 0), set by configure()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
 DIRECT = {}    # aten OpOverload -> direct recipe (see _ops.direct)
 

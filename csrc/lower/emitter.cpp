@@ -74,14 +74,8 @@ std::string LowerCtx::op_multi(const std::string& name, const std::vector<std::s
 
 std::string LowerCtx::convert(const std::string& v, DType from, DType to, const Dims& d) {
   if (from == to) return v;
-  if (to == DType::Bool) {  // torch: nonzero -> true; stablehlo.convert agrees, but be explicit
-    std::string zero = constant(0, from, d);
-    std::string cmp = is_floating(from) ? "FLOAT" : is_unsigned(from) ? "UNSIGNED" : "SIGNED";
-    if (from == DType::Bool) return v;
-    return op("stablehlo.compare", {v, zero}, {type(from, d), type(from, d)}, type(DType::Bool, d),
-              "compare_type = #stablehlo<comparison_type " + cmp +
-                  ">, comparison_direction = #stablehlo<comparison_direction NE>");
-  }
+  // torch: nonzero -> true; stablehlo.convert agrees, but be explicit
+  if (to == DType::Bool) return compare(v, constant(0, from, d), from, d, "NE");
   return op("stablehlo.convert", {v}, {type(from, d)}, type(to, d));
 }
 
@@ -151,15 +145,9 @@ std::string LowerCtx::reduce(const std::string& v, DType t, const Dims& in_dims,
     for (auto a : axes) r |= a == int64_t(i);
     if (!r) out.push_back(in_dims[i]);
   }
-  std::string c = constant(init, t);
-  std::string a = fresh(), b = fresh(), s = fresh(), st = type(t, {});
-  std::string pad(indent_ + 2, ' ');
-  std::string region = "({\n" + pad + "^bb0(" + a + ": " + st + ", " + b + ": " + st + "):\n" + pad + "  " + s +
-                       " = \"" + body_op + "\"(" + a + ", " + b + ") : (" + st + ", " + st + ") -> " + st + "\n" +
-                       pad + "  \"stablehlo.return\"(" + s + ") : (" + st + ") -> ()\n" +
-                       std::string(indent_, ' ') + "})";
-  return op("stablehlo.reduce", {v, c}, {type(t, in_dims), st}, type(t, out), "dimensions = " + i64_array(axes),
-            region);
+  std::string st = type(t, {});
+  return op("stablehlo.reduce", {v, constant(init, t)}, {type(t, in_dims), st}, type(t, out),
+            "dimensions = " + i64_array(axes), combiner(t, body_op));
 }
 
 std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<std::string>& args) {

@@ -62,6 +62,36 @@ class LowerCtx {
   static std::string i64_array(const Dims& d);  // "array<i64: 1, 2>"
   static std::string literal(double v, DType t);  // constant element text
 
+  // ---- building blocks: made of the calls above and defined inline below,
+  // so extensions (ext/extension.h) get them with no entry of their own.
+  // stablehlo's comparison type for values of dtype t: FLOAT, UNSIGNED (bool
+  // too) or SIGNED.
+  static const char* comparison_type(DType t);
+  // The properties of a stablehlo.compare; `as` names another comparison
+  // type than t's (e.g. "TOTALORDER").
+  static std::string compare_props(DType t, const char* direction, const char* as = nullptr);
+  // a <direction> b elementwise over values of (t, d): a bool tensor of dims d.
+  std::string compare(const std::string& a, const std::string& b, DType t, const Dims& d, const char* direction,
+                      const char* as = nullptr);
+  // pred ? on_true : on_false elementwise over values of (t, d).
+  std::string select(const std::string& pred, const std::string& on_true, const std::string& on_false, DType t,
+                     const Dims& d);
+  // An elementwise op whose operands and result all have type (t, d).
+  std::string unary(const std::string& name, const std::string& v, DType t, const Dims& d);
+  std::string binary(const std::string& name, const std::string& a, const std::string& b, DType t, const Dims& d);
+  // Writes a region's terminator, "stablehlo.return"(values).
+  void region_return(const std::vector<std::string>& values, const std::vector<std::string>& types);
+  // The "({...})" region of a reduce, reduce_window, scatter or sort whose
+  // block arguments are scalars of `arg_dtypes`: `emit` writes the region's
+  // ops through this context from the argument names and returns the values
+  // it returns (scalars of `result_dtypes`).
+  using RegionBody = std::function<std::vector<std::string>(const std::vector<std::string>& args)>;
+  std::string scalar_region(const std::vector<DType>& arg_dtypes, const std::vector<DType>& result_dtypes,
+                            const RegionBody& emit);
+  // The region combining two scalars of t with body_op ("stablehlo.add", ...);
+  // an empty body_op returns the second (scatter's "replace").
+  std::string combiner(DType t, const std::string& body_op);
+
   // Used by lower_graph.
   std::vector<std::string> names_;
   std::string body_;
@@ -85,5 +115,64 @@ struct LowerOptions {
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
                         const std::vector<const Node*>& outputs, const LowerOptions& options,
                         std::vector<int>* line_node = nullptr);
+
+inline const char* LowerCtx::comparison_type(DType t) {
+  return is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
+}
+
+inline std::string LowerCtx::compare_props(DType t, const char* direction, const char* as) {
+  return std::string("compare_type = #stablehlo<comparison_type ") + (as ? as : comparison_type(t)) +
+         ">, comparison_direction = #stablehlo<comparison_direction " + direction + ">";
+}
+
+inline std::string LowerCtx::compare(const std::string& a, const std::string& b, DType t, const Dims& d,
+                                     const char* direction, const char* as) {
+  std::string ty = type(t, d);
+  return op("stablehlo.compare", {a, b}, {ty, ty}, type(DType::Bool, d), compare_props(t, direction, as));
+}
+
+inline std::string LowerCtx::select(const std::string& pred, const std::string& on_true, const std::string& on_false,
+                                    DType t, const Dims& d) {
+  std::string ty = type(t, d);
+  return op("stablehlo.select", {pred, on_true, on_false}, {type(DType::Bool, d), ty, ty}, ty);
+}
+
+inline std::string LowerCtx::unary(const std::string& name, const std::string& v, DType t, const Dims& d) {
+  std::string ty = type(t, d);
+  return op(name, {v}, {ty}, ty);
+}
+
+inline std::string LowerCtx::binary(const std::string& name, const std::string& a, const std::string& b, DType t,
+                                    const Dims& d) {
+  std::string ty = type(t, d);
+  return op(name, {a, b}, {ty, ty}, ty);
+}
+
+inline void LowerCtx::region_return(const std::vector<std::string>& values, const std::vector<std::string>& types) {
+  std::string vals, tys;
+  for (size_t i = 0; i < values.size(); ++i) {
+    vals += (i ? ", " : "") + values[i];
+    tys += (i ? ", " : "") + types[i];
+  }
+  body_.append(indent_, ' ');
+  body_ += "\"stablehlo.return\"(" + vals + ") : (" + tys + ") -> ()\n";
+}
+
+inline std::string LowerCtx::scalar_region(const std::vector<DType>& arg_dtypes,
+                                           const std::vector<DType>& result_dtypes, const RegionBody& emit) {
+  std::vector<std::string> args, arg_types, result_types;
+  for (DType t : arg_dtypes) {
+    args.push_back(fresh());
+    arg_types.push_back(type(t, {}));
+  }
+  for (DType t : result_dtypes) result_types.push_back(type(t, {}));
+  return "(" + region_text(args, arg_types, [&] { region_return(emit(args), result_types); }) + ")";
+}
+
+inline std::string LowerCtx::combiner(DType t, const std::string& body_op) {
+  return scalar_region({t, t}, {t}, [&](const std::vector<std::string>& ab) {
+    return std::vector<std::string>{body_op.empty() ? ab[1] : binary(body_op, ab[0], ab[1], t, {})};
+  });
+}
 
 }  // namespace txc

@@ -46,18 +46,6 @@ std::vector<std::string> coerced(LowerCtx& cx, const Node& n, DType c) {
   return v;
 }
 
-std::string cmp_type(DType t) {
-  return is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
-}
-
-std::string compare(LowerCtx& cx, const std::string& a, const std::string& b, DType t, const Dims& d,
-                    const char* dir) {
-  std::string ty = LowerCtx::type(t, d);
-  return cx.op("stablehlo.compare", {a, b}, {ty, ty}, LowerCtx::type(DType::Bool, d),
-               "compare_type = #stablehlo<comparison_type " + cmp_type(t) +
-                   ">, comparison_direction = #stablehlo<comparison_direction " + dir + ">");
-}
-
 // Registers op `name` lowering to the StableHLO op `hlo` over coerced operands.
 uint16_t simple(const char* name, int arity, Kind k, const char* hlo) {
   std::string hlo_s = hlo;
@@ -82,17 +70,24 @@ uint16_t custom(const char* name, int arity, Kind k, Emit emit) {
 
 uint16_t comparison(const char* name, const char* dir) {
   return custom(name, 2, Kind::Compare, [dir](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-    return compare(cx, a[0], a[1], c, n.dims, dir);
+    return cx.compare(a[0], a[1], c, n.dims, dir);
   });
 }
 
-std::string bin(LowerCtx& cx, const char* op, const std::string& a, const std::string& b, DType t, const Dims& d) {
-  std::string ty = LowerCtx::type(t, d);
-  return cx.op(op, {a, b}, {ty, ty}, ty);
+// Rounds floats toward zero: sign(v) * floor(|v|).
+std::string round_toward_zero(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
+  auto magnitude = cx.unary("stablehlo.floor", cx.unary("stablehlo.abs", v, t, d), t, d);
+  return cx.binary("stablehlo.multiply", cx.unary("stablehlo.sign", v, t, d), magnitude, t, d);
 }
-std::string un(LowerCtx& cx, const char* op, const std::string& a, DType t, const Dims& d) {
-  std::string ty = LowerCtx::type(t, d);
-  return cx.op(op, {a}, {ty}, ty);
+
+// Where a truncating remainder r of a / b must move one divisor toward
+// rounding down: r is nonzero and its sign differs from b's.
+std::string remainder_needs_floor(LowerCtx& cx, const std::string& r, const std::string& b, DType t, const Dims& d) {
+  auto zero = cx.constant(0, t, d);
+  auto nonzero = cx.compare(r, zero, t, d, "NE");
+  auto signs_differ = cx.binary("stablehlo.xor", cx.compare(r, zero, t, d, "LT"), cx.compare(b, zero, t, d, "LT"),
+                                DType::Bool, d);
+  return cx.binary("stablehlo.and", nonzero, signs_differ, DType::Bool, d);
 }
 
 // -- unary --------------------------------------------------------------
@@ -123,20 +118,17 @@ std::string un(LowerCtx& cx, const char* op, const std::string& a, DType t, cons
     simple("round", 1, Kind::Same, "stablehlo.round_nearest_even"),
     simple("bitwise_not", 1, Kind::Integral, "stablehlo.not"),
     custom("logical_not", 1, Kind::Logical,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType) { return un(cx, "stablehlo.not", a[0], DType::Bool, n.dims); }),
+           [](LowerCtx& cx, const Node& n, const auto& a, DType) { return cx.unary("stablehlo.not", a[0], DType::Bool, n.dims); }),
     custom("reciprocal", 1, Kind::Float,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return bin(cx, "stablehlo.divide", cx.constant(1, c, n.dims), a[0], c, n.dims);
+             return cx.binary("stablehlo.divide", cx.constant(1, c, n.dims), a[0], c, n.dims);
            }),
     custom("trunc", 1, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             if (!is_floating(c)) return a[0];
-             auto s = un(cx, "stablehlo.sign", a[0], c, n.dims);
-             auto f = un(cx, "stablehlo.floor", un(cx, "stablehlo.abs", a[0], c, n.dims), c, n.dims);
-             return bin(cx, "stablehlo.multiply", s, f, c, n.dims);
+             return is_floating(c) ? round_toward_zero(cx, a[0], c, n.dims) : a[0];
            }),
     custom("isnan", 1, Kind::Compare,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return compare(cx, a[0], a[0], c, n.dims, "NE"); }),
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return cx.compare(a[0], a[0], c, n.dims, "NE"); }),
 };
 
 // -- binary -------------------------------------------------------------
@@ -164,42 +156,25 @@ std::string un(LowerCtx& cx, const char* op, const std::string& a, DType t, cons
     // Integer division rounding toward zero (torch's rounding_mode='trunc').
     custom("div_trunc", 2, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             auto q = bin(cx, "stablehlo.divide", a[0], a[1], c, n.dims);
-             if (!is_floating(c)) return q;
-             auto s = un(cx, "stablehlo.sign", q, c, n.dims);
-             auto f = un(cx, "stablehlo.floor", un(cx, "stablehlo.abs", q, c, n.dims), c, n.dims);
-             return bin(cx, "stablehlo.multiply", s, f, c, n.dims);
+             auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
+             return is_floating(c) ? round_toward_zero(cx, q, c, n.dims) : q;
            }),
     // Division rounding down (rounding_mode='floor', floor_divide).
     custom("div_floor", 2, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             if (is_floating(c)) return un(cx, "stablehlo.floor", bin(cx, "stablehlo.divide", a[0], a[1], c, n.dims), c, n.dims);
-             // q = a / b (trunc); if (a % b != 0) and sign differs: q - 1
-             auto q = bin(cx, "stablehlo.divide", a[0], a[1], c, n.dims);
-             auto r = bin(cx, "stablehlo.remainder", a[0], a[1], c, n.dims);
-             auto zero = cx.constant(0, c, n.dims);
-             auto nz = compare(cx, r, zero, c, n.dims, "NE");
-             auto sr = compare(cx, r, zero, c, n.dims, "LT");
-             auto sb = compare(cx, a[1], zero, c, n.dims, "LT");
-             auto diff = cx.op("stablehlo.xor", {sr, sb}, {LowerCtx::type(DType::Bool, n.dims), LowerCtx::type(DType::Bool, n.dims)}, LowerCtx::type(DType::Bool, n.dims));
-             auto fix = cx.op("stablehlo.and", {nz, diff}, {LowerCtx::type(DType::Bool, n.dims), LowerCtx::type(DType::Bool, n.dims)}, LowerCtx::type(DType::Bool, n.dims));
-             auto qm1 = bin(cx, "stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
-             std::string ty = LowerCtx::type(c, n.dims);
-             return cx.op("stablehlo.select", {fix, qm1, q}, {LowerCtx::type(DType::Bool, n.dims), ty, ty}, ty);
+             auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
+             if (is_floating(c)) return cx.unary("stablehlo.floor", q, c, n.dims);
+             // integers: q = a / b truncates; one less where the remainder says so
+             auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
+             auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
+             return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), q_minus_1, q, c, n.dims);
            }),
     // Python-style modulus: result has the sign of the divisor (torch.remainder).
     custom("remainder", 2, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             auto r = bin(cx, "stablehlo.remainder", a[0], a[1], c, n.dims);
-             auto zero = cx.constant(0, c, n.dims);
-             auto nz = compare(cx, r, zero, c, n.dims, "NE");
-             auto sr = compare(cx, r, zero, c, n.dims, "LT");
-             auto sb = compare(cx, a[1], zero, c, n.dims, "LT");
-             std::string bt = LowerCtx::type(DType::Bool, n.dims), ty = LowerCtx::type(c, n.dims);
-             auto diff = cx.op("stablehlo.xor", {sr, sb}, {bt, bt}, bt);
-             auto fix = cx.op("stablehlo.and", {nz, diff}, {bt, bt}, bt);
-             auto rb = bin(cx, "stablehlo.add", r, a[1], c, n.dims);
-             return cx.op("stablehlo.select", {fix, rb, r}, {bt, ty, ty}, ty);
+             auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
+             auto r_plus_b = cx.binary("stablehlo.add", r, a[1], c, n.dims);
+             return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), r_plus_b, r, c, n.dims);
            }),
     simple("fmod", 2, Kind::Same, "stablehlo.remainder"),
 };
@@ -218,13 +193,13 @@ const uint16_t reg_where = register_op(OpDef{
       auto c = cx.coerce(n, 0, DType::Bool, n.dims);
       auto x = cx.coerce(n, 1, n.dtype, n.dims);
       auto y = cx.coerce(n, 2, n.dtype, n.dims);
-      std::string ty = LowerCtx::type(n);
-      return cx.op("stablehlo.select", {c, x, y}, {LowerCtx::type(DType::Bool, n.dims), ty, ty}, ty);
+      return cx.select(c, x, y, n.dtype, n.dims);
     }});
 
 }  // namespace
 
-// The dtype Python numbers among n's operands take (see make() in module.cpp).
+// The dtype Python numbers among n's operands take (used by make_from() in
+// py/wrapper.cpp).
 DType elementwise_scalar_dtype(const Node& n) {
   if (op_def(n.op).name == "where") {
     ResultType rt;

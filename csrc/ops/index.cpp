@@ -14,46 +14,9 @@
 namespace txc {
 namespace {
 
-std::string cmp_type(DType t) {
-  return is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
-}
-
-std::string bin(LowerCtx& cx, const char* op, const std::string& a, const std::string& b, DType t, const Dims& d) {
-  std::string ty = LowerCtx::type(t, d);
-  return cx.op(op, {a, b}, {ty, ty}, ty);
-}
-
-std::string cmp(LowerCtx& cx, const std::string& a, const std::string& b, DType t, const Dims& d, const char* dir) {
-  std::string ty = LowerCtx::type(t, d);
-  return cx.op("stablehlo.compare", {a, b}, {ty, ty}, LowerCtx::type(DType::Bool, d),
-               "compare_type = #stablehlo<comparison_type " + cmp_type(t) +
-                   ">, comparison_direction = #stablehlo<comparison_direction " + dir + ">");
-}
-
-std::string sel(LowerCtx& cx, const std::string& p, const std::string& a, const std::string& b, DType t,
-                const Dims& d) {
-  std::string ty = LowerCtx::type(t, d);
-  return cx.op("stablehlo.select", {p, a, b}, {LowerCtx::type(DType::Bool, d), ty, ty}, ty);
-}
-
 std::string iota(LowerCtx& cx, const Dims& d, int64_t dim) {
   return cx.op("stablehlo.iota", {}, {}, LowerCtx::type(DType::I64, d),
                "iota_dimension = " + std::to_string(dim) + " : i64");
-}
-
-// A scalar binary region for reduce/scatter/reduce_window; body_op "" returns
-// the second argument (scatter's "replace").
-std::string region(LowerCtx& cx, DType t, const std::string& body_op) {
-  std::string a = cx.fresh(), b = cx.fresh(), st = LowerCtx::type(t, {});
-  std::string pad(cx.indent_ + 2, ' ');
-  std::string r = "({\n" + pad + "^bb0(" + a + ": " + st + ", " + b + ": " + st + "):\n";
-  std::string ret = b;
-  if (!body_op.empty()) {
-    ret = cx.fresh();
-    r += pad + "  " + ret + " = \"" + body_op + "\"(" + a + ", " + b + ") : (" + st + ", " + st + ") -> " + st + "\n";
-  }
-  r += pad + "  \"stablehlo.return\"(" + ret + ") : (" + st + ") -> ()\n" + std::string(cx.indent_, ' ') + "})";
-  return r;
 }
 
 // Index operand i of n as int64 broadcast to `to`, negatives wrapped by `size`.
@@ -61,9 +24,9 @@ std::string index_operand(LowerCtx& cx, const Node& n, size_t i, const Dims& to,
   const Node& o = *n.operands[i];
   std::string v = cx.convert(cx.in(n, i), o.dtype, DType::I64, o.dims);
   if (!is_unsigned(o.dtype)) {
-    std::string neg = cmp(cx, v, cx.constant(0, DType::I64, o.dims), DType::I64, o.dims, "LT");
-    std::string up = bin(cx, "stablehlo.add", v, cx.constant(double(size), DType::I64, o.dims), DType::I64, o.dims);
-    v = sel(cx, neg, up, v, DType::I64, o.dims);
+    std::string neg = cx.compare(v, cx.constant(0, DType::I64, o.dims), DType::I64, o.dims, "LT");
+    std::string up = cx.binary("stablehlo.add", v, cx.constant(double(size), DType::I64, o.dims), DType::I64, o.dims);
+    v = cx.select(neg, up, v, DType::I64, o.dims);
   }
   return cx.broadcast(v, DType::I64, o.dims, to);
 }
@@ -110,7 +73,7 @@ std::string scatter(LowerCtx& cx, const std::string& base, const std::string& id
                     const std::string& body_op) {
   return cx.op("stablehlo.scatter", {base, idx, upd},
                {LowerCtx::type(t, base_dims), LowerCtx::type(DType::I64, idx_dims), LowerCtx::type(t, upd_dims)},
-               LowerCtx::type(t, base_dims), props, region(cx, t, body_op));
+               LowerCtx::type(t, base_dims), props, cx.combiner(t, body_op));
 }
 
 void check_index_dtype(const Node& n, const Node& i) {
@@ -328,15 +291,15 @@ TXC_OP("scatter", 3,
          if (!include_self || red == "mean") {
            std::string cnt = sc(cx.constant(0, DType::I64, x.dims), cx.constant(1, DType::I64, idx.dims), DType::I64,
                                 "stablehlo.add");
-           touched = cmp(cx, cnt, cx.constant(0, DType::I64, x.dims), DType::I64, x.dims, "GT");
-           if (!include_self) base = sel(cx, touched, cx.constant(ident, t, x.dims), base, t, x.dims);
+           touched = cx.compare(cnt, cx.constant(0, DType::I64, x.dims), DType::I64, x.dims, "GT");
+           if (!include_self) base = cx.select(touched, cx.constant(ident, t, x.dims), base, t, x.dims);
            std::string out = sc(base, upd, t, body);
            if (red != "mean") return out;
-           if (include_self) cnt = bin(cx, "stablehlo.add", cnt, cx.constant(1, DType::I64, x.dims), DType::I64, x.dims);
+           if (include_self) cnt = cx.binary("stablehlo.add", cnt, cx.constant(1, DType::I64, x.dims), DType::I64, x.dims);
            std::string c = cx.convert(cnt, DType::I64, t, x.dims);
            std::string one = cx.constant(1, t, x.dims);
-           c = sel(cx, touched, c, one, t, x.dims);
-           return bin(cx, "stablehlo.divide", out, c, t, x.dims);
+           c = cx.select(touched, c, one, t, x.dims);
+           return cx.binary("stablehlo.divide", out, c, t, x.dims);
          }
          return sc(base, upd, t, body);
        });
@@ -363,7 +326,7 @@ std::string cumulative(LowerCtx& cx, const std::string& v, DType t, const Dims& 
                    ", window_dilations = " + LowerCtx::i64_array(one) +
                    ", window_dimensions = " + LowerCtx::i64_array(win) +
                    ", window_strides = " + LowerCtx::i64_array(one),
-               region(cx, t, body));
+               cx.combiner(t, body));
 }
 
 TXC_OP("mask_put", 3,
@@ -408,7 +371,7 @@ TXC_OP("mask_put", 3,
          } else {
            std::string mf = cx.reshape(cx.convert(cx.in(n, 1), DType::Bool, DType::I64, m.dims), DType::I64, m.dims, {M});
            std::string pos = cumulative(cx, mf, DType::I64, {M}, 0, "stablehlo.add", 0);
-           pos = bin(cx, "stablehlo.subtract", pos, cx.constant(1, DType::I64, {M}), DType::I64, {M});
+           pos = cx.binary("stablehlo.subtract", pos, cx.constant(1, DType::I64, {M}), DType::I64, {M});
            pos = cx.op("stablehlo.clamp", {cx.constant(0, DType::I64), pos, cx.constant(double(K - 1), DType::I64)},
                        {"tensor<i64>", LowerCtx::type(DType::I64, {M}), "tensor<i64>"}, LowerCtx::type(DType::I64, {M}));
            pos = cx.reshape(pos, DType::I64, {M}, {M, 1});
@@ -422,11 +385,11 @@ TXC_OP("mask_put", 3,
            g = cx.reshape(g, t, gd, x.dims);
          }
          if (n.attr_int(1))
-           g = bin(cx, is_bool(t) ? "stablehlo.or" : "stablehlo.add", cx.in(n, 0), g, t, x.dims);
+           g = cx.binary(is_bool(t) ? "stablehlo.or" : "stablehlo.add", cx.in(n, 0), g, t, x.dims);
          Dims map;
          for (int64_t i = 0; i < m.rank(); ++i) map.push_back(start + i);
          std::string mb = cx.broadcast_in_dim(cx.in(n, 1), DType::Bool, m.dims, x.dims, map);
-         return sel(cx, mb, g, cx.in(n, 0), t, x.dims);
+         return cx.select(mb, g, cx.in(n, 0), t, x.dims);
        });
 
 // ---- embedding backward -------------------------------------------------
@@ -452,9 +415,9 @@ TXC_OP("embedding_backward", 2,
          std::string iv = cx.reshape(cx.convert(cx.in(n, 1), i.dtype, DType::I64, i.dims), DType::I64, i.dims, {N});
          std::string gv = cx.reshape(cx.in(n, 0), t, g.dims, {N, D});
          if (pad >= 0) {
-           std::string keep = cmp(cx, iv, cx.constant(double(pad), DType::I64, {N}), DType::I64, {N}, "NE");
+           std::string keep = cx.compare(iv, cx.constant(double(pad), DType::I64, {N}), DType::I64, {N}, "NE");
            keep = cx.broadcast_in_dim(keep, DType::Bool, {N}, {N, D}, {0});
-           gv = sel(cx, keep, gv, cx.constant(0, t, {N, D}), t, {N, D});
+           gv = cx.select(keep, gv, cx.constant(0, t, {N, D}), t, {N, D});
          }
          iv = cx.reshape(iv, DType::I64, {N}, {N, 1});
          return scatter(cx, cx.constant(0, t, n.dims), iv, gv, t, n.dims, {N, 1}, {N, D},
@@ -509,44 +472,23 @@ TXC_OP("sort", 1,
          int64_t dim = n.attr_int(0);
          bool desc = n.attr_int(1) != 0;
          DType t = x.dtype;
-         std::string st = LowerCtx::type(t, {}), it = "tensor<i64>";
-         std::string a = cx.fresh(), b = cx.fresh(), ia = cx.fresh(), ib = cx.fresh();
-         std::string pad(cx.indent_ + 4, ' ');
-         std::string body;
-         auto line = [&](const std::string& def) {
-           std::string r = cx.fresh();
-           body += pad + r + " = " + def + "\n";
-           return r;
-         };
-         auto ccmp = [&](const std::string& l, const std::string& r, const char* dir, const std::string& ct) {
-           return line("\"stablehlo.compare\"(" + l + ", " + r +
-                       ") <{compare_type = #stablehlo<comparison_type " + ct +
-                       ">, comparison_direction = #stablehlo<comparison_direction " + dir + ">}> : (" + st + ", " +
-                       st + ") -> tensor<i1>");
-         };
-         std::string ka = a, kb = b, ct = cmp_type(t);
-         if (is_floating(t)) {  // canonicalize -0.0 -> 0.0 and NaNs -> one NaN, then a total order
-           auto canon = [&](const std::string& v) {
-             std::string z = line("\"stablehlo.constant\"() <{value = dense<" + LowerCtx::literal(0, t) + "> : " + st +
-                                  "}> : () -> " + st);
-             std::string isz = ccmp(v, z, "EQ", "FLOAT");
-             std::string v1 = line("\"stablehlo.select\"(" + isz + ", " + z + ", " + v + ") : (tensor<i1>, " + st +
-                                   ", " + st + ") -> " + st);
-             std::string nan = line("\"stablehlo.constant\"() <{value = dense<" + LowerCtx::literal(NAN, t) + "> : " +
-                                    st + "}> : () -> " + st);
-             std::string isn = ccmp(v, v, "NE", "FLOAT");
-             return line("\"stablehlo.select\"(" + isn + ", " + nan + ", " + v1 + ") : (tensor<i1>, " + st + ", " +
-                         st + ") -> " + st);
-           };
-           ka = canon(a);
-           kb = canon(b);
-           ct = "TOTALORDER";
-         }
-         std::string res = ccmp(ka, kb, desc ? "GT" : "LT", ct);
-         body += pad + "\"stablehlo.return\"(" + res + ") : (tensor<i1>) -> ()\n";
-         std::string region = "({\n" + std::string(cx.indent_ + 2, ' ') + "^bb0(" + a + ": " + st + ", " + b + ": " +
-                              st + ", " + ia + ": " + it + ", " + ib + ": " + it + "):\n" + body +
-                              std::string(cx.indent_, ' ') + "})";
+         // Compares the keys (a, b); the carried indices (the last two arguments) ride along.
+         std::string region = cx.scalar_region(
+             {t, t, DType::I64, DType::I64}, {DType::Bool}, [&](const std::vector<std::string>& args) {
+               std::string ka = args[0], kb = args[1];
+               const char* as = nullptr;
+               if (is_floating(t)) {  // canonicalize -0.0 -> 0.0 and NaNs -> one NaN, then a total order
+                 auto canon = [&](const std::string& v) {
+                   std::string zero = cx.constant(0, t), nan = cx.constant(NAN, t);
+                   std::string v1 = cx.select(cx.compare(v, zero, t, {}, "EQ"), zero, v, t, {});
+                   return cx.select(cx.compare(v, v, t, {}, "NE"), nan, v1, t, {});
+                 };
+                 ka = canon(ka);
+                 kb = canon(kb);
+                 as = "TOTALORDER";
+               }
+               return std::vector<std::string>{cx.compare(ka, kb, t, {}, desc ? "GT" : "LT", as)};
+             });
          std::string idx = iota(cx, x.dims, dim);
          std::string r = cx.op_multi("stablehlo.sort", {cx.in(n, 0), idx},
                                      {LowerCtx::type(x), LowerCtx::type(DType::I64, x.dims)},
@@ -570,11 +512,11 @@ TXC_OP("tri", 1,
          int64_t r = x.rank(), k = n.attr_int(0);
          Dims d2 = {x.dims[r - 2], x.dims[r - 1]};
          std::string row = iota(cx, d2, 0), col = iota(cx, d2, 1);
-         std::string diff = bin(cx, "stablehlo.subtract", col, row, DType::I64, d2);
-         std::string keep = cmp(cx, diff, cx.constant(double(k), DType::I64, d2), DType::I64, d2,
+         std::string diff = cx.binary("stablehlo.subtract", col, row, DType::I64, d2);
+         std::string keep = cx.compare(diff, cx.constant(double(k), DType::I64, d2), DType::I64, d2,
                                 n.attr_int(1) ? "GE" : "LE");
          keep = cx.broadcast_in_dim(keep, DType::Bool, d2, x.dims, {r - 2, r - 1});
-         return sel(cx, keep, cx.in(n, 0), cx.constant(0, x.dtype, x.dims), x.dtype, x.dims);
+         return cx.select(keep, cx.in(n, 0), cx.constant(0, x.dtype, x.dims), x.dtype, x.dims);
        });
 
 // diagonal(x; offset, dim1, dim2): the diagonal moved to the last dim (a copy).
@@ -591,8 +533,8 @@ Dims diag_dims(const Node& n, const Node& x) {
 }
 std::string diag_index(LowerCtx& cx, int64_t off, int64_t L) {  // [L, 2]: (row, col) of the diagonal
   std::string i = iota(cx, {L}, 0);
-  std::string r = bin(cx, "stablehlo.add", i, cx.constant(double(off < 0 ? -off : 0), DType::I64, {L}), DType::I64, {L});
-  std::string c = bin(cx, "stablehlo.add", i, cx.constant(double(off > 0 ? off : 0), DType::I64, {L}), DType::I64, {L});
+  std::string r = cx.binary("stablehlo.add", i, cx.constant(double(off < 0 ? -off : 0), DType::I64, {L}), DType::I64, {L});
+  std::string c = cx.binary("stablehlo.add", i, cx.constant(double(off > 0 ? off : 0), DType::I64, {L}), DType::I64, {L});
   return index_vector(cx, {r, c}, {L});
 }
 Dims lead_dims(int64_t r) { return all_dims(r - 2); }

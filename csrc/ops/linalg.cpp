@@ -64,7 +64,7 @@ TXC_OP("dot", -1,
                                {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])}, LowerCtx::type(n), dn);
          if (n.operands.size() == 3) {
            std::string c = cx.coerce(n, 2, n.dtype, n.dims), ty = LowerCtx::type(n);
-           r = cx.op("stablehlo.add", {r, c}, {ty, ty}, ty);
+           r = cx.binary("stablehlo.add", r, c, n.dtype, n.dims);
          }
          return r;
        });

@@ -82,13 +82,9 @@ std::string nan_wins(LowerCtx& cx, const std::string& v, DType t, const Dims& in
   Dims flat;
   for (size_t i = 0; i < in.size(); ++i)
     if (std::find(axes.begin(), axes.end(), int64_t(i)) == axes.end()) flat.push_back(in[i]);
-  std::string ty = LowerCtx::type(t, in), fty = LowerCtx::type(t, flat);
-  std::string isnan = cx.op("stablehlo.compare", {v, v}, {ty, ty}, LowerCtx::type(DType::Bool, in),
-                            "compare_type = #stablehlo<comparison_type FLOAT>, "
-                            "comparison_direction = #stablehlo<comparison_direction NE>");
+  std::string isnan = cx.compare(v, v, t, in, "NE");
   std::string any = cx.reduce(isnan, DType::Bool, in, axes, "stablehlo.or", 0);
-  return cx.op("stablehlo.select", {any, cx.constant(NAN, t, flat), r}, {LowerCtx::type(DType::Bool, flat), fty, fty},
-               fty);
+  return cx.select(any, cx.constant(NAN, t, flat), r, t, flat);
 }
 
 void reg(const char* name, RK k) {
@@ -117,7 +113,7 @@ void reg(const char* name, RK k) {
           case RK::Mean: {
             std::string s = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0);
             std::string ty = LowerCtx::type(t, flat);
-            r = cx.op("stablehlo.divide", {s, cx.constant(double(count(x.dims, axes)), t, flat)}, {ty, ty}, ty);
+            r = cx.binary("stablehlo.divide", s, cx.constant(double(count(x.dims, axes)), t, flat), t, flat);
             break;
           }
           case RK::Var: {
@@ -125,14 +121,14 @@ void reg(const char* name, RK k) {
             std::string ty = LowerCtx::type(t, flat), xt = LowerCtx::type(t, x.dims);
             double N = double(count(x.dims, axes));
             std::string s = cx.reduce(v, t, x.dims, axes, "stablehlo.add", 0);
-            std::string m = cx.op("stablehlo.divide", {s, cx.constant(N, t, flat)}, {ty, ty}, ty);
+            std::string m = cx.binary("stablehlo.divide", s, cx.constant(N, t, flat), t, flat);
             Dims keep = reduced_dims(n, x.dims, axes, true);
             std::string mk = cx.broadcast(cx.reshape(m, t, flat, keep), t, keep, x.dims);
-            std::string d = cx.op("stablehlo.subtract", {v, mk}, {xt, xt}, xt);
-            std::string d2 = cx.op("stablehlo.multiply", {d, d}, {xt, xt}, xt);
+            std::string d = cx.binary("stablehlo.subtract", v, mk, t, x.dims);
+            std::string d2 = cx.binary("stablehlo.multiply", d, d, t, x.dims);
             std::string ss = cx.reduce(d2, t, x.dims, axes, "stablehlo.add", 0);
             double denom = std::max(N - n.attr_float(2), 0.0);
-            r = cx.op("stablehlo.divide", {ss, cx.constant(denom, t, flat)}, {ty, ty}, ty);
+            r = cx.binary("stablehlo.divide", ss, cx.constant(denom, t, flat), t, flat);
             break;
           }
         }
@@ -174,46 +170,31 @@ void reg_arg(const char* name, bool is_max) {
                                 "iota_dimension = " + std::to_string(dim) + " : i64");
         std::string init_v = cx.constant(is_max ? lowest_value(t) : highest_value(t), t);
         std::string init_i = cx.constant(0, DType::I64);
-        std::string st = LowerCtx::type(t, {}), it = LowerCtx::type(DType::I64, {}), bt = "tensor<i1>";
-        std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh();
-        std::string cmp = is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
-        auto c = [&](const std::string& l, const std::string& r, const char* dir, const std::string& ct,
-                     const std::string& ty) {
-          std::string o = cx.fresh();
-          return std::make_pair(o, "      " + o + " = \"stablehlo.compare\"(" + l + ", " + r +
-                                       ") <{compare_type = #stablehlo<comparison_type " + ct +
-                                       ">, comparison_direction = #stablehlo<comparison_direction " + dir +
-                                       ">}> : (" + ty + ", " + ty + ") -> tensor<i1>\n");
-        };
-        // a wins outright when it is better, or (floating) NaN against a
-        // number; a and b tie when equal or both NaN. A tie goes to the
-        // smaller index, so the result does not depend on the order in which
-        // XLA combines partial results (torch: the first max/min, first NaN).
-        auto [better, l1] = c(a, b, is_max ? "GT" : "LT", cmp, st);
-        auto [eq, l2] = c(a, b, "EQ", cmp, st);
-        auto [lt, l3] = c(ai, bi, "LT", "SIGNED", it);
-        std::string body = l1 + l2 + l3;
-        auto logic = [&](const char* op, const std::string& l, const std::string& r) {
-          std::string o = cx.fresh();
-          body += "      " + o + " = \"stablehlo." + op + "\"(" + l + ", " + r + ") : (" + bt + ", " + bt + ") -> " + bt + "\n";
-          return o;
-        };
-        std::string take = better, tie = eq;
-        if (is_floating(t)) {
-          auto [a_nan, l4] = c(a, a, "NE", cmp, st);
-          auto [b_num, l5] = c(b, b, "EQ", cmp, st);
-          auto [b_nan, l6] = c(b, b, "NE", cmp, st);
-          body += l4 + l5 + l6;
-          take = logic("or", better, logic("and", a_nan, b_num));
-          tie = logic("or", eq, logic("and", a_nan, b_nan));
-        }
-        std::string take_i = logic("or", take, logic("and", tie, lt));
-        std::string rv = cx.fresh(), ri = cx.fresh();
-        body += "      " + rv + " = \"stablehlo.select\"(" + take_i + ", " + a + ", " + b + ") : (tensor<i1>, " + st + ", " + st + ") -> " + st + "\n";
-        body += "      " + ri + " = \"stablehlo.select\"(" + take_i + ", " + ai + ", " + bi + ") : (tensor<i1>, " + it + ", " + it + ") -> " + it + "\n";
-        body += "      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + st + ", " + it + ") -> ()\n";
-        std::string region = "({\n    ^bb0(" + a + ": " + st + ", " + ai + ": " + it + ", " + b + ": " + st + ", " +
-                             bi + ": " + it + "):\n" + body + "    })";
+        std::string st = LowerCtx::type(t, {}), it = LowerCtx::type(DType::I64, {});
+        // Arguments (a, a's index, b, b's index). a wins outright when it is
+        // better, or (floating) NaN against a number; a and b tie when equal
+        // or both NaN. A tie goes to the smaller index, so the result does not
+        // depend on the order in which XLA combines partial results (torch:
+        // the first max/min, first NaN).
+        std::string region = cx.scalar_region(
+            {t, DType::I64, t, DType::I64}, {t, DType::I64}, [&](const std::vector<std::string>& args) {
+              const std::string &a = args[0], &ai = args[1], &b = args[2], &bi = args[3];
+              auto logic = [&](const char* op, const std::string& l, const std::string& r) {
+                return cx.binary(op, l, r, DType::Bool, {});
+              };
+              std::string take = cx.compare(a, b, t, {}, is_max ? "GT" : "LT");
+              std::string tie = cx.compare(a, b, t, {}, "EQ");
+              std::string index_first = cx.compare(ai, bi, DType::I64, {}, "LT");
+              if (is_floating(t)) {
+                std::string a_nan = cx.compare(a, a, t, {}, "NE");
+                std::string b_num = cx.compare(b, b, t, {}, "EQ");
+                std::string b_nan = cx.compare(b, b, t, {}, "NE");
+                take = logic("stablehlo.or", take, logic("stablehlo.and", a_nan, b_num));
+                tie = logic("stablehlo.or", tie, logic("stablehlo.and", a_nan, b_nan));
+              }
+              std::string take_a = logic("stablehlo.or", take, logic("stablehlo.and", tie, index_first));
+              return std::vector<std::string>{cx.select(take_a, a, b, t, {}), cx.select(take_a, ai, bi, DType::I64, {})};
+            });
         std::string r = cx.op_multi("stablehlo.reduce", {cx.in(n, 0), idx, init_v, init_i},
                                     {LowerCtx::type(x), LowerCtx::type(DType::I64, x.dims), st, it},
                                     {LowerCtx::type(t, flat), LowerCtx::type(DType::I64, flat)},

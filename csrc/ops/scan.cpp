@@ -38,12 +38,6 @@ NodePtr placeholder(int64_t index, DType t, const Dims& d) {
   return make_node_shaped(ph_op(), {}, {index}, t, d);
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-  return s;
-}
-
 std::string shape_str(DType t, const Dims& d) { return std::string(dtype_name(t)) + dims_str(d); }
 
 TXC_OP("placeholder", 0, [](Node&) {},
@@ -204,17 +198,10 @@ std::string lower_scan(LowerCtx& cx, const Node& n) {
     for (size_t i = 0; i < types.size(); ++i) a.push_back(cx.fresh());
     return a;
   };
-  auto ret = [&](const std::vector<std::string>& vals, const std::vector<std::string>& tys) {
-    cx.body_.append(cx.indent_, ' ');
-    cx.body_ += "\"stablehlo.return\"(" + join(vals) + ") : (" + join(tys) + ") -> ()\n";
-  };
   std::vector<std::string> ca = fresh_args();
   std::string cond = cx.region_text(ca, types, [&] {
     std::string lim = cx.constant(double(len), DType::I64);
-    std::string c = cx.op("stablehlo.compare", {ca[0], lim}, {it, it}, "tensor<i1>",
-                          "compare_type = #stablehlo<comparison_type SIGNED>, comparison_direction = "
-                          "#stablehlo<comparison_direction LT>");
-    ret({c}, {"tensor<i1>"});
+    cx.region_return({cx.compare(ca[0], lim, DType::I64, {}, "LT")}, {"tensor<i1>"});
   });
   std::vector<std::string> ba = fresh_args();
   std::string body = cx.region_text(ba, types, [&] {
@@ -255,7 +242,7 @@ std::string lower_scan(LowerCtx& cx, const Node& n) {
       next.push_back(cx.op("stablehlo.dynamic_update_slice", opnds, otys, types[1 + nc + nx + k]));
     }
     for (size_t k = inv0; k < ba.size(); ++k) next.push_back(ba[k]);
-    ret(next, types);
+    cx.region_return(next, types);
   });
   return cx.op_multi("stablehlo.while", inits, types, types, "", "(" + cond + ", " + body + ")");
 }

@@ -71,6 +71,15 @@ def _pool_args(name, ns, kernel_size, stride, padding, dilation=1):
     return k, s, _exp(padding, ns, name, "padding"), _exp(dilation, ns, name, "dilation")
 
 
+def _register_pool_pair(aten_name, make):
+    """Registers make(ns) -> (forward, backward) for ns = 2 and 3 as the aten
+    overloads aten_name.format(ns) and its _backward."""
+    for ns in (2, 3):
+        fwd, bwd = make(ns)
+        impl(getattr(aten, aten_name.format(ns)).default)(fwd)
+        impl(getattr(aten, aten_name.format(ns) + "_backward").default)(bwd)
+
+
 def _max_pool(ns):
     name = f"max_pool{ns}d"
 
@@ -85,12 +94,7 @@ def _max_pool(ns):
     return fwd, bwd
 
 
-_mp2, _mp2b = _max_pool(2)
-_mp3, _mp3b = _max_pool(3)
-impl(aten.max_pool2d_with_indices.default)(_mp2)
-impl(aten.max_pool2d_with_indices_backward.default)(_mp2b)
-impl(aten.max_pool3d_with_indices.default)(_mp3)
-impl(aten.max_pool3d_with_indices_backward.default)(_mp3b)
+_register_pool_pair("max_pool{}d_with_indices", _max_pool)
 
 
 def _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -113,12 +117,7 @@ def _avg_pool(ns):
     return fwd, bwd
 
 
-_ap2, _ap2b = _avg_pool(2)
-_ap3, _ap3b = _avg_pool(3)
-impl(aten.avg_pool2d.default)(_ap2)
-impl(aten.avg_pool2d_backward.default)(_ap2b)
-impl(aten.avg_pool3d.default)(_ap3)
-impl(aten.avg_pool3d_backward.default)(_ap3b)
+_register_pool_pair("avg_pool{}d", _avg_pool)
 
 
 def _adaptive(ns):
@@ -130,12 +129,7 @@ def _adaptive(ns):
     return fwd, bwd
 
 
-_ad2, _ad2b = _adaptive(2)
-_ad3, _ad3b = _adaptive(3)
-impl(aten._adaptive_avg_pool2d.default)(_ad2)
-impl(aten._adaptive_avg_pool2d_backward.default)(_ad2b)
-impl(aten._adaptive_avg_pool3d.default)(_ad3)
-impl(aten._adaptive_avg_pool3d_backward.default)(_ad3b)
+_register_pool_pair("_adaptive_avg_pool{}d", _adaptive)
 
 
 def _adaptive_max(ns):
@@ -149,12 +143,7 @@ def _adaptive_max(ns):
     return fwd, bwd
 
 
-_am2, _am2b = _adaptive_max(2)
-_am3, _am3b = _adaptive_max(3)
-impl(aten.adaptive_max_pool2d.default)(_am2)
-impl(aten.adaptive_max_pool2d_backward.default)(_am2b)
-impl(aten.adaptive_max_pool3d.default)(_am3)
-impl(aten.adaptive_max_pool3d_backward.default)(_am3b)
+_register_pool_pair("adaptive_max_pool{}d", _adaptive_max)
 
 # ---- batch norm ----
 
