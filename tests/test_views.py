@@ -226,13 +226,16 @@ def test_view_errors_on_incompatible_strides_like_cpu():
 
 
 def test_view_of_noncontiguous_where_strides_allow_writes_through():
-    def f(x):
-        v = x.t().view(2, 3, 4)       # splits the stride-1 dim of the transpose
+    c, x = _pair()
+    outs = []
+    for t in (c, x):
+        v = t.t().view(2, 3, 4)       # splits the stride-1 dim of the transpose
         v[1, 0].fill_(-1)
-        w = x[1:3].view(-1)           # contiguous rows at an offset
+        w = t[1:3].view(-1)           # contiguous rows at an offset
         w[::3] = 7
-        return torch.stack([v.sum(), w.sum()])
-    _run_both(f, (4, 6))
+        outs.append([(v.stride(), v.storage_offset()), (w.stride(), w.storage_offset()), v.sum().item()])
+    assert outs[0] == outs[1]
+    torch.testing.assert_close(x.cpu(), c)
 
 
 def test_inplace_view_ops_keep_cpu_metadata():
@@ -306,6 +309,9 @@ def test_as_strided_scatter_and_errors(dev):
     want = torch.as_strided_scatter(c, src, (2, 2), (1, 4), 1)
     got = torch.as_strided_scatter(x, src.to(dev), (2, 2), (1, 4), 1)
     torch.testing.assert_close(got.cpu(), want)
+    # the whole storage is in reach of a view's as_strided
+    torch.testing.assert_close(x[1:].as_strided((12,), (1,), 4).cpu(), c[1:].as_strided((12,), (1,), 4))
+    assert not txc.metrics.fallbacks()
     for t in (c, x):
         with pytest.raises(RuntimeError, match="out of bounds"):
             t[1:].as_strided((5,), (4,), 0)
