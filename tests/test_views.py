@@ -153,6 +153,11 @@ VIEW_CHAINS = {
     "detach_of_slice": lambda x: x[:, 1:].detach(),
     "unbind_col": lambda x: x.unbind(1)[3],
     "split_cols": lambda x: x.split(4, dim=1)[1],
+    "unsqueeze_of_empty": lambda x: x[:0].unsqueeze(0),
+    "unsqueeze_of_empty_slice": lambda x: x[:, 6:].unsqueeze(1),
+    "view_of_empty_transpose": lambda x: x[:0].t().view(2, 3, 0),
+    "unsqueeze_of_contiguous": lambda x: x.unsqueeze(2),
+    "squeeze_of_contiguous_unsqueeze": lambda x: x.view(4, 1, 6).squeeze(1),
 }
 
 

@@ -116,7 +116,7 @@ py::object wrap(LazyTensor&& t) {
   py::tuple shape(v->dims.size());
   for (size_t i = 0; i < v->dims.size(); ++i) PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(v->dims[i]));
   py::object w;
-  if (t.is_view()) w = make_view_wrapper(t, *v, shape.ptr());
+  if (!t.plain()) w = make_view_wrapper(t, *v, shape.ptr());
   if (!w) {
     PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
     w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));

@@ -36,15 +36,20 @@ LazyTensor::LazyTensor(const LazyTensor& base, NodePtr view) : st_(base.st_), ch
     view = make_node(view->op, {chain_.back()}, view->attrs);
   }
   chain_.push_back(std::move(view));
-  static const uint16_t reshape = op_id("reshape");
+  static const uint16_t reshape = op_id("reshape"), alias = op_id("alias");
+  const Node& v = *chain_.back();
+  // Reshapes and aliases of a contiguous layout are contiguous (squeeze and
+  // unsqueeze too, but for unsqueeze's zero strides next to an empty dim).
+  plain_ = base.plain_ && (v.op == alias || (v.op == reshape && (v.attrs.size() == 1 || v.numel() > 0)));
   Dims strides;
   int64_t offset;
-  if (chain_.back()->op == reshape && chain_.size() > 1 && !layout(strides, offset)) {
+  if (v.op == reshape && !base.plain_ && !layout(strides, offset)) {
     // torch's reshape copies here (and its view raises, see the view handler).
-    NodePtr v = std::move(chain_.back());
+    NodePtr copy = std::move(chain_.back());
     chain_.clear();
-    st_ = std::make_shared<Storage>(std::move(v));
+    st_ = std::make_shared<Storage>(std::move(copy));
     version_ = st_->version;
+    plain_ = true;
   }
 }
 
@@ -52,6 +57,7 @@ LazyTensor LazyTensor::root() const {
   LazyTensor r(*this);
   r.chain_.clear();
   r.version_ = st_->version;
+  r.plain_ = true;
   return r;
 }
 

@@ -53,12 +53,16 @@ class LazyTensor {
   // The view's strides and storage offset in elements; false when the chain
   // has a view op without a strides rule. A non-view is contiguous at 0.
   bool layout(Dims& strides, int64_t& offset) const;
+  // The layout is known to be contiguous at offset 0 without computing it
+  // (a non-view, or reshapes/aliases of one): wrap()'s cheap path.
+  bool plain() const { return plain_; }
 
  private:
   LazyTensor(const LazyTensor&) = default;
   std::shared_ptr<Storage> st_;
   std::vector<NodePtr> chain_;  // view nodes, chain_[0] applied to st_->value
   uint64_t version_ = 0;        // st_->version that chain_ was built from
+  bool plain_ = true;           // see plain()
 };
 
 }  // namespace txc
