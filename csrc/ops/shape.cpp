@@ -60,16 +60,21 @@ bool reshape_strides(const Dims& sizes, const Dims& strides, const Dims& want, D
   return v == -1;
 }
 
-// reshape(x; dims[, from]): `from` (set by squeeze/unsqueeze) gives per new
-// dim the input dim it is, or -1 for an inserted size-1 dim, so that the
-// strides are those of torch's squeeze/unsqueeze (reshape's differ on size-1
-// dims).
+// reshape(x; dims[, kept | inserted]): squeeze passes the input dims it
+// keeps, unsqueeze the dim it inserts, so that the strides are those of
+// torch's squeeze/unsqueeze (reshape's may differ on size-1 dims).
 bool reshape_rule(const Node& n, Dims& strides, int64_t&) {
-  if (n.attrs.size() > 1) {
-    const Dims& from = n.attr_dims(1);
-    Dims out(from.size());
-    for (size_t i = from.size(); i-- > 0;)
-      out[i] = from[i] >= 0 ? strides[from[i]] : i + 1 == from.size() ? 1 : n.dims[i + 1] * out[i + 1];
+  if (n.attrs.size() > 1 && std::holds_alternative<int64_t>(n.attrs[1])) {  // unsqueeze
+    int64_t d = n.attr_int(1);
+    const Dims& in = n.operands[0]->dims;
+    int64_t st = d >= int64_t(in.size()) ? 1 : in[d] * strides[d];
+    strides.insert(strides.begin() + d, st);
+    return true;
+  }
+  if (n.attrs.size() > 1) {  // squeeze
+    const Dims& kept = n.attr_dims(1);
+    Dims out(kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) out[i] = strides[kept[i]];
     strides = std::move(out);
     return true;
   }

@@ -17,10 +17,9 @@ def _dim(d, rank):
     return d % r
 
 
-def reshape_view(x, shape, from_dims=None):
-    """x reshaped: a view where strides allow it, else (internal callers) a copy.
-    from_dims (squeeze/unsqueeze): per new dim, the old dim it is or -1."""
-    return _view_op(OP.reshape, x._lt, (shape,) if from_dims is None else (shape, from_dims))
+def reshape_view(x, shape):
+    """x reshaped: a view where strides allow it, else (internal callers) a copy."""
+    return _view_op(OP.reshape, x._lt, (shape,))
 
 
 _RESHAPE = direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True)
@@ -108,7 +107,7 @@ def squeeze(x, dim=None):
     else:
         dims = {_dim(d, r) for d in dim}
     keep = [i for i, s in enumerate(x.shape) if not (i in dims and s == 1)]
-    return reshape_view(x, [x.shape[i] for i in keep], keep)
+    return _view_op(OP.reshape, x._lt, ([x.shape[i] for i in keep], keep))  # keep: torch's strides
 
 
 @impl(aten.unsqueeze.default)
@@ -116,9 +115,7 @@ def unsqueeze(x, dim):
     d = _dim(dim, x.dim() + 1)
     shape = list(x.shape)
     shape.insert(d, 1)
-    from_dims = list(range(x.dim()))
-    from_dims.insert(d, -1)
-    return reshape_view(x, shape, from_dims)
+    return _view_op(OP.reshape, x._lt, (shape, d))  # d: torch's strides for the new dim
 
 
 @impl(aten.select.int)
