@@ -1,7 +1,6 @@
 // The LazyTensor Python type (see lazy.h).
 #include "py/lazy.h"
 #include <new>
-#include <pybind11/stl.h>
 #include "ops/registry.h"
 
 namespace txc {
@@ -67,12 +66,6 @@ void bind_lazy(py::module_& m) {
                                         py::is_method(cls), py::name("assign"),
                                         "In-place write: this tensor (and its storage, through its views) now holds "
                                         "v's value.");
-  prop("layout", py::cpp_function([](LazyTensor& t) -> py::object {
-         Dims strides;
-         int64_t offset;
-         if (!t.layout(strides, offset)) return py::none();
-         return py::make_tuple(py::tuple(py::cast(strides)), offset);
-       }));
   cls.attr("root") = py::cpp_function([](LazyTensor& t) { return t.root(); }, py::is_method(cls), py::name("root"),
                                       "The whole storage as a tensor (as_strided indexes it).");
   cls.attr("alias") = py::cpp_function([](LazyTensor& t) { return t.alias(); }, py::is_method(cls),

@@ -283,8 +283,8 @@ def resize_(x, size, memory_format=None):
 # In-place metadata changes: the wrapper's shape and strides change, and its
 # value becomes a view of what it was.
 def _inplace_view(fn):
-    def h(x, *args):
-        r = fn(x, *args)
+    def h(x, *args, **kwargs):
+        r = fn(x, *args, **kwargs)
         _tensor.set_meta(x, r.shape, r.stride(), r.storage_offset())
         x._lt = r._lt
         return x
