@@ -175,15 +175,17 @@ def to_cpu(t: XlaTensor) -> torch.Tensor:
     return runtime.to_host(materialize(t))
 
 
-def set_meta(t: XlaTensor, shape) -> None:
-    """Changes a tensor's shape in place (t_, squeeze_, resize_ and friends)."""
-    stride = []
-    s = 1
-    for d in reversed(shape):
-        stride.append(s)
-        s *= max(d, 1)
+def set_meta(t: XlaTensor, shape, stride=None, storage_offset=0) -> None:
+    """Changes a tensor's shape, strides (default: contiguous) and storage
+    offset in place (t_, squeeze_, as_strided_, resize_, out= and friends);
+    the caller sets t._lt to a value that has them."""
     with no_dispatch():
-        torch.ops.aten.as_strided_.default(t, list(shape), stride[::-1])
+        # Taking a fresh wrapper's metadata (.data =) works for any size: the
+        # wrapper's placeholder storage is too small for as_strided_ to grow.
+        if stride is None:
+            t.data = _mws(XlaTensor, list(shape), dtype=t.dtype, device=t.device)
+        else:
+            t.data = _mws(XlaTensor, list(shape), list(stride), storage_offset, dtype=t.dtype, device=t.device)
 
 
 _warned = set()

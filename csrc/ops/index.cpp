@@ -519,7 +519,7 @@ TXC_OP("tri", 1,
          return cx.select(keep, cx.in(n, 0), cx.constant(0, x.dtype, x.dims), x.dtype, x.dims);
        });
 
-// diagonal(x; offset, dim1, dim2): the diagonal moved to the last dim (a copy).
+// diagonal(x; offset, dim1, dim2): the diagonal moved to the last dim (a view).
 Dims diag_dims(const Node& n, const Node& x) {
   int64_t off = n.attr_int(0), d1 = n.attr_int(1), d2 = n.attr_int(2);
   if (d1 < 0 || d2 < 0 || d1 >= x.rank() || d2 >= x.rank() || d1 == d2)
@@ -560,6 +560,15 @@ TXC_OP("diagonal", 1,
        },
        [](const Node& view, NodePtr parent, NodePtr value) {
          return make_op("diagonal_scatter", {parent, value}, view.attrs);
+       },
+       [](const Node& n, Dims& strides, int64_t& offset) {  // torch's diagonal view
+         int64_t off = n.attr_int(0), d1 = n.attr_int(1), d2 = n.attr_int(2);
+         int64_t s1 = strides[d1], s2 = strides[d2];
+         if (n.dims.back() > 0) offset += off >= 0 ? off * s2 : -off * s1;
+         strides.erase(strides.begin() + std::max(d1, d2));
+         strides.erase(strides.begin() + std::min(d1, d2));
+         strides.push_back(s1 + s2);
+         return true;
        });
 
 // diagonal_scatter(x, src; offset, dim1, dim2): x with its diagonal replaced by src.

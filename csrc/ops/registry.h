@@ -23,6 +23,11 @@ struct OpDef {
   // `parent` through the view `view` (a node of this op) and returns the
   // parent's new value. In-place ops on views go through this.
   std::function<NodePtr(const Node& view, NodePtr parent, NodePtr value)> scatter = nullptr;
+  // View ops only: the view's strides and storage offset (in elements, as
+  // torch defines them) from its operand's, rewritten in place; false when
+  // the view cannot be expressed with strides (a reshape torch would copy).
+  // LazyTensor::layout() chains these from the storage (tensor.h).
+  bool (*strides)(const Node& view, Dims& strides, int64_t& offset) = nullptr;
   uint64_t name_hash = 0;
 };
 

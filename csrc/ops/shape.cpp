@@ -1,6 +1,8 @@
-// Shape ops. View ops (reshape, permute, expand, slice, select, alias) carry
-// a scatter rule so that in-place writes through a view reach the storage;
-// the rest (slice_scatter, concat, pad, flip) produce new values.
+// Shape ops. View ops (reshape, permute, expand, slice, select, alias,
+// as_strided) carry a scatter rule so that in-place writes through a view
+// reach the storage, and a strides rule giving the strides and storage offset
+// torch's view would have; the rest (slice_scatter, as_strided_scatter,
+// concat, pad, flip) produce new values.
 #include <numeric>
 #include <unordered_map>
 #include "lower/emitter.h"
@@ -21,7 +23,66 @@ std::string unary_op(LowerCtx& cx, const Node& n, const char* hlo, const std::st
   return cx.op(hlo, {cx.in(n, 0)}, {LowerCtx::type(x)}, LowerCtx::type(n), props);
 }
 
-// reshape(x; dims)
+// torch's strides for viewing (sizes, strides) as `want` (its computeStride):
+// false when some dimension of `want` spans two non-contiguous chunks.
+bool reshape_strides(const Dims& sizes, const Dims& strides, const Dims& want, Dims& out) {
+  out.assign(want.size(), 1);
+  if (sizes.empty()) return true;  // a 0-d tensor: any shape of one element
+  int64_t numel = 1;
+  for (auto d : sizes) numel *= d;
+  if (numel == 0) {
+    if (sizes == want) {
+      out = strides;
+      return true;
+    }
+    for (size_t i = want.size(); i-- > 0;)
+      out[i] = i + 1 == want.size() ? 1 : std::max<int64_t>(want[i + 1], 1) * out[i + 1];
+    return true;
+  }
+  // Walk chunks of dims that are contiguous among themselves, right to left,
+  // and give the new dims covering each chunk strides inside it.
+  int64_t v = int64_t(want.size()) - 1, base = strides.back(), tn = 1, vn = 1;
+  for (int64_t d = int64_t(sizes.size()) - 1; d >= 0; --d) {
+    tn *= sizes[d];
+    if (d == 0 || (sizes[d - 1] != 1 && strides[d - 1] != tn * base)) {
+      while (v >= 0 && (vn < tn || want[v] == 1)) {
+        out[v] = vn * base;
+        vn *= want[v];
+        --v;
+      }
+      if (vn != tn) return false;
+      if (d > 0) {
+        base = strides[d - 1];
+        tn = vn = 1;
+      }
+    }
+  }
+  return v == -1;
+}
+
+// reshape(x; dims[, kept | inserted]): squeeze passes the input dims it
+// keeps, unsqueeze the dim it inserts, so that the strides are those of
+// torch's squeeze/unsqueeze (reshape's may differ on size-1 dims).
+bool reshape_rule(const Node& n, Dims& strides, int64_t&) {
+  if (n.attrs.size() > 1 && std::holds_alternative<int64_t>(n.attrs[1])) {  // unsqueeze
+    int64_t d = n.attr_int(1);
+    const Dims& in = n.operands[0]->dims;
+    int64_t st = d >= int64_t(in.size()) ? 1 : in[d] * strides[d];
+    strides.insert(strides.begin() + d, st);
+    return true;
+  }
+  if (n.attrs.size() > 1) {  // squeeze
+    const Dims& kept = n.attr_dims(1);
+    Dims out(kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) out[i] = strides[kept[i]];
+    strides = std::move(out);
+    return true;
+  }
+  Dims out;
+  if (!reshape_strides(n.operands[0]->dims, strides, n.dims, out)) return false;
+  strides = std::move(out);
+  return true;
+}
 TXC_OP("reshape", 1,
        [](Node& n) {
          const Node& x = *n.operands[0];
@@ -51,7 +112,8 @@ TXC_OP("reshape", 1,
        [](LowerCtx& cx, const Node& n) { return cx.reshape(cx.in(n, 0), n.dtype, n.operands[0]->dims, n.dims); },
        [](const Node& view, NodePtr parent, NodePtr value) {
          return make("reshape", {value}, {parent->dims});
-       });
+       },
+       reshape_rule);
 
 // permute(x; perm)
 Dims inverse_perm(const Dims& p) {
@@ -79,6 +141,13 @@ TXC_OP("permute", 1,
        },
        [](const Node& view, NodePtr parent, NodePtr value) {
          return make("permute", {value}, {inverse_perm(view.attr_dims(0))});
+       },
+       [](const Node& n, Dims& strides, int64_t&) {
+         const Dims& p = n.attr_dims(0);
+         Dims out(p.size());
+         for (size_t i = 0; i < p.size(); ++i) out[i] = strides[p[i]];
+         strides = std::move(out);
+         return true;
        });
 
 // expand(x; dims): numpy-style broadcast to dims (no write-back: one element
@@ -96,7 +165,21 @@ TXC_OP("expand", 1,
          n.dtype = x.dtype;
          n.dims = d;
        },
-       [](LowerCtx& cx, const Node& n) { return cx.broadcast(cx.in(n, 0), n.dtype, n.operands[0]->dims, n.dims); });
+       [](LowerCtx& cx, const Node& n) { return cx.broadcast(cx.in(n, 0), n.dtype, n.operands[0]->dims, n.dims); },
+       nullptr,
+       [](const Node& n, Dims& strides, int64_t&) {  // torch's inferExpandGeometry
+         const Dims& in = n.operands[0]->dims;
+         int64_t off = int64_t(n.dims.size() - in.size());
+         Dims out(n.dims.size());
+         for (int64_t i = int64_t(n.dims.size()) - 1; i >= 0; --i) {
+           int64_t d = i - off;
+           int64_t size = d >= 0 ? in[d] : 1;
+           int64_t st = d >= 0 ? strides[d] : i + 1 < int64_t(n.dims.size()) ? n.dims[i + 1] * out[i + 1] : 1;
+           out[i] = size != n.dims[i] ? 0 : st;
+         }
+         strides = std::move(out);
+         return true;
+       });
 
 // alias(x): the same value (detach, alias, .data).
 TXC_OP("alias", 1,
@@ -105,7 +188,8 @@ TXC_OP("alias", 1,
          n.dims = n.operands[0]->dims;
        },
        [](LowerCtx& cx, const Node& n) { return cx.in(n, 0); },
-       [](const Node&, NodePtr, NodePtr value) { return value; });
+       [](const Node&, NodePtr, NodePtr value) { return value; },
+       [](const Node&, Dims&, int64_t&) { return true; });
 
 // slice(x; dim, start, end, step) with start/end already clamped by the caller.
 void slice_infer(Node& n) {
@@ -136,6 +220,12 @@ TXC_OP("slice", 1, slice_infer,
        [](LowerCtx& cx, const Node& n) { return slice_lower(cx, n, *n.operands[0], cx.in(n, 0)); },
        [](const Node& view, NodePtr parent, NodePtr value) {
          return make("slice_scatter", {parent, value}, view.attrs);
+       },
+       [](const Node& n, Dims& strides, int64_t& offset) {
+         int64_t dim = n.attr_int(0);
+         offset += n.attr_int(1) * strides[dim];
+         strides[dim] *= n.attr_int(3);
+         return true;
        });
 
 // select(x; dim, index): index already wrapped and checked by the caller.
@@ -167,6 +257,12 @@ TXC_OP("select", 1,
          d[dim] = 1;
          auto v = make("reshape", {value}, {d});
          return make("slice_scatter", {parent, v}, {dim, idx, idx + 1, int64_t(1)});
+       },
+       [](const Node& n, Dims& strides, int64_t& offset) {
+         int64_t dim = n.attr_int(0);
+         offset += n.attr_int(1) * strides[dim];
+         strides.erase(strides.begin() + dim);
+         return true;
        });
 
 // slice_scatter(base, src; dim, start, end, step): base with the slice replaced by src.
@@ -215,6 +311,106 @@ TXC_OP("slice_scatter", 2,
                                   LowerCtx::type(DType::Bool, base.dims), props);
          return cx.op("stablehlo.select", {mask, padded, cx.in(n, 0)},
                       {LowerCtx::type(DType::Bool, base.dims), ty, ty}, ty);
+       });
+
+// as_strided(x; sizes, strides, offset): torch's as_strided over x read as
+// its contiguous buffer (x is a storage's whole value: LazyTensor::root()).
+void as_strided_check(const Node& n, const Node& x) {
+  const Dims &size = n.attr_dims(0), &stride = n.attr_dims(1);
+  int64_t offset = n.attr_int(2);
+  if (size.size() != stride.size())
+    op_error(n, "mismatch in length of strides and shape (" + dims_str(size) + " vs " + dims_str(stride) + ")");
+  int64_t last = offset, numel = 1;
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (size[i] < 0) op_error(n, "negative size " + std::to_string(size[i]) + " in " + dims_str(size));
+    if (stride[i] < 0) op_error(n, "negative strides are not supported, got strides: " + dims_str(stride));
+    numel *= size[i];
+    last += (size[i] - 1) * stride[i];
+  }
+  if (offset < 0) op_error(n, "negative storage offset " + std::to_string(offset));
+  if (numel > 0 && last >= x.numel())
+    op_error(n, "sizes " + dims_str(size) + ", strides " + dims_str(stride) + " and storage offset " +
+                    std::to_string(offset) + " reach element " + std::to_string(last) +
+                    ", out of bounds for a storage of " + std::to_string(x.numel()) + " elements");
+}
+// [sizes..., 1] int64: the flat position of every element.
+std::string as_strided_index(LowerCtx& cx, const Node& n, const Dims& size) {
+  const Dims& stride = n.attr_dims(1);
+  std::string idx = cx.constant(double(n.attr_int(2)), DType::I64, size);
+  std::string ty = LowerCtx::type(DType::I64, size);
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (size[i] == 1 || stride[i] == 0) continue;
+    std::string io = cx.op("stablehlo.iota", {}, {}, ty, "iota_dimension = " + std::to_string(i) + " : i64");
+    io = cx.op("stablehlo.multiply", {io, cx.constant(double(stride[i]), DType::I64, size)}, {ty, ty}, ty);
+    idx = cx.op("stablehlo.add", {idx, io}, {ty, ty}, ty);
+  }
+  Dims s1 = size;
+  s1.push_back(1);
+  return cx.reshape(idx, DType::I64, size, s1);
+}
+TXC_OP("as_strided", 1,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         as_strided_check(n, x);
+         n.dtype = x.dtype;
+         n.dims = n.attr_dims(0);
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Node& x = *n.operands[0];
+         if (n.numel() == 0) return cx.constant(0, n.dtype, n.dims);
+         Dims flat = {x.numel()}, s1 = n.dims;
+         s1.push_back(1);
+         std::string xf = cx.reshape(cx.in(n, 0), x.dtype, x.dims, flat);
+         return cx.op("stablehlo.gather", {xf, as_strided_index(cx, n, n.dims)},
+                      {LowerCtx::type(x.dtype, flat), LowerCtx::type(DType::I64, s1)}, LowerCtx::type(n),
+                      "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
+                      "index_vector_dim = " + std::to_string(n.dims.size()) +
+                          ">, indices_are_sorted = false, slice_sizes = array<i64: 1>");
+       },
+       [](const Node& view, NodePtr parent, NodePtr value) {
+         return make("as_strided_scatter", {parent, value}, view.attrs);
+       },
+       [](const Node& n, Dims& strides, int64_t& offset) {
+         strides = n.attr_dims(1);
+         offset = n.attr_int(2);
+         return true;
+       });
+
+// as_strided_scatter(x, src; sizes, strides, offset): x (read as its
+// contiguous buffer) with as_strided(x; ...) replaced by src.
+TXC_OP("as_strided_scatter", 2,
+       [](Node& n) {
+         const Node& x = *n.operands[0];
+         const Node& src = *n.operands[1];
+         as_strided_check(n, x);
+         if (src.dims != n.attr_dims(0))
+           op_error(n, "source of shape " + dims_str(src.dims) + " does not fit the view of shape " +
+                           dims_str(n.attr_dims(0)));
+         n.dtype = x.dtype;
+         n.dims = x.dims;
+       },
+       [](LowerCtx& cx, const Node& n) {
+         const Node& x = *n.operands[0];
+         const Node& src = *n.operands[1];
+         if (src.numel() == 0) return cx.in(n, 0);
+         Dims flat = {x.numel()}, s1 = src.dims;
+         s1.push_back(1);
+         std::string ft = LowerCtx::type(x.dtype, flat), st = LowerCtx::type(x.dtype, {});
+         std::string xf = cx.reshape(cx.in(n, 0), x.dtype, x.dims, flat);
+         std::string upd = cx.convert(cx.in(n, 1), src.dtype, x.dtype, src.dims);
+         std::string idx = as_strided_index(cx, n, src.dims);
+         std::string a = cx.fresh(), b = cx.fresh();
+         std::string region = "(" + cx.region_text({a, b}, {st, st}, [&] {
+           cx.body_.append(cx.indent_, ' ');
+           cx.body_ += "\"stablehlo.return\"(" + b + ") : (" + st + ") -> ()\n";
+         }) + ")";
+         std::string r = cx.op("stablehlo.scatter", {xf, idx, upd},
+                               {ft, LowerCtx::type(DType::I64, s1), LowerCtx::type(x.dtype, src.dims)}, ft,
+                               "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"
+                               "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = " +
+                                   std::to_string(src.dims.size()) + ">, unique_indices = false",
+                               region);
+         return cx.reshape(r, x.dtype, flat, x.dims);
        });
 
 // concat(xs...; dim): operands promote to a common dtype.

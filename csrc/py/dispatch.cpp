@@ -148,7 +148,11 @@ py::object run_recipe(const Recipe& r, PyObject* args) {
   for (int i : r.layout) attrs.push_back(i < 0 ? r.constants[c++] : to_attr(PyTuple_GET_ITEM(args, i)));
   if (r.view) {
     NodePtr v = make_node(r.op, std::move(xs), std::move(attrs));
-    return wrap(LazyTensor(*base, std::move(v)));
+    LazyTensor t(*base, std::move(v));
+    // A view torch's strides cannot express (the core made a copy): the
+    // handler decides (aten.view raises torch's error, reshape copies).
+    if (base->is_view() && !t.is_view()) return py::object();
+    return wrap(std::move(t));
   }
   return wrap(make_from(r.op, std::move(xs), std::move(attrs), has_wrapped));
 }

@@ -75,6 +75,8 @@ void bind_lazy(py::module_& m) {
                                         py::is_method(cls), py::name("assign"),
                                         "In-place write: this tensor (and its storage, through its views) now holds "
                                         "v's value.");
+  cls.attr("root") = py::cpp_function([](LazyTensor& t) { return t.root(); }, py::is_method(cls), py::name("root"),
+                                      "The whole storage as a tensor (as_strided indexes it).");
   cls.attr("alias") = py::cpp_function([](LazyTensor& t) { return t.alias(); }, py::is_method(cls),
                                        py::name("alias"), "A new tensor sharing this one's storage and view chain.");
   // For deepcopy and torch.save (torch_xla_core/serialization.py).

@@ -4,6 +4,7 @@
 #include "py/wrapper.h"
 #include <pybind11/stl.h>
 #include <structmember.h>
+#include <algorithm>
 #include "ops/registry.h"
 
 namespace txc {
@@ -76,14 +77,51 @@ void keep_thread_state() {
   }
 }
 
+namespace {
+
+py::tuple int_tuple(const Dims& d) {
+  py::tuple r(d.size());
+  for (size_t i = 0; i < d.size(); ++i) PyTuple_SET_ITEM(r.ptr(), i, PyLong_FromLongLong(d[i]));
+  return r;
+}
+
+// The wrapper of a view: torch's strides and storage offset (so that torch's
+// contiguous(), reshape() and view() see what CPU would), or a null object
+// when they are the contiguous default (then the plain call is cheaper).
+py::object make_view_wrapper(const LazyTensor& t, const Node& v, PyObject* shape) {
+  Dims strides;
+  int64_t offset;
+  if (!t.layout(strides, offset)) return py::object();
+  bool plain = offset == 0;
+  int64_t s = 1;
+  for (size_t i = v.dims.size(); plain && i-- > 0;) {
+    plain = strides[i] == s;
+    s *= std::max<int64_t>(v.dims[i], 1);
+  }
+  if (plain) return py::object();
+  py::tuple st = int_tuple(strides);
+  py::object off = py::reinterpret_steal<py::object>(PyLong_FromLongLong(offset));
+  // _make_wrapper_subclass(cls, size, strides, storage_offset, *, dtype, device)
+  PyObject* args[] = {g_wrap.cls, shape, st.ptr(), off.ptr(), g_wrap.dtypes[size_t(v.dtype)], g_wrap.device};
+  py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 4, g_wrap.kwnames));
+  if (!w) throw py::error_already_set();
+  return w;
+}
+
+}  // namespace
+
 py::object wrap(LazyTensor&& t) {
   keep_thread_state();
   const NodePtr& v = t.value();
   py::tuple shape(v->dims.size());
   for (size_t i = 0; i < v->dims.size(); ++i) PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromLongLong(v->dims[i]));
-  PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
-  py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
-  if (!w) throw py::error_already_set();
+  py::object w;
+  if (!t.plain()) w = make_view_wrapper(t, *v, shape.ptr());
+  if (!w) {
+    PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
+    w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
+    if (!w) throw py::error_already_set();
+  }
   py::object lt = py::reinterpret_steal<py::object>(new_lazy(std::move(t)));
   if (g_wrap.lt_offset) {
     PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.ptr()) + g_wrap.lt_offset);

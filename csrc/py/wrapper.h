@@ -21,7 +21,7 @@ NodePtr operand(py::handle h, bool& has_wrapped);
 // A new node of op over xs; Python numbers among xs take the dtype the op computes in.
 LazyTensor make_from(uint16_t op, std::vector<NodePtr> xs, Attrs attrs, bool has_wrapped);
 LazyTensor make(int op, const py::tuple& operands, const py::tuple& attrs);
-py::object wrap(LazyTensor&& t);             // a new XlaTensor holding t
+py::object wrap(LazyTensor&& t);             // a new XlaTensor holding t (a view: with its strides, offset)
 void keep_thread_state();
 void bind_wrapper(py::module_& m);           // configure_wrapper
 }  // namespace txc

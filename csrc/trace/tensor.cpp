@@ -1,5 +1,6 @@
 // Lazy tensors, storages and view write-back (see tensor.h).
 #include "trace/tensor.h"
+#include <algorithm>
 #include <stdexcept>
 #include "ops/registry.h"
 
@@ -35,6 +36,45 @@ LazyTensor::LazyTensor(const LazyTensor& base, NodePtr view) : st_(base.st_), ch
     view = make_node(view->op, {chain_.back()}, view->attrs);
   }
   chain_.push_back(std::move(view));
+  static const uint16_t reshape = op_id("reshape"), alias = op_id("alias");
+  const Node& v = *chain_.back();
+  // Reshapes and aliases of a contiguous layout are contiguous (squeeze and
+  // unsqueeze too, but for unsqueeze's zero strides next to an empty dim).
+  plain_ = base.plain_ && (v.op == alias || (v.op == reshape && (v.attrs.size() == 1 || v.numel() > 0)));
+  Dims strides;
+  int64_t offset;
+  if (v.op == reshape && !base.plain_ && !layout(strides, offset)) {
+    // torch's reshape copies here (and its view raises, see the view handler).
+    NodePtr copy = std::move(chain_.back());
+    chain_.clear();
+    st_ = std::make_shared<Storage>(std::move(copy));
+    version_ = st_->version;
+    plain_ = true;
+  }
+}
+
+LazyTensor LazyTensor::root() const {
+  LazyTensor r(*this);
+  r.chain_.clear();
+  r.version_ = st_->version;
+  r.plain_ = true;
+  return r;
+}
+
+bool LazyTensor::layout(Dims& strides, int64_t& offset) const {
+  const Dims& dims = chain_.empty() ? st_->value->dims : chain_[0]->operands[0]->dims;
+  strides.resize(dims.size());
+  int64_t s = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(dims[i], 1);
+  }
+  offset = 0;
+  for (const auto& v : chain_) {
+    auto rule = op_def(v->op).strides;
+    if (!rule || !rule(*v, strides, offset)) return false;
+  }
+  return true;
 }
 
 const NodePtr& LazyTensor::value() {

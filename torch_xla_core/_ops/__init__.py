@@ -150,7 +150,9 @@ def _out(base, func):
         for o, x in zip(outs, rs):
             if tuple(o.shape) != tuple(x.shape):
                 _tensor.set_meta(o, x.shape)
-                o._lt = x._lt.alias() if o.dtype == x.dtype else convert(x, o.dtype)._lt
+                lt = x._lt if o.dtype == x.dtype else convert(x, o.dtype)._lt
+                # o is contiguous: a view result gets a storage of its own
+                o._lt = _tensor._make(OP.alias, (lt,), ()) if lt.is_view else lt.alias()
             else:
                 assign(o, x)
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,5 +1,8 @@
 """View and shape aten ops. Views share their base's storage in the core
-(csrc/trace/tensor.h), so in-place writes through them reach the base."""
+(csrc/trace/tensor.h), so in-place writes through them reach the base; their
+wrappers carry torch's strides and storage offset (computed by the core from
+the view chain), so torch's contiguous()/reshape() copy where CPU's do.
+as_strided indexes the whole storage, as on CPU."""
 import torch
 
 from .. import _tensor
@@ -15,14 +18,26 @@ def _dim(d, rank):
 
 
 def reshape_view(x, shape):
+    """x reshaped: a view where strides allow it, else (internal callers) a copy."""
     return _view_op(OP.reshape, x._lt, (shape,))
 
 
-@impl(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-      direct=direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True))
+_RESHAPE = direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True)
+
+
+@impl(aten.view.default, direct=_RESHAPE)
+def view(x, size):
+    r = _view_op(OP.reshape, x, (size,))  # the core infers a -1
+    if x._lt.is_view and not r._lt.is_view:  # the core copied: strides do not allow a view
+        raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
+                           "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+    return r
+
+
+@impl(aten._unsafe_view.default, aten.reshape.default, direct=_RESHAPE)
 @impl(aten._reshape_alias.default)
-def view(x, size, *_stride):
-    return _view_op(OP.reshape, x, (size,))  # the core infers a -1
+def reshape(x, size, *_stride):
+    return _view_op(OP.reshape, x, (size,))  # a copy where strides do not allow a view
 
 
 @impl(aten.view.dtype)
@@ -91,8 +106,8 @@ def squeeze(x, dim=None):
         dims = {_dim(dim, r)}
     else:
         dims = {_dim(d, r) for d in dim}
-    shape = [s for i, s in enumerate(x.shape) if not (i in dims and s == 1)]
-    return reshape_view(x, shape)
+    keep = [i for i, s in enumerate(x.shape) if not (i in dims and s == 1)]
+    return _view_op(OP.reshape, x._lt, ([x.shape[i] for i in keep], keep))  # keep: torch's strides
 
 
 @impl(aten.unsqueeze.default)
@@ -100,7 +115,7 @@ def unsqueeze(x, dim):
     d = _dim(dim, x.dim() + 1)
     shape = list(x.shape)
     shape.insert(d, 1)
-    return reshape_view(x, shape)
+    return _view_op(OP.reshape, x._lt, (shape, d))  # d: torch's strides for the new dim
 
 
 @impl(aten.select.int)
@@ -221,12 +236,56 @@ def select_scatter(x, src, dim, index):
     return _op(OP.slice_scatter, (x._lt, src._lt), (d, i, i + 1, 1))
 
 
-# In-place metadata changes: the wrapper's shape changes, and its value becomes
-# a view of what it was.
+@impl(aten.as_strided.default)
+def as_strided(x, size, stride, storage_offset=None):
+    off = x.storage_offset() if storage_offset is None else storage_offset
+    if len(size) != len(stride):
+        raise RuntimeError(f"as_strided: mismatch in length of strides and shape ({list(size)} vs {list(stride)})")
+    if any(s < 0 for s in stride):
+        raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: "
+                           f"{list(stride)}")
+    # Over the whole storage (x may be a view into it), as CPU's as_strided.
+    return wrap(_view(OP.as_strided, x._lt.root(), (list(size), list(stride), off)))
+
+
+@impl(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    # CPU: as_strided of a (contiguous) clone of x, overwritten with src.
+    off = 0 if storage_offset is None else storage_offset
+    src = convert(src, x.dtype)
+    if tuple(src.shape) != tuple(size):
+        src = expand(src, list(size))
+    return _op(OP.as_strided_scatter, (x._lt, src._lt), (list(size), list(stride), off))
+
+
+@impl(aten.resize_.default)
+def resize_(x, size, memory_format=None):
+    """out= resizing: x keeps its leading elements (in order) in a storage of
+    its own, zero-filled beyond them (CPU leaves those uninitialized)."""
+    size = [int(s) for s in size]
+    if size == list(x.shape):
+        return x
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"resize_: Trying to create tensor with negative dimension: {size}")
+    old, new = x.numel(), 1
+    for s in size:
+        new *= s
+    flat = _make(OP.reshape, (x._lt,), ([old],))
+    if new < old:
+        flat = _make(OP.slice, (flat,), (0, 0, new, 1))
+    elif new > old:
+        flat = _make(OP.pad, (flat,), ([0], [new - old], 0.0))
+    _tensor.set_meta(x, size)
+    x._lt = _make(OP.reshape, (flat,), (size,))
+    return x
+
+
+# In-place metadata changes: the wrapper's shape and strides change, and its
+# value becomes a view of what it was.
 def _inplace_view(fn):
-    def h(x, *args):
-        r = fn(x, *args)
-        _tensor.set_meta(x, r.shape)
+    def h(x, *args, **kwargs):
+        r = fn(x, *args, **kwargs)
+        _tensor.set_meta(x, r.shape, r.stride(), r.storage_offset())
         x._lt = r._lt
         return x
     return h
@@ -236,3 +295,4 @@ impl(aten.t_.default)(_inplace_view(t))
 impl(aten.transpose_.default)(_inplace_view(transpose))
 impl(aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims)(_inplace_view(squeeze))
 impl(aten.unsqueeze_.default)(_inplace_view(unsqueeze))
+impl(aten.as_strided_.default)(_inplace_view(as_strided))
