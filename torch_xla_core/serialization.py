@@ -63,7 +63,7 @@ def deepcopy(t, memo):
     key = (_MEMO_KEY, lt.storage_id)
     copied = memo.get(key)
     if copied is None:
-        copied = memo[key] = (lt.root(), t)  # t keeps its storage, and so the key, alive
+        copied = memo[key] = (lt.copy_storage(), t)  # t keeps its storage, and so the key, alive
     with torch.no_grad():
         new = _tensor.wrap(lt.rebase(copied[0]))
     if t.__dict__.get("_is_param"):
@@ -119,13 +119,13 @@ def _host_storage(t):
     of t's core storage, shared with the other tensors of that storage pickled
     meanwhile. A view whose layout is not strided gets a storage of its own."""
     lt = t._lt
-    root = lt.root()
+    root = lt.copy_storage()
     if not root.is_data:
         # Compute everything pending at once (as txc.sync()): saving a state
         # dict after a step is then one graph, not one per tensor.
         del root
         _tensor.sync_lazy(None, wait=True)
-        root = lt.root()
+        root = lt.copy_storage()
     geometry = _geometry(lt, root.shape)
     if geometry is None:  # no strided layout over the storage: save the view's value alone
         return _tag(runtime.to_host(_tensor.materialize(t)).untyped_storage(), t, None), 0, _contiguous(t.shape)

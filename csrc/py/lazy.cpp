@@ -85,8 +85,8 @@ void bind_lazy(py::module_& m) {
          for (const NodePtr& n : view_chain(t)) r.append(op_def(n->op).name);
          return py::tuple(r);
        }));
-  cls.attr("root") = py::cpp_function([](LazyTensor& t) { return LazyTensor(t.storage()->value); },
-                                      py::is_method(cls), py::name("root"),
+  cls.attr("copy_storage") = py::cpp_function([](LazyTensor& t) { return LazyTensor(t.storage()->value); },
+                                      py::is_method(cls), py::name("copy_storage"),
                                       "A new storage holding this tensor's storage's current value (the same IR "
                                       "node, so no device work): an independent copy of the whole storage.");
   cls.attr("rebase") = py::cpp_function(
