@@ -62,8 +62,14 @@ class LowerCtx {
   static std::string i64_array(const Dims& d);  // "array<i64: 1, 2>"
   static std::string literal(double v, DType t);  // constant element text
 
+  // Adds a module-level function (text of one or more func.func ops) under
+  // `key` once: sub-graphs lowered elsewhere (call_jax modules) that the
+  // current body calls by name. lower_graph writes them after @main.
+  void add_funcs(const std::string& key, const std::string& text);
+
   // Used by lower_graph.
   std::vector<std::string> names_;
+  std::vector<std::pair<std::string, std::string>> funcs_;  // key -> text, in first-use order
   std::string body_;
   int indent_ = 4;
 
