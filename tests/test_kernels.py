@@ -176,3 +176,25 @@ def test_grouped_matmul_errors(dev):
     y = kernels.grouped_matmul(x, w, torch.tensor([2, 6], dtype=torch.int32, device=dev))
     with pytest.raises(ValueError, match="sum to the row count 6"):
         y.cpu()
+
+
+def test_flash_attention_pallas_kernel_lowers_for_tpu_on_cpu():
+    """CI without a TPU: jax's cross-platform lowering runs the Pallas/Mosaic lowering of the TPU path
+    (forward and backward, GQA, causal, segment ids) and would raise on a Mosaic error."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from torch_xla_core.kernels.attention import _flash_entry
+
+    sd = jax.ShapeDtypeStruct
+    shapes = (sd((1, 4, 256, 128), jnp.float32), sd((1, 2, 256, 128), jnp.float32),
+              sd((1, 2, 256, 128), jnp.float32), sd((1, 256), jnp.int32), sd((1, 256), jnp.int32))
+
+    def fwd(q, k, v, qs, ks):
+        return _flash_entry(q, k, v, qs, ks, has_ab=False, has_seg=True, causal=True, sm_scale=0.5, impl="pallas")
+
+    def bwd(q, k, v, qs, ks):
+        return jax.grad(lambda a, b, c: fwd(a, b, c, qs, ks).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    for fn, calls in ((fwd, 1), (bwd, 3)):
+        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
+        assert text.count("tpu_custom_call") >= calls
