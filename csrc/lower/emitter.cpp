@@ -39,6 +39,12 @@ std::string LowerCtx::i64_array(const Dims& d) {
   return s + ">";
 }
 
+void LowerCtx::add_funcs(const std::string& key, const std::string& text) {
+  for (const auto& f : funcs_)
+    if (f.first == key) return;
+  funcs_.emplace_back(key, text);
+}
+
 std::string LowerCtx::fresh() { return "%v" + std::to_string(counter_++); }
 
 static std::string join(const std::vector<std::string>& v) {
@@ -250,9 +256,11 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     rtypes += (i ? ", " : "") + LowerCtx::type(*outputs[i]);
   }
   for (const Node* n : order) n->ssa = -1;
+  std::string funcs;
+  for (const auto& f : cx.funcs_) funcs += f.second;
   return "module @txc attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
          "  func.func public @main(" + sig + ") -> (" + rtypes + ") {\n" + cx.body_ +
-         "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n}\n";
+         "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n" + funcs + "}\n";
 }
 
 }  // namespace txc

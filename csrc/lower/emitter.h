@@ -92,8 +92,14 @@ class LowerCtx {
   // an empty body_op returns the second (scatter's "replace").
   std::string combiner(DType t, const std::string& body_op);
 
+  // Adds a module-level function (text of one or more func.func ops) under
+  // `key` once: sub-graphs lowered elsewhere (call_jax modules) that the
+  // current body calls by name. lower_graph writes them after @main.
+  void add_funcs(const std::string& key, const std::string& text);
+
   // Used by lower_graph.
   std::vector<std::string> names_;
+  std::vector<std::pair<std::string, std::string>> funcs_;  // key -> text, in first-use order
   std::string body_;
   int indent_ = 4;
 

@@ -1,0 +1,200 @@
+"""Kernels on xla tensors vs their plain-torch references (CPU eager):
+flash_attention (GQA, causal, segment ids, bias, f32/bf16, forward and
+backward, inside scan_layers), multi_queries_paged_attention (ragged kv
+lengths, partial pages, zero-length sequences, effective_q_lens, GQA),
+grouped_matmul; bad input raises before compiling."""
+import pytest
+import torch
+
+import torch_xla_core as txc
+from torch_xla_core import kernels
+from torch_xla_core.kernels import reference
+from torch_xla_core.scan import scan_layers
+
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def _grads_match(fn_x, fn_c, inputs, tol, dev):
+    xs = [t.detach().to(dev).requires_grad_(t.is_floating_point()) for t in inputs]
+    cs = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    ox, oc = fn_x(*xs), fn_c(*cs)
+    torch.testing.assert_close(ox.cpu(), oc.detach(), **tol)
+    g = torch.randn(oc.shape).to(oc.dtype)
+    ox.backward(g.to(dev))
+    oc.backward(g)
+    for a, b in zip(xs, cs):
+        if b.grad is not None:
+            torch.testing.assert_close(a.grad.cpu(), b.grad, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("h,hkv,s,t,causal,seg", [(4, 4, 8, 8, False, False), (4, 2, 8, 8, True, False),
+                                                  (6, 2, 5, 9, False, True), (2, 1, 16, 16, True, True)])
+def test_flash_attention_matches_reference(dev, dtype, h, hkv, s, t, causal, seg):
+    b, d = 2, 16
+    q, k, v = torch.randn(b, h, s, d).to(dtype), torch.randn(b, hkv, t, d).to(dtype), torch.randn(b, hkv, t, d).to(dtype)
+    qs = torch.randint(0, 2, (b, s)).sort(-1).values if seg else None
+    ks = torch.randint(0, 2, (b, t)).sort(-1).values if seg else None
+    kw = dict(causal=causal, sm_scale=0.25)
+
+    def fx(q_, k_, v_):
+        return kernels.flash_attention(q_, k_, v_, q_segment_ids=None if qs is None else qs.to(dev),
+                                       kv_segment_ids=None if ks is None else ks.to(dev), **kw)
+
+    def fc(q_, k_, v_):
+        return reference.flash_attention(q_, k_, v_, q_segment_ids=qs, kv_segment_ids=ks, **kw)
+
+    _grads_match(fx, fc, [q, k, v], TOL[dtype], dev)
+
+
+def test_flash_attention_reference_is_sdpa_without_masks():
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(reference.flash_attention(q, k, v, causal=True, sm_scale=0.3), ref)
+
+
+def test_flash_attention_with_bias(dev):
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    ab = torch.randn(1, 2, 4, 6)
+    _grads_match(lambda a, b, c, e: kernels.flash_attention(a, b, c, ab=e),
+                 lambda a, b, c, e: reference.flash_attention(a, b, c, ab=e), [q, k, v, ab], TOL[torch.float32], dev)
+
+
+def test_flash_attention_inside_scan_layers(dev):
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):  # x [B, H, S, D]
+            y = self.proj(x)
+            attn = kernels.flash_attention if x.device.type == "xla" else reference.flash_attention
+            return x + attn(y, y, y, causal=True, sm_scale=0.3)
+
+    layers = torch.nn.ModuleList([Layer() for _ in range(3)])
+    x = torch.randn(1, 2, 6, 8)
+    ref = x.clone().requires_grad_()
+    out_c = ref
+    for layer in layers:
+        out_c = layer(out_c)
+    out_c.sum().backward()
+    grads_c = [p.grad.clone() for p in layers.parameters()]
+    layers_x = layers.to(dev)
+    layers_x.zero_grad(set_to_none=True)
+    xx = x.to(dev).requires_grad_()
+    out_x = scan_layers(layers_x, xx)
+    out_x.sum().backward()
+    torch.testing.assert_close(out_x.cpu(), out_c.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(xx.grad.cpu(), ref.grad, atol=1e-5, rtol=1e-5)
+    for p, g in zip(layers_x.parameters(), grads_c):
+        torch.testing.assert_close(p.grad.cpu(), g, atol=1e-4, rtol=1e-4)
+
+
+def test_flash_attention_errors(dev):
+    q = torch.randn(1, 3, 4, 8, device=dev)
+    k = torch.randn(1, 2, 4, 8, device=dev)
+    with pytest.raises(ValueError, match="multiple \\(GQA\\)"):
+        kernels.flash_attention(q, k, k)
+    with pytest.raises(ValueError, match="\\[batch, heads, seq, head_dim\\]"):
+        kernels.flash_attention(q[0], k, k)
+    with pytest.raises(ValueError, match="both q_segment_ids and kv_segment_ids"):
+        kernels.flash_attention(q, q, q, q_segment_ids=torch.zeros(1, 4, dtype=torch.int32, device=dev))
+    with pytest.raises(ValueError, match="ab must be"):
+        kernels.flash_attention(q, q, q, ab=torch.zeros(1, 3, 4, 5, device=dev))
+
+
+def _paged_inputs(b, nq, hq, hkv, d, page, pps, kv_lens, eff, dtype=torch.float32):
+    total = b * pps + 2
+    q = torch.randn(b, nq, hq, d).to(dtype)
+    kp, vp = torch.randn(hkv, total, page, d).to(dtype), torch.randn(hkv, total, page, d).to(dtype)
+    pi = torch.randperm(total)[: b * pps].reshape(b, pps).to(torch.int32)
+    return q, kp, vp, torch.tensor(kv_lens, dtype=torch.int32), pi, torch.tensor(eff, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,kv_lens,eff", [(4, 4, [7, 16, 1], [3, 4, 1]),     # partial pages, prefix cache
+                                                (8, 2, [0, 9, 12], [0, 4, 4]),     # zero-length sequence, GQA
+                                                (2, 1, [16, 5, 3], [4, 1, 2])])    # decode row, chunked prefill
+def test_multi_queries_paged_attention_matches_reference(dev, dtype, hq, hkv, kv_lens, eff):
+    args = _paged_inputs(3, 4, hq, hkv, 8, 4, 4, kv_lens, eff, dtype)
+    kw = dict(num_kv_pages_per_compute_block=2, num_queries_per_compute_block=4)
+    out = kernels.multi_queries_paged_attention(*[a.to(dev) for a in args], **kw)
+    ref = reference.multi_queries_paged_attention(*args)
+    torch.testing.assert_close(out.cpu(), ref, **TOL[dtype])
+    if kv_lens[0] == 0:
+        assert torch.equal(out.cpu()[0], torch.zeros_like(ref[0]))
+
+
+def test_paged_reference_is_plain_causal_attention_for_full_prefill():
+    # one sequence, eff == kv_len: ordinary causal attention over the gathered pages
+    q, kp, vp, lens, pi, eff = _paged_inputs(1, 8, 2, 2, 8, 4, 2, [8], [8])
+    ref = reference.multi_queries_paged_attention(q, kp, vp, lens, pi, eff)
+    k = kp[:, pi[0].long()].reshape(2, 8, 8)[None]
+    v = vp[:, pi[0].long()].reshape(2, 8, 8)[None]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, scale=1.0)
+    torch.testing.assert_close(ref, sdpa.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_paged_attention_gradient(dev):
+    args = _paged_inputs(2, 3, 4, 2, 8, 4, 2, [6, 8], [3, 3])
+    _grads_match(lambda q, kp, vp: kernels.multi_queries_paged_attention(
+                     q, kp, vp, *[a.to(dev) for a in (args[3], args[4], args[5])], 1, 3),
+                 lambda q, kp, vp: reference.multi_queries_paged_attention(q, kp, vp, args[3], args[4], args[5]),
+                 list(args[:3]), TOL[torch.float32], dev)
+
+
+def test_paged_attention_errors(dev):
+    q, kp, vp, lens, pi, eff = [a.to(dev) for a in _paged_inputs(2, 2, 4, 2, 8, 4, 4, [3, 4], [1, 1])]
+    with pytest.raises(ValueError, match="multiple of num_kv_pages_per_compute_block"):
+        kernels.multi_queries_paged_attention(q, kp, vp, lens, pi, eff, 3, 2)
+    with pytest.raises(ValueError, match="kv_lens must be int32"):
+        kernels.multi_queries_paged_attention(q, kp, vp, lens.long(), pi, eff, 2, 2)
+    with pytest.raises(ValueError, match="q heads must be a multiple"):
+        kernels.multi_queries_paged_attention(q[:, :, :3], kp, vp, lens, pi, eff, 2, 2)
+    out = kernels.multi_queries_paged_attention(q, kp, vp, lens, pi + 100, eff, 2, 2)
+    with pytest.raises(IndexError, match="page_indices out of range"):
+        out.cpu()
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 5], [0, 8, 0, 2]])
+def test_grouped_matmul_matches_reference(dev, sizes):
+    x, w = torch.randn(sum(sizes), 8), torch.randn(len(sizes), 8, 4)
+    gs = torch.tensor(sizes, dtype=torch.int32)
+    _grads_match(lambda a, b: kernels.grouped_matmul(a, b, gs.to(dev)),
+                 lambda a, b: reference.grouped_matmul(a, b, gs), [x, w], TOL[torch.float32], dev)
+    # same as torch's convention with cumulative offsets
+    y = torch.nn.functional.grouped_mm(x.to(dev), w.to(dev), offs=torch.cumsum(gs, 0).int().to(dev))
+    torch.testing.assert_close(y.cpu(), reference.grouped_matmul(x, w, gs), atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_matmul_errors(dev):
+    x, w = torch.randn(6, 8, device=dev), torch.randn(2, 8, 4, device=dev)
+    with pytest.raises(ValueError, match="sum to the row count 6"):
+        kernels.grouped_matmul(x, w, torch.tensor([2, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match="x has K=8, w has K=5"):
+        kernels.grouped_matmul(x, torch.randn(2, 5, 4, device=dev), torch.tensor([2, 4]))
+    y = kernels.grouped_matmul(x, w, torch.tensor([2, 6], dtype=torch.int32, device=dev))
+    with pytest.raises(ValueError, match="sum to the row count 6"):
+        y.cpu()
+
+
+def test_flash_attention_pallas_kernel_lowers_for_tpu_on_cpu():
+    """CI without a TPU: jax's cross-platform lowering runs the Pallas/Mosaic lowering of the TPU path
+    (forward and backward, GQA, causal, segment ids) and would raise on a Mosaic error."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from torch_xla_core.kernels.attention import _flash_entry
+
+    sd = jax.ShapeDtypeStruct
+    shapes = (sd((1, 4, 256, 128), jnp.float32), sd((1, 2, 256, 128), jnp.float32),
+              sd((1, 2, 256, 128), jnp.float32), sd((1, 256), jnp.int32), sd((1, 256), jnp.int32))
+
+    def fwd(q, k, v, qs, ks):
+        return _flash_entry(q, k, v, qs, ks, has_ab=False, has_seg=True, causal=True, sm_scale=0.5, impl="pallas")
+
+    def bwd(q, k, v, qs, ks):
+        return jax.grad(lambda a, b, c: fwd(a, b, c, qs, ks).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    for fn, calls in ((fwd, 1), (bwd, 3)):
+        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
+        assert text.count("tpu_custom_call") >= calls

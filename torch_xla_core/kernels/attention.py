@@ -1,0 +1,194 @@
+"""Attention kernels on xla tensors, through call_jax (one node in the graph,
+gradients through jax.vjp, usable inside scan / scan_layers).
+
+flash_attention(q, k, v, causal=False, q_segment_ids=None,
+                kv_segment_ids=None, sm_scale=1.0, ab=None)
+    q [B, H, S, D], k/v [B, Hkv, T, D] with H a multiple of Hkv (GQA: kv
+    heads are repeated for the kernel), segment ids int [B, S] / [B, T]
+    (only equal ids attend), ab an additive bias [B, H, S, T]. Defaults as
+    torch_xla's (sm_scale=1.0, bias named ab).
+    TPU: jax's Pallas flash_attention (pallas/ops/tpu), compiled by Mosaic.
+    CPU and GPU: the same math written in jax (kernels/reference.py's
+    definition): jax's TPU kernel runs on CPU only under
+    force_tpu_interpret_mode, which emits Python callbacks and so cannot live
+    inside our graph, so the reference keeps the op in-graph instead.
+
+multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices,
+        effective_q_lens, num_kv_pages_per_compute_block,
+        num_queries_per_compute_block, attn_logits_soft_cap=None)
+    torch_xla's multi-query paged attention: q [B, Q, Hq, D] (pre-scaled;
+    no softmax scale inside), pages [Hkv, total_pages, page_size, D],
+    kv_lens / effective_q_lens int32 [B], page_indices int32 [B, pps].
+    Query i of sequence b sees kv positions < kv_lens[b] and
+    <= kv_lens[b] - effective_q_lens[b] + i (prefix caching / chunked
+    prefill); a query that sees nothing gives zeros. The block sizes are
+    validated as torch_xla does (pps % num_kv_pages_per_compute_block == 0);
+    every platform computes it with the jax implementation here (gather the
+    pages, masked softmax): no Pallas kernel for it is written yet.
+
+Bad input raises before anything compiles (shapes, dtypes, head ratios,
+block sizes); page indices out of range raise at the sync that computes
+them (a deferred check, as the index ops do)."""
+import torch
+
+from .. import _checks, runtime
+from .call_jax import call_jax
+from .reference import MASK_VALUE
+
+__all__ = ["flash_attention", "multi_queries_paged_attention"]
+
+
+def _jax():
+    import jax
+    import jax.numpy as jnp
+    return jax, jnp
+
+
+def _repeat(jnp, x, h):
+    return x if x.shape[1] == h else jnp.repeat(x, h // x.shape[1], axis=1)
+
+
+def _mha_jax(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
+    jax, jnp = _jax()
+    h = q.shape[1]
+    k, v = _repeat(jnp, k, h).astype(jnp.float32), _repeat(jnp, v, h).astype(jnp.float32)
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q.astype(jnp.float32), k) * sm_scale
+    if ab is not None:
+        logits = logits + ab.astype(jnp.float32)
+    s, t = q.shape[2], k.shape[2]
+    mask = jnp.ones((q.shape[0], 1, s, t), dtype=bool)
+    if q_seg is not None:
+        mask = mask & (q_seg[:, None, :, None] == kv_seg[:, None, None, :])
+    if causal:
+        mask = mask & (jnp.arange(s)[:, None] >= jnp.arange(t)[None, :])
+    logits = jnp.where(mask, logits, MASK_VALUE)
+    p = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", p, v).astype(q.dtype)
+
+
+def _flash_tpu(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+    _, jnp = _jax()
+    h = q.shape[1]
+    k, v = _repeat(jnp, k, h), _repeat(jnp, v, h)
+    seg = fa.SegmentIds(q=q_seg, kv=kv_seg) if q_seg is not None else None
+    s, t = q.shape[2], k.shape[2]
+    bq, bk = min(512, s), min(512, t)
+    blocks = fa.BlockSizes(block_q=bq, block_k_major=bk, block_k=bk, block_b=1, block_q_major_dkv=bq,
+                           block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq, block_k_major_dq=bk,
+                           block_k_dq=bk, block_q_dq=bq)
+    return fa.flash_attention(q, k, v, ab=ab, segment_ids=seg, causal=causal, sm_scale=sm_scale, block_sizes=blocks)
+
+
+def _flash_entry(*arrays, has_ab, has_seg, causal, sm_scale, impl):
+    q, k, v = arrays[:3]
+    rest = list(arrays[3:])
+    ab = rest.pop(0) if has_ab else None
+    q_seg, kv_seg = (rest[0], rest[1]) if has_seg else (None, None)
+    fn = _flash_tpu if impl == "pallas" else _mha_jax
+    return fn(q, k, v, ab, q_seg, kv_seg, causal=causal, sm_scale=sm_scale)
+
+
+def _need(cond, msg):
+    if not cond:
+        raise ValueError(msg)
+
+
+def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=None, sm_scale=1.0, ab=None, *,
+                    impl=None):
+    """See the module comment. impl: None (the platform's best), "pallas"
+    (jax's TPU kernel: TPU only) or "reference" (jax einsum/softmax)."""
+    op = "flash_attention"
+    _need(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+          f"{op}: q, k, v must be [batch, heads, seq, head_dim], got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    b, h, s, d = q.shape
+    _need(k.shape == v.shape, f"{op}: k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
+    _need(k.shape[0] == b and k.shape[3] == d,
+          f"{op}: k/v {list(k.shape)} do not fit q {list(q.shape)} (batch and head_dim must match)")
+    _need(h % k.shape[1] == 0, f"{op}: q has {h} heads, k/v have {k.shape[1]}; q heads must be a multiple (GQA)")
+    _need(q.dtype == k.dtype == v.dtype and q.is_floating_point(),
+          f"{op}: q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    t = k.shape[2]
+    _need((q_segment_ids is None) == (kv_segment_ids is None),
+          f"{op}: pass both q_segment_ids and kv_segment_ids, or neither")
+    if q_segment_ids is not None:
+        _need(tuple(q_segment_ids.shape) == (b, s) and tuple(kv_segment_ids.shape) == (b, t),
+              f"{op}: segment ids must be q [{b}, {s}] and kv [{b}, {t}], got {list(q_segment_ids.shape)} and "
+              f"{list(kv_segment_ids.shape)}")
+        _need(not q_segment_ids.is_floating_point() and not kv_segment_ids.is_floating_point(),
+              f"{op}: segment ids must be integer tensors")
+    if ab is not None:
+        _need(tuple(ab.shape) == (b, h, s, t), f"{op}: ab must be [{b}, {h}, {s}, {t}], got {list(ab.shape)}")
+    if impl is None:
+        impl = "pallas" if runtime.platform() == "tpu" else "reference"
+    _need(impl in ("pallas", "reference"), f"{op}: impl must be None, 'pallas' or 'reference', got {impl!r}")
+    if impl == "pallas":
+        _need(t % min(512, t) == 0 and (d < 128 or d % 128 == 0),
+              f"{op}: the Pallas kernel needs head_dim < 128 or a multiple of 128 (got {d})")
+        _need(q_segment_ids is None or t % 128 == 0,
+              f"{op}: with segment ids the Pallas kernel needs a kv length that is a multiple of 128 (got {t})")
+    arrays = [q, k, v]
+    if ab is not None:
+        arrays.append(ab.to(q.dtype) if ab.dtype != q.dtype else ab)
+    if q_segment_ids is not None:
+        arrays += [q_segment_ids.to(torch.int32), kv_segment_ids.to(torch.int32)]
+    return call_jax(_flash_entry, *arrays, has_ab=ab is not None, has_seg=q_segment_ids is not None,
+                    causal=bool(causal), sm_scale=float(sm_scale), impl=impl)
+
+
+def _mqpa_jax(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, *, soft_cap):
+    jax, jnp = _jax()
+    b, nq, hq, d = q.shape
+    hkv, _, page, _ = k_pages.shape
+    pps = page_indices.shape[1]
+    k = jnp.take(k_pages, page_indices, axis=1).reshape(hkv, b, pps * page, d).transpose(1, 0, 2, 3)
+    v = jnp.take(v_pages, page_indices, axis=1).reshape(hkv, b, pps * page, d).transpose(1, 0, 2, 3)
+    k, v = _repeat(jnp, k, hq).astype(jnp.float32), _repeat(jnp, v, hq).astype(jnp.float32)
+    logits = jnp.einsum("bqhd,bhtd->bhqt", q.astype(jnp.float32), k)
+    if soft_cap is not None:
+        logits = jnp.tanh(logits / soft_cap) * soft_cap
+    t = jnp.arange(pps * page)
+    limit = (kv_lens - eff_q_lens)[:, None] + jnp.arange(nq)[None, :]
+    mask = (t[None, None, :] <= limit[:, :, None]) & (t[None, None, :] < kv_lens[:, None, None])
+    logits = jnp.where(mask[:, None], logits, MASK_VALUE)
+    p = jax.nn.softmax(logits, axis=-1)
+    o = jnp.einsum("bhqt,bhtd->bqhd", p, v)
+    o = jnp.where(mask.any(-1)[:, :, None, None], o, 0.0)
+    return o.astype(q.dtype)
+
+
+def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens,
+                                  num_kv_pages_per_compute_block, num_queries_per_compute_block,
+                                  attn_logits_soft_cap=None):
+    """See the module comment."""
+    op = "multi_queries_paged_attention"
+    _need(q.dim() == 4, f"{op}: q must be [batch, queries, q_heads, head_dim], got {list(q.shape)}")
+    _need(k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
+          f"{op}: k_pages and v_pages must both be [kv_heads, total_pages, page_size, head_dim], got "
+          f"{list(k_pages.shape)} and {list(v_pages.shape)}")
+    b, nq, hq, d = q.shape
+    hkv, total, page, d2 = k_pages.shape
+    _need(d == d2, f"{op}: q head_dim {d} != pages head_dim {d2}")
+    _need(hq % hkv == 0, f"{op}: q has {hq} heads, pages have {hkv} kv heads; q heads must be a multiple")
+    _need(q.dtype == k_pages.dtype == v_pages.dtype and q.is_floating_point(),
+          f"{op}: q and the pages must share one float dtype, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}")
+    for name, x, shape in (("kv_lens", kv_lens, (b,)), ("effective_q_lens", effective_q_lens, (b,))):
+        _need(x.dtype == torch.int32 and tuple(x.shape) == shape,
+              f"{op}: {name} must be int32 {list(shape)}, got {x.dtype} {list(x.shape)}")
+    _need(page_indices.dtype == torch.int32 and page_indices.dim() == 2 and page_indices.shape[0] == b,
+          f"{op}: page_indices must be int32 [{b}, pages_per_seq], got {page_indices.dtype} "
+          f"{list(page_indices.shape)}")
+    pps = page_indices.shape[1]
+    _need(num_kv_pages_per_compute_block > 0 and pps % num_kv_pages_per_compute_block == 0,
+          f"{op}: pages_per_seq ({pps}) must be a multiple of num_kv_pages_per_compute_block "
+          f"({num_kv_pages_per_compute_block})")
+    _need(num_queries_per_compute_block > 0, f"{op}: num_queries_per_compute_block must be positive")
+    if hasattr(page_indices, "_lt"):
+        _checks.require(_checks.out_of_range(page_indices._lt, 0, total),
+                        f"{op}: page_indices out of range: they must lie in [0, {total}) (total_pages)", IndexError)
+        _checks.require(((kv_lens > pps * page) | (effective_q_lens > kv_lens) | (kv_lens < 0))._lt,
+                        f"{op}: need 0 <= effective_q_lens <= kv_lens <= pages_per_seq * page_size ({pps * page})",
+                        ValueError)
+    return call_jax(_mqpa_jax, q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens,
+                    soft_cap=None if attn_logits_soft_cap is None else float(attn_logits_soft_cap))
+
