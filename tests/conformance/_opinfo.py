@@ -15,11 +15,11 @@ w.r.t. the inputs that require grad. Random ops (RANDOM) are compared by
 shape, dtype and device only. Tolerances: the OpInfo's own CPU overrides for
 the dtype where it declares any, else FLOOR_TOL; never below FLOOR_TOL.
 
-Mode (env TXC_CONFORMANCE): "ci" (default): float32 forward on every sample
-plus the first applicable backward sample; "full": every sample forward and
+Mode (env TXC_CONFORMANCE): "ci" (default): float32 forward on the first 16
+samples of each op plus the first applicable backward sample; "full": every sample forward and
 backward in float32, bfloat16 and int64 where the op supports the dtype;
 "off": nothing is collected. TXC_CONFORMANCE_MAX_SAMPLES bounds the samples
-per case (0 = all).
+per case (0 = all; default 16 in ci mode, 0 in full mode).
 """
 import gc
 import os
@@ -33,28 +33,51 @@ from torch.testing._internal.common_methods_invocations import op_db
 import torch_xla_core as txc
 from torch_xla_core import _checks, _tensor
 
+# op_db is a few hundred thousand objects that live as long as the process: a
+# full garbage collection walked them in ~0.7 s (after every failed sample,
+# and whenever the collector ran on its own). Frozen, they are skipped.
+gc.freeze()
+
 MODE = os.environ.get("TXC_CONFORMANCE", "ci")
-MAX_SAMPLES = int(os.environ.get("TXC_CONFORMANCE_MAX_SAMPLES", "0"))
+# CI mode runs the first 16 forward samples of an op (a few ops have hundreds:
+# max_pool2d 1440, logspace 1201); full mode all of them.
+MAX_SAMPLES = int(os.environ.get("TXC_CONFORMANCE_MAX_SAMPLES", "16" if MODE == "ci" else "0"))
 DTYPES = {"ci": (torch.float32,), "full": (torch.float32, torch.bfloat16, torch.int64), "off": ()}
 
 # (atol, rtol): XLA:CPU's transcendental approximations and summation order
-# differ from ATen's by a few ulps; these floors are about 10x torch's defaults.
-FLOOR_TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1.6e-2)}
+# differ from ATen's by a few ulps, and convolutions accumulate in another
+# order (conv2d, conv_transpose3d: up to 5e-5 apart on values of order 10).
+FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2)}
 
 # Ops whose values depend on a random stream (or are uninitialized memory):
 # compared by shape/dtype/device only. test_opinfo checks every name exists.
 RANDOM = {
     "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial",
     "normal", "normal.number_mean", "normal.in_place", "uniform",
-    "rand_like", "randn_like", "randint_like", "randint", "randn", "rand",
+    "rand_like", "randn_like", "randint_like", "randint", "randn",
     "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
     "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
     "nn.functional.feature_alpha_dropout.without_train",
     "nn.functional.rrelu", "nn.functional.fractional_max_pool2d",
     "nn.functional.fractional_max_pool3d", "nn.functional.scaled_dot_product_attention",
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
-    "empty_permuted", "torch.empty",
+    "empty_permuted", "pca_lowrank", "svd_lowrank",
 }
+
+
+# Ops random only for some samples: a predicate on the SampleInput.
+RANDOM_WHEN = {
+    # dropout_p is positional arg 9 (after query, the input): random in training
+    "nn.functional.multi_head_attention_forward": lambda s: s.args[9] > 0 and s.kwargs.get("training", True),
+}
+
+
+def is_random(op, s):
+    """Whether sample s of op draws random numbers."""
+    oid = op_id(op)
+    if oid in RANDOM or op.name in RANDOM:
+        return True
+    return bool(RANDOM_WHEN[oid](s)) if oid in RANDOM_WHEN else False
 
 
 def op_id(op) -> str:
@@ -108,10 +131,27 @@ def _leaf(t, device):
     return c.requires_grad_(t.requires_grad) if (t.is_floating_point() or t.is_complex()) else c
 
 
-def copy_sample(s, device=None):
-    """(input, args, kwargs) of SampleInput s, tensors copied (to device)."""
-    f = lambda x: _leaf(x, device) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    return pytree.tree_map(f, (s.input, s.args, s.kwargs))
+def copy_sample(s, device=None, op_name=""):
+    """(input, args, kwargs) of SampleInput s, tensors copied (to device).
+    Moving to a device also points the sample's CPU device arguments
+    (factory functions' device=, Tensor.to(device)) at it."""
+    def f(x):
+        if isinstance(x, torch.Tensor):
+            return _leaf(x, device)
+        if device is not None and (x == "cpu" if isinstance(x, str) else
+                                   isinstance(x, torch.device) and x.type == "cpu"):
+            return device
+        return x
+    inp, args, kwargs = pytree.tree_map(f, (s.input, s.args, s.kwargs))
+    for i in CPU_ARGS.get(op_name, ()) if device is not None else ():
+        if isinstance(s.args[i], torch.Tensor):
+            args = args[:i] + (_leaf(s.args[i], None),) + args[i + 1:]
+    return inp, args, kwargs
+
+
+# Positional args that torch requires on the CPU whatever the input's device
+# (OpInfo's sample functions make them there on every device).
+CPU_ARGS = {"tensor_split": (0,)}
 
 
 def tensors(tree):
@@ -154,8 +194,11 @@ def compare(actual, expected, atol, rtol, random, what="output"):
 
 def _reset():
     """After an xla failure: drop its deferred checks and its traced garbage,
-    so it cannot poison the next sample."""
+    so it cannot poison the next sample. The dispatcher keeps the last
+    exception a handler raised (for loss.backward()); its traceback keeps the
+    failed op's tensors alive, and the next txc.sync() would compute them."""
     _checks.clear()
+    txc._C.take_handler_error()
     gc.collect()
 
 
@@ -174,7 +217,7 @@ def run_forward(op, s, dtype, random):
         expected = op(cpu[0], *cpu[1], **cpu[2])
     except Exception:
         return None
-    xla = copy_sample(s, txc.device())
+    xla = copy_sample(s, txc.device(), op.name)
     before = _fallbacks()
     try:
         actual = op(xla[0], *xla[1], **xla[2])
@@ -187,7 +230,8 @@ def run_forward(op, s, dtype, random):
     atol, rtol = tolerance(op, dtype)
     try:
         compare(actual, expected, atol, rtol, random)
-        compare(tensors(xla), tensors(cpu), atol, rtol, random, what="input after the call")
+        kept = [(x, c) for x, c in zip(tensors(xla), tensors(cpu)) if x.device.type == "xla"]
+        compare([x for x, _ in kept], [c for _, c in kept], atol, rtol, random, what="input after the call")
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001 - fetching the value failed
@@ -224,7 +268,7 @@ def run_backward(op, s, dtype, random):
                                       allow_unused=True)
     except Exception:
         return None
-    xla = copy_sample(s, txc.device())
+    xla = copy_sample(s, txc.device(), op.name)
     leaves_x = [t for t in tensors(xla) if t.requires_grad]
     before = _fallbacks()
     try:
@@ -264,7 +308,6 @@ def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
     """Runs a case's samples; returns a list of (sample index, outcome, message).
     In "ci" mode backward stops after the first applicable sample."""
     torch.manual_seed(zlib.crc32(op_id(op).encode()))
-    random = op_id(op) in RANDOM or op.name in RANDOM
     run = run_forward if direction == "fwd" else run_backward
     one = direction == "bwd" and mode == "ci"
     results = []
@@ -275,13 +318,14 @@ def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
             if max_samples and i >= max_samples:
                 break
             torch.manual_seed(i)
-            r = run(op, s, dtype, random)
+            r = run(op, s, dtype, is_random(op, s))
             if r is None:
                 continue
             results.append((i, *r))
             if one:
                 break
     finally:
+        txc._C.take_handler_error()
         # a fallback warned here must still warn for the tests that check it
         _tensor._warned.intersection_update(warned)
         _checks.clear()

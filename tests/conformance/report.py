@@ -1,10 +1,12 @@
 """Counts of an OpInfo conformance run, from the per-case records the tests
 attach to their reports (see plugin.py) or from the JSON a run wrote.
 
-    python -m tests.conformance.report RUN.json [--list mismatch|error|fallback|all]
+    python -m tests.conformance.report RUN.json [--list mismatch|error|fallback|all] [--emit]
 
 prints the summary table, then (with --list) each failing case with its first
-failing sample. Imports no torch: it runs where the JSON is.
+failing sample; --emit prints expected_failures.X(...) lines for the cases
+that were not as expected, with a guessed reason to review before pasting.
+Imports no torch: it runs where the JSON is.
 """
 import argparse
 import json
@@ -67,10 +69,43 @@ def render(summary, mode):
     return lines
 
 
+DATA_DEPENDENT = ("nonzero", "unique", "masked_select", "histc", "histogram", "bincount", "_unique2",
+                  "unique_consecutive", "unique_dim", "nonzero_static", "masked_scatter", "repeat_interleave")
+
+
+def guess_reason(rec):
+    """A first wording of why a case fails, from its first failing samples."""
+    msgs = [m for _, o, m in rec["failures"]]
+    outs = {o for _, o, _ in rec["failures"]}
+    if outs == {"fallback"}:
+        ops = sorted({x for m in msgs for x in m.removeprefix("CPU fallback: ").split(", ")})
+        if any(x.split("::")[-1].split(".")[0] in DATA_DEPENDENT for x in ops):
+            return f"fallback: data-dependent output shape, counted CPU fallback ({', '.join(ops)})"
+        return f"fallback: no XLA lowering yet, counted CPU fallback ({', '.join(ops)})"
+    text = " ".join(msgs)
+    if "complex" in text:
+        return "unsupported: complex dtype (complex64 refusal: fixed in branch ops)"
+    first = next((m for _, o, m in rec["failures"] if o != "fallback"), msgs[0])
+    return "bug: " + first[:150]
+
+
+def emit(records):
+    for r in sorted(records, key=lambda r: (r["op"], r["direction"])):
+        if r["verdict"] in ("ok", "expected"):
+            continue
+        kinds = "+".join(sorted({o for _, o, _ in r["failures"]}))
+        if not kinds:
+            print(f"# unexpected pass: remove {r['op']} {r['direction']} {r['dtype']}")
+            continue
+        dt = "" if r["dtype"] == "float32" else f", dtype={r['dtype']!r}"
+        print(f"    X({r['op']!r}, {r['direction']!r}, {kinds!r}, {guess_reason(r)!r}{dt}),")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json")
     ap.add_argument("--list", choices=("mismatch", "error", "fallback", "all"))
+    ap.add_argument("--emit", action="store_true")
     a = ap.parse_args(argv)
     with open(a.json) as f:
         run = json.load(f)
@@ -82,6 +117,8 @@ def main(argv=None):
                 first = r["failures"][0] if r["failures"] else ["", "", ""]
                 print(f"{r['op']:45s} {r['dtype']:9s} {r['direction']} {'+'.join(kinds):18s} "
                       f"[{r['expected'] or 'NOT LISTED'}] #{first[0]} {first[2][:200]}")
+    if a.emit:
+        emit(run["cases"])
     return 0
 
 
