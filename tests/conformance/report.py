@@ -69,8 +69,8 @@ def render(summary, mode):
     return lines
 
 
-DATA_DEPENDENT = ("nonzero", "unique", "masked_select", "histc", "histogram", "bincount", "_unique2",
-                  "unique_consecutive", "unique_dim", "nonzero_static", "masked_scatter", "repeat_interleave")
+DATA_DEPENDENT = ("nonzero", "unique", "masked_select", "bincount", "_unique2", "unique_consecutive",
+                  "unique_dim", "repeat_interleave")
 
 
 def guess_reason(rec):
