@@ -16,8 +16,9 @@ shape, dtype and device only. Tolerances: the OpInfo's own CPU overrides for
 the dtype where it declares any, else FLOOR_TOL; never below FLOOR_TOL.
 
 Mode (env TXC_CONFORMANCE): "ci" (default): float32 forward on the first 16
-samples of each op plus the first applicable backward sample; "full": every sample forward and
-backward in float32, bfloat16 and int64 where the op supports the dtype;
+samples of each op plus the first applicable backward sample; "full": every
+sample forward and backward in float32, bfloat16 and int64 where the op
+supports the dtype;
 "off": nothing is collected. TXC_CONFORMANCE_MAX_SAMPLES bounds the samples
 per case (0 = all; default 16 in ci mode, 0 in full mode).
 """
