@@ -8,6 +8,9 @@
     nox -s reproduce              build a flavor twice, compare the wheels' bytes
     nox -s cibuildwheel           both flavors with cibuildwheel in containers
     nox -s tests                  pytest tests (package installed from source)
+    nox -s conformance            PyTorch's OpInfo samples, full sweep: every sample,
+                                  forward and backward, float32/bfloat16/int64
+                                  (tests/conformance); JSON in .nox/conformance.json
     nox -s images                 both flavors' images (docker/Dockerfile via
                                   build/images.py); -- --push REGISTRY pushes
     nox -s images_roundtrip       local registry: push, pull, smoke-test each image
@@ -99,6 +102,22 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".[test]", env=_jobs_env())
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def conformance(session: nox.Session) -> None:
+    """The OpInfo conformance suite in full mode (TXC_CONFORMANCE=full): every
+    sample of every op, forward and backward, in float32, bfloat16 and int64
+    where the op supports them, against the expected-failure list
+    (tests/conformance/expected_failures.py). Spread over pytest-xdist workers
+    (TXC_TEST_WORKERS, default the CPUs). Prints the counts; the per-case
+    records go to .nox/conformance.json (or TXC_CONFORMANCE_JSON). Options after --
+    go to pytest (e.g. -k 'float32')."""
+    session.install(TORCH)
+    session.install(".[test]", env=_jobs_env())
+    env = {"TXC_CONFORMANCE": "full",
+           "TXC_CONFORMANCE_JSON": os.environ.get("TXC_CONFORMANCE_JSON", str(ROOT / ".nox" / "conformance.json"))}
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/conformance", *session.posargs, env=env)
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

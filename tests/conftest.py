@@ -9,6 +9,9 @@ import torch  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
 
+# summary, JSON and xdist for the OpInfo conformance suite (tests/conformance)
+pytest_plugins = ("conformance.plugin",)
+
 
 @pytest.fixture
 def dev():

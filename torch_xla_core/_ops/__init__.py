@@ -142,9 +142,14 @@ def _inplace(base):
 
 def _out(base, func):
     names = [a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    fn = _functional_of(func)
+    # a factory's out= variant (linspace.out, ...) makes its result on out's device
+    factory = fn is not None and any(a.name == "device" for a in fn._schema.arguments)
 
     def h(*args, **kwargs):
         outs = [kwargs.pop(n) for n in names]
+        if factory and kwargs.get("device") is None:
+            kwargs["device"] = outs[0].device
         r = base(*args, **kwargs)
         rs = r if isinstance(r, (tuple, list)) else (r,)
         for o, x in zip(outs, rs):

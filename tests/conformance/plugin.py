@@ -1,0 +1,72 @@
+"""pytest plugin of the OpInfo conformance suite (registered by tests/conftest.py,
+so that it also runs in pytest-xdist's controller, which collects nothing):
+
+- a whole-suite run (`pytest tests`, or tests/conformance) is spread over
+  pytest-xdist workers when xdist is installed and no -n was given:
+  TXC_TEST_WORKERS (default: the usable CPUs, at most 8; 0 or 1: off);
+- each conformance case attaches its record to its report (user_properties,
+  which xdist carries to the controller); the terminal summary prints the
+  counts (report.py) and TXC_CONFORMANCE_JSON=PATH writes every record.
+
+Imports no torch: it is loaded by every pytest run under tests/.
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from .report import render, summarize
+
+KEY = "txc_conformance"
+_HERE = Path(__file__).resolve().parent
+_records = []
+
+
+def _workers():
+    n = os.environ.get("TXC_TEST_WORKERS", "auto")
+    if n == "auto":
+        return min(len(os.sched_getaffinity(0)), 8)
+    return int(n)
+
+
+def _whole_suite(config):
+    for a in config.args:
+        p = Path(a.split("::")[0]).resolve()
+        if p == _HERE.parent or (p.is_dir() and p.is_relative_to(_HERE)):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or getattr(config.option, "numprocesses", None) is not None
+            or config.option.collectonly or getattr(config.option, "pdb", False)
+            or not _whole_suite(config)):
+        return
+    n = _workers()
+    if n > 1:
+        config.option.numprocesses = n
+        if config.option.dist == "no":
+            config.option.dist = "load"
+
+
+def pytest_runtest_logreport(report):
+    for key, rec in report.user_properties:
+        if key == KEY and report.when == "call":
+            _records.append(rec)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not _records or hasattr(config, "workerinput"):
+        return
+    mode = _records[0]["mode"]
+    terminalreporter.write_sep("-", "OpInfo conformance")
+    for line in render(summarize(_records), mode):
+        terminalreporter.write_line(line)
+    path = os.environ.get("TXC_CONFORMANCE_JSON")
+    if path:
+        Path(path).write_text(json.dumps({"mode": mode, "summary": summarize(_records),
+                                          "cases": _records}, indent=1))
+        terminalreporter.write_line(f"  records of {len(_records)} cases: {path}")

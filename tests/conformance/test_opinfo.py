@@ -1,0 +1,103 @@
+"""PyTorch's OpInfo database (torch.testing._internal's op_db) on the xla
+device against CPU eager: one test per (op, dtype, direction), its samples
+classified by _opinfo.run_case and held to the reviewed expected-failure
+list (expected_failures.py), strictly: a new failure or an unexpected pass
+fails. Mode, sample bounds and the summary: see _opinfo.py and plugin.py."""
+import time
+
+import pytest
+import torch
+
+from . import _opinfo, expected_failures
+from .plugin import KEY
+
+CASES = _opinfo.cases()
+pytestmark = pytest.mark.skipif(not CASES, reason=f"TXC_CONFORMANCE={_opinfo.MODE}: no cases")
+
+
+def _param(case):
+    op, dtype, direction, why = case
+    cid = f"{_opinfo.op_id(op)}-{str(dtype).removeprefix('torch.')}-{direction}"
+    return pytest.param(op, dtype, direction, id=cid,
+                        marks=[pytest.mark.skip(reason=why)] if why else [])
+
+
+@pytest.mark.parametrize("op,dtype,direction", [_param(c) for c in CASES])
+def test_opinfo(op, dtype, direction, request):
+    oid = _opinfo.op_id(op)
+    entry = expected_failures.lookup(oid, direction, dtype, _opinfo.MODE)
+    t0 = time.perf_counter()
+    results = _opinfo.run_case(op, dtype, direction)
+    seconds = round(time.perf_counter() - t0, 3)
+    counts = {}
+    for _, outcome, _msg in results:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    failures = [list(r) for r in results if r[1] != "pass"]
+    kinds = tuple(sorted({r[1] for r in failures}))
+    if entry is None:
+        verdict = "ok" if not kinds else "new failure"
+    elif not results:
+        verdict = "listed, but no sample ran"
+    else:
+        verdict = "expected" if kinds == entry.kinds() else ("unexpected pass" if not kinds else "changed")
+    request.node.user_properties.append((KEY, {
+        "mode": _opinfo.MODE, "op": oid, "dtype": str(dtype).removeprefix("torch."),
+        "direction": direction, "counts": counts, "failures": failures[:5],
+        "expected": entry.reason if entry else None, "verdict": verdict, "seconds": seconds}))
+    if not results and entry is None:
+        pytest.skip("no applicable sample")
+    detail = "\n".join(f"  sample {i}: {o}: {m}" for i, o, m in failures[:8])
+    if verdict == "new failure":
+        pytest.fail(f"{oid} {dtype} {direction}: {'+'.join(kinds)} not in the expected-failure list "
+                    f"({counts}):\n{detail}")
+    if verdict == "unexpected pass":
+        pytest.fail(f"{oid} {dtype} {direction} passes all {len(results)} samples: remove its "
+                    f"expected-failure entry ({entry.reason})")
+    if verdict != "ok" and verdict != "expected":
+        pytest.fail(f"{oid} {dtype} {direction}: {verdict}: listed {entry.fails!r} ({entry.reason}), "
+                    f"got {'+'.join(kinds) or 'no samples'} ({counts}):\n{detail}")
+    if verdict == "expected":
+        pytest.xfail(entry.reason)
+
+
+def test_expected_entries_name_real_cases():
+    """Every expected-failure entry names an OpInfo case that exists."""
+    by_id = {_opinfo.op_id(op): op for op in _opinfo.op_db}
+    bad = []
+    for x in expected_failures.EXPECTED:
+        op = by_id.get(x.op)
+        if op is None:
+            bad.append(f"{x.op}: no such OpInfo")
+            continue
+        if x.direction not in ("fwd", "bwd") or x.mode not in ("ci", "full", "all") \
+                or not set(x.kinds()) <= set(expected_failures.KINDS) or not x.reason.strip():
+            bad.append(f"{x}: malformed")
+            continue
+        if x.dtype != "*":
+            dtype = getattr(torch, x.dtype, None)
+            ok = op.supported_dtypes("cpu") if x.direction == "fwd" else op.supported_backward_dtypes("cpu")
+            if dtype not in ok:
+                bad.append(f"{x.op} has no {x.direction} {x.dtype} case")
+    keys = [(x.op, x.direction, x.dtype, x.mode) for x in expected_failures.EXPECTED]
+    bad += [f"duplicate entry {k}" for k in set(keys) if keys.count(k) > 1]
+    assert not bad, "\n".join(bad)
+
+
+def test_random_ops_exist():
+    """The ops compared by shape only are real OpInfo names (the list cannot rot)."""
+    names = {_opinfo.op_id(op) for op in _opinfo.op_db} | {op.name for op in _opinfo.op_db}
+    listed = _opinfo.RANDOM | set(_opinfo.RANDOM_WHEN)
+    assert not listed - names, sorted(listed - names)
+
+
+def test_a_mismatch_is_caught():
+    """The comparison itself: a wrong value, dtype or device is a mismatch."""
+    import torch_xla_core as txc
+    x = torch.tensor([1.0, 2.0])
+    _opinfo.compare(x.to(txc.device()), x, 1e-5, 1e-5, False)
+    for bad in (torch.tensor([1.0, 2.1]).to(txc.device()), x.double().to(txc.device()), x):
+        with pytest.raises(_opinfo.Mismatch):
+            _opinfo.compare(bad, x, 1e-5, 1e-5, False)
+    _opinfo.compare(torch.tensor([5.0, 7.0]).to(txc.device()), x, 0, 0, True)  # random: shape only
+    with pytest.raises(_opinfo.Mismatch):
+        _opinfo.compare(torch.zeros(3).to(txc.device()), x, 0, 0, True)
