@@ -31,6 +31,7 @@ if os.environ.get("TXC_AUTOGRAD_THREADS") != "1":
 _ops.load_all()
 
 from . import serialization  # noqa: E402
+from . import memory, offload, scan  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
 
 serialization.register()  # torch.save/torch.load of xla tensors
 

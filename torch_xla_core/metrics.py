@@ -1,6 +1,7 @@
 """Counters and timers of the runtime: compiles, cache hits and misses,
 lowering/compile/execute/transfer times, and per-op CPU fallbacks.
-`report()` renders them as text; `clear()` resets them."""
+`report()` renders them as text (with a memory section from
+torch_xla_core/memory.py); `clear()` resets them."""
 import collections
 import threading
 import time
@@ -68,4 +69,6 @@ def report() -> str:
     for k in sorted(ts):
         n, total = ts[k]
         lines.append(f"  {k}: count={n} total={total * 1e3:.3f}ms mean={total / n * 1e3:.3f}ms")
+    from . import memory  # here: memory reads the executor, which imports this module
+    lines += memory.report_lines()
     return "\n".join(lines)

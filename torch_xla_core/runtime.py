@@ -143,3 +143,13 @@ def to_host(buf) -> torch.Tensor:
             t = torch.from_numpy(a.copy()) if not a.flags.writeable else torch.from_numpy(a)
     metrics.counter_add("transfer_to_host")
     return t
+
+
+def memory_kinds(device_index: int = 0) -> set:
+    """The memory kinds the device can address ('device', 'pinned_host',
+    'unpinned_host' on CPU and GPU), or {'device'} when PJRT lists none."""
+    d = devices()[device_index]
+    try:
+        return {m.kind for m in d.addressable_memories()}
+    except Exception:  # a plugin without memory spaces
+        return {"device"}
