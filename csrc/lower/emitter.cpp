@@ -50,13 +50,12 @@ static std::string join(const std::vector<std::string>& v) {
 
 std::string LowerCtx::op(const std::string& name, const std::vector<std::string>& args,
                          const std::vector<std::string>& arg_types, const std::string& result_type,
-                         const std::string& props, const std::string& region, const std::string& attrs) {
+                         const std::string& props, const std::string& region) {
   std::string r = fresh();
   body_.append(indent_, ' ');
   body_ += r + " = \"" + name + "\"(" + join(args) + ")";
   if (!props.empty()) body_ += " <{" + props + "}>";
   if (!region.empty()) body_ += " " + region;
-  if (!attrs.empty()) body_ += " {" + attrs + "}";
   body_ += " : (" + join(arg_types) + ") -> " + result_type + "\n";
   return r;
 }

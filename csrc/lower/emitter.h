@@ -31,8 +31,7 @@ class LowerCtx {
   // props: the contents of <{...}> (may be empty); region: "({...})" text or empty.
   std::string op(const std::string& name, const std::vector<std::string>& args,
                  const std::vector<std::string>& arg_types, const std::string& result_type,
-                 const std::string& props = "", const std::string& region = "",
-                 const std::string& attrs = "");
+                 const std::string& props = "", const std::string& region = "");
   // Emits an op with several results; returns the base name, results are base#i.
   std::string op_multi(const std::string& name, const std::vector<std::string>& args,
                        const std::vector<std::string>& arg_types, const std::vector<std::string>& result_types,

@@ -32,10 +32,17 @@ int memory_kind_of(const Node& n) {
   return kDevice;
 }
 
+// Written out here rather than through LowerCtx::op (whose signature is part
+// of the extension API, csrc/ext/extension.h): this op also needs an
+// attribute dictionary after its properties.
 std::string annotate_placement(LowerCtx& cx, const std::string& v, const std::string& type, int kind) {
-  return cx.op("stablehlo.custom_call", {v}, {type}, type,
-               "call_target_name = \"annotate_device_placement\", has_side_effect = true, api_version = 1 : i32", "",
-               std::string("mhlo.frontend_attributes = {_xla_buffer_placement = \"") + memory_kind_name(kind) + "\"}");
+  std::string r = cx.fresh();
+  cx.body_.append(size_t(cx.indent_), ' ');
+  cx.body_ += r + " = \"stablehlo.custom_call\"(" + v +
+              ") <{call_target_name = \"annotate_device_placement\", has_side_effect = true, api_version = 1 : i32}>"
+              " {mhlo.frontend_attributes = {_xla_buffer_placement = \"" + memory_kind_name(kind) + "\"}} : (" +
+              type + ") -> " + type + "\n";
+  return r;
 }
 
 static const uint16_t kPlace = register_op(OpDef{
