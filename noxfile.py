@@ -121,6 +121,16 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)
+def bench_memory(session: nox.Session) -> None:
+    """bench/memory.py: compiled memory and step time of a decoder AdamW step
+    per donation / scan policy / activation offload (args pass through, e.g.
+    -- --layers 16 --width 512 --batch 8 --seq 1024)."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    session.run("python", "bench/memory.py", *session.posargs)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
 def bench(session: nox.Session) -> None:
     """Both ABI flavors side by side: reuse wheelhouse/<flavor>/ when it holds
     a wheel of the current version that has _C.bench_core (else build it with

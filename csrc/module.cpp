@@ -87,6 +87,7 @@ PYBIND11_MODULE(_C, m) {
       .def("donations", &GraphCut::donations)
       .def("params", &GraphCut::params)
       .def("output_specs", &GraphCut::output_specs)
+      .def("memory_kinds", &GraphCut::memory_kinds)
       .def("assign", &GraphCut::assign)
       .def_property_readonly("num_roots", &GraphCut::num_roots)
       .def("node_at_line", &GraphCut::node_at_line)

@@ -40,6 +40,8 @@ from . import amp  # noqa: E402
 amp.register_handlers()
 amp.install()  # torch.autocast("xla"): cast policies on the AutocastPrivateUse1 key
 
+from . import memory, offload, scan  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
+
 serialization.register()  # torch.save/torch.load of xla tensors
 
 from . import _tying  # noqa: E402

@@ -7,7 +7,8 @@ assigns the results back to the tensors' storages. It owns:
   float32 matmul precision, the device, the platform and the donated
   parameters (input/output aliasing: device data that only this graph still
   refers to — a training step's old parameters and optimizer state — is
-  overwritten in place instead of held twice; see GraphCut.donations);
+  overwritten in place instead of held twice; see GraphCut.donations) and
+  the memory kinds of host-resident parameters and outputs (offload.py);
 - the compile cache: key -> loaded executable, least recently used
   evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
   "cache_hit", "cache_miss", "cache_evict", "compile");
@@ -45,10 +46,12 @@ import torch
 
 from . import _C, _checks, _random, metrics, runtime
 
-class Key(collections.namedtuple("Key", "graph precision device platform aliases")):
+class Key(collections.namedtuple("Key", "graph precision device platform aliases memory")):
     """What identifies a compiled executable: the graph's hash, the float32
-    matmul precision, the device index, the platform, and the donated
-    (parameter, output) pairs."""
+    matmul precision, the device index, the platform, the donated
+    (parameter, output) pairs, and the memory kinds of the parameters and
+    outputs that live outside device memory (GraphCut.memory_kinds(): () when
+    all are on the device; see torch_xla_core/offload.py)."""
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
@@ -152,7 +155,7 @@ def plan(lts=None) -> Plan:
         lts = list(lts) + [c[0] for c in checks] + _random.roots()
     cut = _C.GraphCut(lts)
     aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
-    key = Key(cut.hash, torch.get_float32_matmul_precision(), 0, runtime.platform(), aliases)
+    key = Key(cut.hash, torch.get_float32_matmul_precision(), 0, runtime.platform(), aliases, cut.memory_kinds())
     return Plan(cut, key, checks)
 
 

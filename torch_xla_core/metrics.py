@@ -1,9 +1,10 @@
 """Counters and timers of the runtime: compiles, cache hits and misses,
 lowering/compile/execute/transfer times, and per-op CPU fallbacks.
-`report()` renders them as text, `short_report()` as a few key lines;
-`clear()` resets them. Listeners (add_listener) see every timed span as it
-ends: the profiler (torch_xla_core/profiler.py) is one; with none installed
-a timer costs one list test more."""
+`report()` renders them as text (with a memory section from
+torch_xla_core/memory.py), `short_report()` as a few key lines; `clear()`
+resets them. Listeners (add_listener) see every timed span as it ends: the
+profiler (torch_xla_core/profiler.py) is one; with none installed a timer
+costs one list test more."""
 import collections
 import threading
 import time
@@ -89,6 +90,8 @@ def report() -> str:
     for k in sorted(ts):
         n, total = ts[k]
         lines.append(f"  {k}: count={n} total={total * 1e3:.3f}ms mean={total / n * 1e3:.3f}ms")
+    from . import memory  # here: memory reads the executor, which imports this module
+    lines += memory.report_lines()
     return "\n".join(lines)
 
 

@@ -153,3 +153,13 @@ def wait_all() -> None:
             a.block_until_ready()
         except RuntimeError:  # a deleted (donated) buffer: nothing to wait for
             pass
+
+
+def memory_kinds(device_index: int = 0) -> set:
+    """The memory kinds the device can address ('device', 'pinned_host',
+    'unpinned_host' on CPU and GPU), or {'device'} when PJRT lists none."""
+    d = devices()[device_index]
+    try:
+        return {m.kind for m in d.addressable_memories()}
+    except Exception:  # a plugin without memory spaces
+        return {"device"}

@@ -22,7 +22,9 @@ same way: fn re-run on placeholders that require grad, then
 torch.autograd.grad), so the backward is one loop too. It recomputes each
 iteration's forward from the saved carry (like per-layer activation
 checkpointing) and accumulates the gradients of closed-over tensors (layer
-weights) in its carry.
+weights) in its carry. policy="save" / "offload" instead keep fn's residuals
+stacked (on the device / in host memory) so the backward does not recompute
+the forward: torch_xla_core/_scan_policy.py.
 
 When fn is traced again. A traced body is reused when
   * fn is the same function: the same code object with the same objects in
@@ -52,6 +54,8 @@ carry, x) are allowed: they are fresh each iteration and never reach
 init/xs. Double backward through scan is not supported.
 """
 import collections
+import contextlib
+import sys
 import types
 import weakref
 
@@ -59,7 +63,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import _C, _checks, _random, _tensor, metrics
+from . import _C, _checks, _random, _scan_policy, _tensor, metrics
 from ._dtypes import code
 from ._tensor import OP, XlaTensor
 
@@ -417,13 +421,13 @@ def _loop(plan, body, c_leaves, x_leaves, k_leaves, caps, length, reverse):
     return [_tensor.wrap(r) for r in res]
 
 
-def _scan(fn, init, xs, consts, reverse, fn_key=None):
+def _scan(fn, init, xs, consts, reverse, fn_key=None, policy="recompute"):
     plan, caps, c_leaves, x_leaves, k_leaves, length = _get_plan(fn, init, xs, consts, fn_key)
     nc, ny = plan.nc, plan.ny
     need_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (*c_leaves, *x_leaves, *k_leaves, *caps))
     if need_grad:
-        outs = _ScanFn.apply((plan, fn), length, bool(reverse), *c_leaves, *x_leaves, *k_leaves, *caps)
+        outs = _ScanFn.apply((plan, fn, policy), length, bool(reverse), *c_leaves, *x_leaves, *k_leaves, *caps)
         c_out, y_out = outs[:nc], outs[nc:]
     else:
         res = _loop(plan, plan.body, c_leaves, x_leaves, k_leaves, caps, length, bool(reverse))
@@ -434,7 +438,7 @@ def _scan(fn, init, xs, consts, reverse, fn_key=None):
     return _unflat(list(c_out), plan.c_spec), _unflat(list(y_out), plan.y_spec)
 
 
-def scan(fn, init, xs, reverse=False):
+def scan(fn, init, xs, reverse=False, policy="recompute"):
     """Runs fn over the slices of xs along dim 0, threading a carry:
 
         carry = init
@@ -446,8 +450,11 @@ def scan(fn, init, xs, reverse=False):
     sliced; all have the same length). fn is traced once into a body that
     compiles as one loop; see the module docstring for when it is traced
     again and what fn may not do. Differentiable w.r.t. init, xs and the
-    tensors fn closes over."""
-    return _scan(fn, init, xs, None, reverse)
+    tensors fn closes over. policy: what the forward keeps for the backward,
+    "recompute" (each iteration's input carry; the backward re-runs fn),
+    "save" (also fn's residuals, stacked) or "offload" (those stacked in host
+    memory); see torch_xla_core/_scan_policy.py."""
+    return _scan(fn, init, xs, None, reverse, policy=_scan_policy.check_policy(policy, "scan"))
 
 
 # --- autograd ------------------------------------------------------------------
@@ -462,13 +469,18 @@ class _ScanFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan_fn, length, reverse, *flat):
-        plan, ctx.fn = plan_fn
+        plan, ctx.fn, policy = plan_fn
         nc, nx, nk, ny = plan.nc, plan.nx, plan.nk, plan.ny
         c, x, k, caps = flat[:nc], flat[nc:nc + nx], flat[nc + nx:nc + nx + nk], flat[nc + nx + nk:]
-        res = _loop(plan, plan.body_res, c, x, k, caps, length, reverse)
+        body, ctx.n_res = plan.body_res, 0
+        if policy != "recompute":
+            pattern = _scan_policy.pattern_of(plan, ctx.needs_input_grad[3:], len(caps))
+            info = _scan_policy.forward_body(sys.modules[__name__], plan, ctx.fn, pattern, policy, caps)
+            body, ctx.n_res = info.body, info.n
+        res = _loop(plan, body, c, x, k, caps, length, reverse)
         outs = res[:nc] + res[nc + 1:nc + 1 + ny]
-        resid = res[nc + 1 + ny:]  # stacked carries (nc), stacked RNG states (0 or 1)
-        ctx.plan, ctx.length, ctx.reverse = plan, length, reverse
+        resid = res[nc + 1 + ny:]  # stacked carries (nc), stacked RNG states (0 or 1), residuals (n_res)
+        ctx.plan, ctx.length, ctx.reverse, ctx.policy = plan, length, reverse, policy
         ctx.save_for_backward(*x, *k, *caps, *resid)
         ctx.mark_non_differentiable(*[o for o in outs if not _floating(o.dtype)])
         return tuple(outs)
@@ -478,7 +490,8 @@ class _ScanFn(torch.autograd.Function):
         plan = ctx.plan
         nc, nx, nk, ny = plan.nc, plan.nx, plan.nk, plan.ny
         saved = ctx.saved_tensors
-        ncap = len(saved) - nx - nk - nc - (1 if plan.rng_used else 0)
+        nr = 1 if plan.rng_used else 0
+        ncap = len(saved) - nx - nk - nc - nr - ctx.n_res
         x = saved[:nx]
         k = saved[nx:nx + nk]
         caps = saved[nx + nk:nx + nk + ncap]
@@ -490,11 +503,11 @@ class _ScanFn(torch.autograd.Function):
         need_cap = tuple(i for i in range(ncap) if need[nc + nx + nk + i])
         fc = tuple(i for i in range(nc) if _floating(plan.c_meta[i][1]))
         fy = tuple(j for j in range(ny) if _floating(plan.y_meta[j][1]))
-        vjp = _vjp_fn(plan, fc, fy, need_x, need_k, need_cap)
+        vjp = _vjp_fn(plan, fc, fy, need_x, need_k, need_cap, ctx.policy)
         g_c = [_zeros(grads[i], plan.c_meta[i]) for i in fc]
         acc = [torch.zeros_like(k[i]) for i in need_k] + [torch.zeros_like(caps[i]) for i in need_cap]
         g_y = [_zeros(grads[nc + j], ((ctx.length,) + plan.y_meta[j][0], plan.y_meta[j][1])) for j in fy]
-        bxs = (list(x), list(resid[:nc]), g_y, list(resid[nc:]))
+        bxs = (list(x), list(resid[:nc]), g_y, list(resid[nc:nc + nr]), list(resid[nc + nr:]))
         plan.bwd_caps, plan.fn = caps, ctx.fn
         try:
             (g_c0, acc_out), g_xs = _scan(vjp, (g_c, acc), bxs, list(k), not ctx.reverse, fn_key=vjp.key)
@@ -520,20 +533,26 @@ def _zeros(g, meta):
     return torch.zeros(shape, dtype=dtype, device=_tensor.DEVICE)
 
 
-def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap):
-    """fn's vector-Jacobian product as a scan body (cached per pattern):
-    carry (g_carry, accumulated invariant grads), x (x_i, carry_i, g_y_i,
-    rng_i), consts (fn's consts) -> (g_carry_in, accumulators), g_x_i."""
+def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap, policy="recompute"):
+    """fn's vector-Jacobian product as a scan body (cached per pattern and
+    policy): carry (g_carry, accumulated invariant grads), x (x_i, carry_i,
+    g_y_i, rng_i, residuals_i), consts (fn's consts) -> (g_carry_in,
+    accumulators), g_x_i. With a residual policy, fn's saved tensors are the
+    residual slices (_scan_policy.ResidualHooks)."""
     pattern = (fc, fy, need_x, need_k, need_cap)
-    f = plan.vjps.get(pattern)
+    f = plan.vjps.get((pattern, policy))
     if f is not None:
         return f
     fc_set, nx_set, nk_set = set(fc), set(need_x), set(need_k)
 
     def vjp(bc, bx, ks):
         g_c, acc = bc
-        x_l, c_l, gy_l, r_l = bx
+        x_l, c_l, gy_l, r_l, res_l = bx
         caps = plan.bwd_caps  # the captures of the forward being differentiated
+        hooks = contextlib.nullcontext()
+        if policy != "recompute":
+            c_l = _scan_policy.carry_in(c_l, policy)
+            hooks = _scan_policy.ResidualHooks(plan.residuals[(pattern, policy)], res_l, policy, plan.fn)
         with torch.enable_grad():
             c_in = [t.requires_grad_() if i in fc_set else t for i, t in enumerate(c_l)]
             x_in = [t.requires_grad_() if i in nx_set else t for i, t in enumerate(x_l)]
@@ -544,10 +563,11 @@ def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap):
             try:
                 c = _unflat(c_in, plan.c_spec)
                 x = _unflat(x_in, plan.x_spec)
-                if plan.with_consts:
-                    new_c, y = plan.fn(c, x, _unflat(k_in, plan.k_spec))
-                else:
-                    new_c, y = plan.fn(c, x)
+                with hooks:
+                    if plan.with_consts:
+                        new_c, y = plan.fn(c, x, _unflat(k_in, plan.k_spec))
+                    else:
+                        new_c, y = plan.fn(c, x)
             finally:
                 _random._state = saved
             c_out = _flat(new_c)[0]
@@ -564,13 +584,15 @@ def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap):
             inputs = [c_in[i] for i in fc] + [x_in[i] for i in need_x] + [k_in[i] for i in need_k] + \
                      [caps[i] for i in need_cap]
             gs = torch.autograd.grad(outs, inputs, gouts, allow_unused=True) if outs else [None] * len(inputs)
+            if policy != "recompute":
+                hooks.close()
             gs = [g if g is not None else torch.zeros_like(t) for g, t in zip(gs, inputs)]
         n1, n2 = len(fc), len(need_x)
         acc_new = [a + g for a, g in zip(acc, gs[n1 + n2:])]
         return ([g.detach() for g in gs[:n1]], acc_new), [g.detach() for g in gs[n1:n1 + n2]]
 
     vjp.key = ((id(vjp),), [_Ref(vjp)], [vjp])
-    plan.vjps[pattern] = vjp
+    plan.vjps[(pattern, policy)] = vjp
     return vjp
 
 
@@ -611,7 +633,7 @@ _TENSOR = object()  # marks where the tensors go among scan_layers' extra argume
 _LAYER_FNS = weakref.WeakKeyDictionary()  # template module -> {static key: fn}
 
 
-def scan_layers(layers, x, *args, **kwargs):
+def scan_layers(layers, x, *args, policy="recompute", **kwargs):
     """x = layer(x, *args, **kwargs) for each layer, as one loop: the layers
     (all of the same structure: submodule types, parameter and buffer names,
     shapes, dtypes) are run through one body, traced once on layer 0 with
@@ -619,7 +641,10 @@ def scan_layers(layers, x, *args, **kwargs):
     (torch.stack, in the graph). args/kwargs are passed to every layer
     unchanged (attention masks, position ids); their tensors are loop
     invariants, the rest is part of the trace key. Each layer must return a
-    tensor of x's shape and dtype. Gradients reach every layer's parameters."""
+    tensor of x's shape and dtype. Gradients reach every layer's parameters.
+    policy: as for scan() ("recompute", "save", "offload"; keyword only, not
+    passed to the layers)."""
+    _scan_policy.check_policy(policy, "scan_layers")
     layers = list(layers)
     if not layers:
         return x
@@ -659,5 +684,5 @@ def scan_layers(layers, x, *args, **kwargs):
         fn.key = ((id(fn),), [_Ref(fn)], [fn])
         if skey is not None:
             fns[skey] = fn
-    carry, _ = _scan(fn, x, stacked, tensors, False, fn_key=fn.key)
+    carry, _ = _scan(fn, x, stacked, tensors, False, fn_key=fn.key, policy=policy)
     return carry

@@ -34,6 +34,10 @@ struct Node {
   pybind11::object data;
   double scalar = 0;
   bool wrapped = false;  // a Python number: weakly typed in promotion
+  // Data nodes: the memory space their buffer lives in (MemoryKind, see
+  // ops/placement.h). Not hashed: the executor's cache key carries the
+  // graph's input and output memory kinds.
+  uint8_t memory = 0;
   // Where the node came from: the aten overload being dispatched when it was
   // built (an index into origin_names(); 0 = none). Not hashed: it only names
   // ops in errors (a failed compile, an out-of-memory).

@@ -1,5 +1,6 @@
 // StableHLO text emission (see emitter.h).
 #include "lower/emitter.h"
+#include "ops/placement.h"
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -219,15 +220,31 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   std::vector<int> alias_of(params.size(), -1);
   for (auto [p, o] : options.aliases) alias_of.at(size_t(p)) = o;
   std::string sig;
+  std::vector<int> host_params;
   for (size_t i = 0; i < params.size(); ++i) {
     const Node* p = params[i];
     p->ssa = int(cx.names_.size());
     cx.names_.push_back("%arg" + std::to_string(i));
     sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
-    if (alias_of[i] >= 0) sig += " {tf.aliasing_output = " + std::to_string(alias_of[i]) + " : i32}";
+    std::string attrs;
+    if (alias_of[i] >= 0) attrs = "tf.aliasing_output = " + std::to_string(alias_of[i]) + " : i32";
+    if (p->memory != kDevice) {
+      // A buffer on the host: declared so, and brought to the device for its uses.
+      attrs += std::string(attrs.empty() ? "" : ", ") + "mhlo.memory_kind = \"" + memory_kind_name(p->memory) + "\"";
+      host_params.push_back(int(i));
+    }
+    if (!attrs.empty()) sig += " {" + attrs + "}";
   }
   if (line_node) line_node->assign(2, -1);  // the module and func.func lines
   size_t counted = 0;
+  for (int i : host_params) {
+    const Node* p = params[size_t(i)];
+    cx.names_[size_t(p->ssa)] = annotate_placement(cx, cx.names_[size_t(p->ssa)], LowerCtx::type(*p), kDevice);
+  }
+  if (line_node) {
+    for (; counted < cx.body_.size(); ++counted)
+      if (cx.body_[counted] == '\n') line_node->push_back(-1);
+  }
   for (size_t k = 0; k < order.size(); ++k) {
     const Node* n = order[k];
     if (n->ssa >= 0) continue;  // a parameter
@@ -250,16 +267,19 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
         if (cx.body_[counted] == '\n') line_node->push_back(int(k));
     }
   }
-  std::string rets, rtypes;
+  std::string rets, rtypes, rsig;
   for (size_t i = 0; i < outputs.size(); ++i) {
     rets += (i ? ", " : "") + cx.names_[outputs[i]->ssa];
     rtypes += (i ? ", " : "") + LowerCtx::type(*outputs[i]);
+    int kind = memory_kind_of(*outputs[i]);
+    rsig += (i ? ", " : "") + LowerCtx::type(*outputs[i]);
+    if (kind != kDevice) rsig += std::string(" {mhlo.memory_kind = \"") + memory_kind_name(kind) + "\"}";
   }
   for (const Node* n : order) n->ssa = -1;
   std::string funcs;
   for (const auto& f : cx.funcs_) funcs += f.second;
   return "module @txc attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
-         "  func.func public @main(" + sig + ") -> (" + rtypes + ") {\n" + cx.body_ +
+         "  func.func public @main(" + sig + ") -> (" + rsig + ") {\n" + cx.body_ +
          "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n" + funcs + "}\n";
 }
 

@@ -2,6 +2,7 @@
 #include "py/lazy.h"
 #include <algorithm>
 #include <new>
+#include "ops/placement.h"
 #include "ops/registry.h"
 
 namespace txc {
@@ -69,6 +70,7 @@ void bind_lazy(py::module_& m) {
          return v->op == data_op ? v->data : py::none();
        }));
   prop("op", py::cpp_function([](LazyTensor& t) { return op_def(t.value()->op).name; }));
+  prop("memory_kind", py::cpp_function([](LazyTensor& t) { return memory_kind_name(memory_kind_of(*t.value())); }));
   prop("hash", py::cpp_function([](LazyTensor& t) { return t.value()->hash; }));
   prop("storage_id", py::cpp_function([](LazyTensor& t) { return uintptr_t(t.storage().get()); }));
   cls.attr("assign") = py::cpp_function([](LazyTensor& t, LazyTensor& v) { t.assign(v.value()); },

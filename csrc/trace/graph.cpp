@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <pybind11/stl.h>
 #include "lower/emitter.h"
+#include "ops/placement.h"
 #include "ops/registry.h"
 
 namespace py = pybind11;
@@ -139,9 +140,11 @@ std::vector<std::pair<int, int>> GraphCut::donations() const {
     const Node* n = params_[p];
     auto it = refs.find(n);
     if (n->op != data || it == refs.end() || it->second.first != it->second.second) continue;
+    if (n->memory != kDevice) continue;  // a host buffer never aliases a device result
     if (!n->data || Py_REFCNT(n->data.ptr()) != 1) continue;  // someone else holds the buffer
     for (size_t o = 0; o < outputs_.size(); ++o) {
       if (taken[o] || outputs_[o]->dtype != n->dtype || outputs_[o]->dims != n->dims) continue;
+      if (memory_kind_of(*outputs_[o]) != kDevice) continue;
       taken[o] = 1;
       out.emplace_back(int(p), int(o));
       break;
@@ -230,6 +233,18 @@ py::list GraphCut::params() const {
   return l;
 }
 
+py::tuple GraphCut::memory_kinds() const {
+  py::list ins, outs;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i]->memory != kDevice) ins.append(py::make_tuple(int(i), memory_kind_name(params_[i]->memory)));
+  for (size_t o = 0; o < outputs_.size(); ++o) {
+    int kind = memory_kind_of(*outputs_[o]);
+    if (kind != kDevice) outs.append(py::make_tuple(int(o), memory_kind_name(kind)));
+  }
+  if (ins.empty() && outs.empty()) return py::tuple();
+  return py::make_tuple(py::tuple(ins), py::tuple(outs));
+}
+
 py::list GraphCut::output_specs() const {
   py::list l;
   for (const auto& o : outputs_) l.append(py::make_tuple(int(o->dtype), py::tuple(py::cast(o->dims))));
@@ -243,6 +258,7 @@ void GraphCut::assign(const py::list& outs) {
   for (size_t k = 0; k < outputs_.size(); ++k) {
     auto n = make_node_shaped(data, {}, {}, outputs_[k]->dtype, outputs_[k]->dims);
     n->data = outs[k];
+    n->memory = uint8_t(memory_kind_of(*outputs_[k]));  // a result placed on the host stays there
     nodes.push_back(n);
   }
   for (size_t i = 0; i < roots_.size(); ++i) {

@@ -54,6 +54,10 @@ class GraphCut {
   // Parameters in order: a device buffer object, or (number, dtype code) for
   // a Python number.
   pybind11::list params() const;
+  // The parameters and outputs that live outside device memory, as
+  // ((param index, kind), ...), ((output index, kind), ...); () when all are
+  // on the device. Part of the executor's cache key.
+  pybind11::tuple memory_kinds() const;
   // Output i's dtype code and dims, for the runtime.
   pybind11::list output_specs() const;
   // Makes each root storage hold the computed buffer `outs[k]` (objects from

@@ -1,0 +1,62 @@
+// Placement: the core op "place"(x; kind) moves x's value to memory kind
+// `kind` ("pinned_host" or "device"). The kind is attribute 0, so it is part
+// of the node's hash: place-to-host and place-to-device never share a
+// compiled graph. Lowered as XLA expects it (the form jax emits for
+// device_put(x, memory_kind) inside jit):
+//   stablehlo.custom_call @annotate_device_placement(%x) {has_side_effect = true,
+//       mhlo.frontend_attributes = {_xla_buffer_placement = "pinned_host"}}
+// XLA's host-offload passes turn these into host<->device copies; XLA:CPU
+// drops them (its host and device memory are the same). A graph output that
+// is a value placed on the host keeps that memory kind (the result's
+// mhlo.memory_kind, lower/emitter.cpp), so it stays on the host until used.
+#include "ops/placement.h"
+#include "lower/emitter.h"
+#include "ops/registry.h"
+
+namespace txc {
+
+const char* memory_kind_name(int kind) { return kind == kPinnedHost ? "pinned_host" : "device"; }
+
+int parse_memory_kind(const std::string& s) {
+  if (s == "device") return kDevice;
+  if (s == "pinned_host") return kPinnedHost;
+  return -1;
+}
+
+static const uint16_t& place_op();
+
+int memory_kind_of(const Node& n) {
+  static const uint16_t data = op_id("data");
+  if (n.op == data) return n.memory;
+  if (n.op == place_op()) return parse_memory_kind(n.attr_str(0));
+  return kDevice;
+}
+
+// Written out here rather than through LowerCtx::op (whose signature is part
+// of the extension API, csrc/ext/extension.h): this op also needs an
+// attribute dictionary after its properties.
+std::string annotate_placement(LowerCtx& cx, const std::string& v, const std::string& type, int kind) {
+  std::string r = cx.fresh();
+  cx.body_.append(size_t(cx.indent_), ' ');
+  cx.body_ += r + " = \"stablehlo.custom_call\"(" + v +
+              ") <{call_target_name = \"annotate_device_placement\", has_side_effect = true, api_version = 1 : i32}>"
+              " {mhlo.frontend_attributes = {_xla_buffer_placement = \"" + memory_kind_name(kind) + "\"}} : (" +
+              type + ") -> " + type + "\n";
+  return r;
+}
+
+static const uint16_t kPlace = register_op(OpDef{
+    "place", 1,
+    [](Node& n) {
+      if (parse_memory_kind(n.attr_str(0)) < 0)
+        op_error(n, "unknown memory kind '" + n.attr_str(0) + "'; use 'pinned_host' or 'device'");
+      n.dtype = n.operands[0]->dtype;
+      n.dims = n.operands[0]->dims;
+    },
+    [](LowerCtx& cx, const Node& n) {
+      return annotate_placement(cx, cx.in(n, 0), LowerCtx::type(n), parse_memory_kind(n.attr_str(0)));
+    }});
+
+static const uint16_t& place_op() { return kPlace; }
+
+}  // namespace txc
