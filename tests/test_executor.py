@@ -134,6 +134,7 @@ def test_interrupted_compile_is_reused_not_repeated(dev, monkeypatch):
         time.sleep(1.0)
         return real(text, *a, **k)
     monkeypatch.setattr(runtime, "compile_text", slow_compile)
+    executor.clear_cache()  # the graph must really compile (an earlier test may have cached it)
     x = torch.arange(5.0).to(dev)
 
     def interrupt():
