@@ -288,3 +288,15 @@ def test_errors_name_the_op():
         torch.tril(torch.ones(3).to(d))
     with pytest.raises(RuntimeError, match="topk.*out of range"):
         torch.topk(x, 5)
+
+
+def test_gather_and_scatter_take_int32_indices_like_cpu():
+    x = torch.randn(3, 5, requires_grad=True)
+    i = torch.tensor([[0, 4, 2], [1, 1, 3], [4, 0, 0]], dtype=torch.int32)
+    src = torch.randn(3, 3)
+    assert_matches_cpu(lambda t, idx: torch.gather(t, 1, idx), x, i)
+    unique = torch.tensor([[0, 4, 2], [1, 2, 3], [4, 0, 1]], dtype=torch.int32)  # scatter: no duplicate targets
+    assert_matches_cpu(lambda t, idx, s: t.scatter(1, idx, s), x, unique, src)
+    assert_matches_cpu(lambda t, idx, s: t.scatter_add(1, idx, s), x, i, src)
+    with pytest.raises(RuntimeError, match=r"gather\(\): Expected dtype int32/int64 for index"):
+        torch.gather(x.detach().to(txc.device()), 1, i.float().to(txc.device()))

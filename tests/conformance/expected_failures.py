@@ -75,8 +75,6 @@ EXPECTED = [
     X('fft.irfftn', 'bwd', 'error',
       'bug: an error inside torch.autograd.grad surfaces as SystemError "returned NULL without '
       'setting an exception" (only Tensor.backward restores it); cause: a complex intermediate'),
-    X('gather', 'fwd', 'error',
-      'bug: gather refuses an int32 index ("Expected dtype int64"), which CPU eager accepts'),
     X('hash_tensor', 'fwd', 'error', 'unsupported: uint64 output refused with a clear TypeError'),
     X('linalg.eig', 'bwd', 'error', 'unsupported: complex eigenvalues (abs of a complex output in backward)'),
     X('linalg.matrix_power', 'fwd', 'fallback',
@@ -89,8 +87,6 @@ EXPECTED = [
       'padding only)'),
     X('polar', 'fwd', 'error',
       'unsupported: complex64 is refused at trace time with a clear error naming the op'),
-    X('scatter', 'fwd', 'error',
-      'bug: scatter refuses an int32 index ("Expected dtype int64"), which CPU eager accepts'),
     X('sgn', 'bwd', 'error',
       'bug: backward reaches aten::_efficientzerotensor, which has no xla kernel (NotImplementedError)'),
     X('stft', 'bwd', 'error',

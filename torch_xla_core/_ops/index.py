@@ -213,15 +213,21 @@ def index_fill(x, dim, index, value):
 
 # ---- gather / scatter -------------------------------------------------------
 
-def _check_index(op, index):
-    if index.dtype != torch.int64:
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
+def _index64(op, index):
+    """index as int64 (CPU takes int32 indices too, and an empty index of any dtype)."""
+    if index.dtype == torch.int64:
+        return index
+    if index.dtype == torch.int32 or index.numel() == 0:
+        return _op(OP.convert, (index._lt,), (code(torch.int64),))
+    raise RuntimeError(f"{op}(): Expected dtype int32/int64 for index")
 
 
 @impl(aten.gather.default)
 @_checks.staged
 def gather(x, dim, index, *, sparse_grad=False):
-    _check_index("gather", index)
+    index = _index64("gather", index)
+    if index.numel() == 0:  # CPU: an empty result of index's shape, whatever the ranks
+        return _op(OP.full, (), (0.0, code(x.dtype), list(index.shape)))
     if x.dim() == 0 or index.dim() == 0:
         if x.dim() > 1 or index.dim() > 1:
             raise RuntimeError("gather(): Index tensor must have the same number of dimensions as input tensor")
@@ -236,7 +242,7 @@ def gather(x, dim, index, *, sparse_grad=False):
 
 
 def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
-    _check_index(op, index)
+    index = _index64(op, index)
     _index_lt(index, op, 0, x.shape[_dim(dim, x.dim())] if x.dim() else 1, RuntimeError)  # range check
     if isinstance(src, torch.Tensor):
         s = _tensor.v(src)
