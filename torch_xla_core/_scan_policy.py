@@ -27,7 +27,6 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _C, _checks, _random, _tensor
-from ._dtypes import code
 from ._tensor import OP, XlaTensor
 
 POLICIES = ("recompute", "save", "offload")
@@ -70,19 +69,7 @@ def forward_body(scan, plan, fn, pattern, policy, caps) -> Residuals:
     if r is not None:
         return r
     fc, _fy, need_x, need_k, _need_cap = pattern
-    P = []
-
-    def ph(meta):
-        shape, dtype = meta
-        lt = _C.placeholder(len(P), code(dtype), list(shape))
-        P.append(lt)
-        return _tensor.wrap(_tensor._make(OP.alias, (lt,), ()))
-
-    carry = [ph(m) for m in plan.c_meta]
-    rng = ph(((2,), torch.int64))
-    xs = [ph((shape[1:], dtype)) for shape, dtype in plan.x_meta]
-    ks = [ph(m) for m in plan.k_meta]
-    rng_ph = P[plan.nc]
+    P, carry, rng, xs, ks, rng_ph = scan._placeholders(plan)
     for i in fc:
         carry[i].requires_grad_()
     for i in need_x:

@@ -161,7 +161,7 @@ def plan(lts=None) -> Plan:
 
 def executable(p: Plan):
     """The compiled executable of a plan: cached, in flight, or compiled now."""
-    key, cut = p.key, p.cut
+    key = p.key
     with _cache_lock:
         exe = _cache.get(key)
         if exe is not None:

@@ -240,8 +240,10 @@ class _Plan:
         return out
 
 
-def _trace(plan):
-    """Runs plan.fn once on placeholders; fills the plan's bodies."""
+def _placeholders(plan):
+    """A body's parameters for one trace of plan.fn: (P, the placeholder
+    LazyTensors in order; the tensors fn sees for the carry, the RNG state,
+    one slice of each x, the consts; the RNG placeholder)."""
     P = []
 
     def ph(meta):
@@ -256,7 +258,12 @@ def _trace(plan):
     rng = ph(((2,), torch.int64))
     xs = [ph((shape[1:], dtype)) for shape, dtype in plan.x_meta]
     ks = [ph(m) for m in plan.k_meta]
-    rng_ph = P[plan.nc]
+    return P, carry, rng, xs, ks, P[plan.nc]
+
+
+def _trace(plan):
+    """Runs plan.fn once on placeholders; fills the plan's bodies."""
+    P, carry, rng, xs, ks, rng_ph = _placeholders(plan)
     mode = _BodyMode()
     for t in carry + [rng] + xs + ks:
         mode.add_local(t)
