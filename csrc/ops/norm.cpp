@@ -33,6 +33,23 @@ int64_t norm_axis(const Node& n, const Node& x) {
   return axis;
 }
 
+// Shape rule of layer_norm_backward and rms_norm_backward: operands grad, x,
+// `stats` per-row statistics (named `stat_names` in errors), then the weight
+// when attribute 2 says so; attribute 1 picks grad_input (0) or a parameter's
+// grad, attribute 3 is the output dtype.
+void infer_norm_backward(Node& n, int stats, const char* stat_names) {
+  const Node &g = *n.operands[0], &x = *n.operands[1];
+  int64_t axis = norm_axis(n, x);
+  if (g.dims != x.dims) op_error(n, "grad and input shapes differ: " + dims_str(g.dims) + " vs " + dims_str(x.dims));
+  Dims sd = keep1(x.dims, range(axis, x.rank()));
+  for (int i = 0; i < stats; ++i)
+    if (n.operands[size_t(2 + i)]->dims != sd) op_error(n, std::string(stat_names) + " must have shape " + dims_str(sd));
+  if (int(n.operands.size()) != 2 + stats + n.attr_int(2)) op_error(n, "wrong number of operands");
+  check_affine(n, x, axis, size_t(2 + stats), int(n.attr_int(2)), "weight");
+  n.dtype = DType(n.attr_int(3));
+  n.dims = n.attr_int(1) == 0 ? x.dims : Dims(x.dims.begin() + axis, x.dims.end());
+}
+
 // layer_norm(x, [w], [b]; axis, eps, which, has_w, has_b) which: 0 out, 1 mean, 2 rstd
 TXC_OP("layer_norm", -1,
        [](Node& n) {
@@ -71,18 +88,7 @@ TXC_OP("layer_norm", -1,
 // layer_norm_backward(grad, x, mean, rstd, [w]; axis, which, has_w, out_dtype)
 // which: 0 grad_input, 1 grad_weight, 2 grad_bias
 TXC_OP("layer_norm_backward", -1,
-       [](Node& n) {
-         const Node &g = *n.operands[0], &x = *n.operands[1];
-         int64_t axis = norm_axis(n, x);
-         if (g.dims != x.dims) op_error(n, "grad and input shapes differ: " + dims_str(g.dims) + " vs " + dims_str(x.dims));
-         Dims sd = keep1(x.dims, range(axis, x.rank()));
-         if (n.operands[2]->dims != sd || n.operands[3]->dims != sd)
-           op_error(n, "mean/rstd must have shape " + dims_str(sd));
-         if (int(n.operands.size()) != 4 + n.attr_int(2)) op_error(n, "wrong number of operands");
-         check_affine(n, x, axis, 4, int(n.attr_int(2)), "weight");
-         n.dtype = DType(n.attr_int(3));
-         n.dims = n.attr_int(1) == 0 ? x.dims : Dims(x.dims.begin() + axis, x.dims.end());
-       },
+       [](Node& n) { infer_norm_backward(n, 2, "mean/rstd"); },
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[1];
          int64_t axis = n.attr_int(0);
@@ -133,17 +139,7 @@ TXC_OP("rms_norm", -1,
 
 // rms_norm_backward(grad, x, rstd, [w]; axis, which, has_w, out_dtype) which: 0 grad_input, 1 grad_weight
 TXC_OP("rms_norm_backward", -1,
-       [](Node& n) {
-         const Node &g = *n.operands[0], &x = *n.operands[1];
-         int64_t axis = norm_axis(n, x);
-         if (g.dims != x.dims) op_error(n, "grad and input shapes differ: " + dims_str(g.dims) + " vs " + dims_str(x.dims));
-         Dims sd = keep1(x.dims, range(axis, x.rank()));
-         if (n.operands[2]->dims != sd) op_error(n, "rstd must have shape " + dims_str(sd));
-         if (int(n.operands.size()) != 3 + n.attr_int(2)) op_error(n, "wrong number of operands");
-         check_affine(n, x, axis, 3, int(n.attr_int(2)), "weight");
-         n.dtype = DType(n.attr_int(3));
-         n.dims = n.attr_int(1) == 0 ? x.dims : Dims(x.dims.begin() + axis, x.dims.end());
-       },
+       [](Node& n) { infer_norm_backward(n, 1, "rstd"); },
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[1];
          int64_t axis = n.attr_int(0);

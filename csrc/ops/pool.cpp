@@ -294,7 +294,6 @@ TXC_OP("avg_pool", 1,
          Window w = pool_window(x.dims, n.dims, avg_pool_params(n));
          std::string v = cx.convert(cx.in(n, 0), x.dtype, t, x.dims);
          std::string s = reduce_window(cx, v, t, x.dims, n.dims, w, "stablehlo.add", 0);
-         std::string ty = LowerCtx::type(t, n.dims);
          std::string r = cx.binary("stablehlo.divide", s, avg_divisor(cx, n, x.dims, n.dims, t), t, n.dims);
          return cx.convert(r, t, x.dtype, n.dims);
        });
