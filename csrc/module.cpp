@@ -11,6 +11,7 @@
 #include "trace/graph.h"
 #include "trace/tensor.h"
 #include "py/lazy.h"
+#include "py/mapping.h"
 #include "py/wrapper.h"
 
 namespace py = pybind11;
@@ -39,23 +40,7 @@ PYBIND11_MODULE(_C, m) {
   bind_lazy(m);
   bind_wrapper(m);
   bind_dispatch(m);
-  m.def("op", [](int op, const py::tuple& operands, const py::tuple& attrs) { return wrap(make(op, operands, attrs)); },
-        "make(), returning a wrapper tensor.");
-  m.def("view_op", [](int op, py::handle base, const py::tuple& attrs) {
-          LazyTensor& b = is_lazy(base.ptr()) ? lazy_ref(base.ptr()) : lazy_of_wrapper(base);
-          NodePtr v = make_node(uint16_t(op), {b.value()}, to_attrs(attrs));
-          return wrap(LazyTensor(b, std::move(v)));
-        },
-        "A view of a wrapper tensor through view op `op`, as a wrapper tensor.");
-  m.def("wrap", [](LazyTensor& t) { return wrap(t.alias()); }, "A wrapper tensor sharing t's storage.");
-  m.def("make", &make, "Applies core op `op` to operands with attributes; returns a new LazyTensor.");
-  m.def("view", [](int op, LazyTensor& base, const py::tuple& attrs) {
-          NodePtr v = make_node(uint16_t(op), {base.value()}, to_attrs(attrs));
-          if (!op_def(uint16_t(op)).scatter && op_def(uint16_t(op)).name != "expand")
-            throw std::runtime_error("core op '" + op_def(uint16_t(op)).name + "' is not a view op");
-          return LazyTensor(base, std::move(v));
-        },
-        "A view of base through view op `op`: shares base's storage.");
+  bind_mapping(m);
   m.def("from_data", [](py::object data, int dtype, const Dims& dims) {
           static const uint16_t data_op = op_id("data");
           auto n = make_node_shaped(data_op, {}, {}, DType(dtype), dims);

@@ -19,7 +19,11 @@ import threading
 
 from . import _C, runtime
 
-_make = _C.make
+
+
+def _make(op, operands, attrs=()):  # a LazyTensor (this module loads before _tensor)
+    return _C.op(op, operands, attrs, True)
+
 _OP = _C.op_ids()
 _ANY, _OR, _LT, _GE = _OP["any"], _OP["logical_or"], _OP["lt"], _OP["ge"]
 

@@ -1,9 +1,9 @@
 """The xla tensor: a wrapper subclass whose payload is a C++ LazyTensor.
 Every aten op on xla tensors reaches __torch_dispatch__, which is C++
 (csrc/py/dispatch.cpp): it looks the overload up in HANDLERS (filled by the
-_ops modules: aten overload -> a function that calls core ops; else
-torch._decomp's decompositions, else a counted, warned CPU fallback) and runs
-the handler, or the overload's direct recipe from DIRECT where it has one.
+_ops modules: aten overload -> a _C.Mapping declared with _ops.mapping(),
+run in C++, or a function that calls core ops; else torch._decomp's
+decompositions, else a counted, warned CPU fallback) and runs it.
 Also: wrapping/unwrapping, materialization (sync, to_cpu)."""
 import warnings
 
@@ -12,9 +12,8 @@ from torch.utils._mode_utils import no_dispatch
 
 from . import _C, _dtypes, executor, runtime, serialization
 
-DEVICE = None  # torch.device("xla", 0), set by configure()
-HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
-DIRECT = {}    # aten OpOverload -> direct recipe (see _ops.direct)
+DEVICE = None  # torch.device("xla", 0), set by configure() (torch_xla_core/_device.py)
+HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs): a _C.Mapping or a function
 
 
 class _OpIds:
@@ -23,11 +22,22 @@ class _OpIds:
 
 
 OP = _OpIds(_C.op_ids())
-_make = _C.make      # -> LazyTensor
-_view = _C.view
-_op = _C.op          # -> XlaTensor (wrapper)
-_view_op = _C.view_op
+# The core's three ways to make values (csrc/py/wrapper.cpp): a new value,
+# a view sharing a storage, an xla tensor sharing a LazyTensor's storage.
+_op = _C.op          # (op id, operands, attrs) -> XlaTensor
+_view_op = _C.view   # (op id, base, attrs) -> XlaTensor: a view of base
 wrap = _C.wrap       # LazyTensor -> XlaTensor sharing its storage
+
+
+def _make(op, operands, attrs=()):
+    """_op's value as a LazyTensor (no wrapper): for intermediate values."""
+    return _C.op(op, operands, attrs, True)
+
+
+def _view(op, base, attrs=()):
+    """_view_op's value as a LazyTensor."""
+    return _C.view(op, base, attrs, True)
+
 _mws = torch.Tensor._make_wrapper_subclass
 _TORCH = _dtypes.TORCH
 
@@ -38,8 +48,8 @@ class XlaTensor(torch.Tensor):
     __slots__ = ("_lt",)  # the core's LazyTensor: a slot is quicker to set and read than __dict__
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    # __torch_dispatch__(func, types, args, kwargs): HANDLERS[func](*args, **kwargs),
-    # or DIRECT[func] run in C++; a builtin, so no Python frame per op.
+    # __torch_dispatch__(func, types, args, kwargs): HANDLERS[func](*args, **kwargs)
+    # (a Mapping runs in C++); a builtin, so no Python frame per op.
     __torch_dispatch__ = staticmethod(_C.torch_dispatch)
 
     def backward(self, *args, **kwargs):
@@ -192,8 +202,8 @@ _warned = set()
 
 
 def _entry(func):
-    """What the C++ dispatcher caches for func: (handler, direct recipe or None)."""
-    return handler(func), DIRECT.get(func)
+    """What the C++ dispatcher caches for func: its handler."""
+    return handler(func)
 
 
 def handler(func):

@@ -77,9 +77,34 @@ static void check_operands(const std::vector<NodePtr>& operands) {
     if (is_error(*o)) throw std::runtime_error(o->attr_str(0));
 }
 
+NodePtr make_scalar(double value, DType dtype, bool wrapped) {
+  static const uint16_t scalar = op_id("scalar");
+  auto n = std::make_shared<Node>();
+  n->op = scalar;
+  n->origin = t_origin;
+  n->dtype = dtype;
+  n->scalar = value;
+  n->wrapped = wrapped;
+  rehash(*n);
+  return n;
+}
+
+// Python numbers that only this new node uses (just made from the caller's
+// arguments) take the dtype the op computes them in (OpDef::number_dtype),
+// as new scalar leaves: nothing built is changed afterwards.
+static void settle_numbers(const OpDef& def, std::vector<NodePtr>& operands) {
+  bool fresh = false;
+  for (const auto& o : operands) fresh = fresh || (o->wrapped && o.use_count() == 1);
+  if (!fresh) return;
+  DType t = def.number_dtype ? def.number_dtype(operands) : promoted_dtype(operands);
+  for (auto& o : operands)
+    if (o->wrapped && o.use_count() == 1 && o->dtype != t) o = make_scalar(o->scalar, t, true);
+}
+
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
   const OpDef& def = op_def(op);
   check_operands(operands);
+  settle_numbers(def, operands);
   if (def.arity >= 0 && int(operands.size()) != def.arity)
     throw std::runtime_error(def.name + ": expected " + std::to_string(def.arity) + " operands, got " +
                              std::to_string(operands.size()));

@@ -81,9 +81,13 @@ inline uint64_t hash_mix(uint64_t h, uint64_t v) {
 }
 uint64_t hash_attrs(uint64_t h, const Attrs& attrs);
 
-// Builds a node: runs the op's shape rule, then hashes. Throws
+// Builds a node: settles the dtype of fresh Python-number operands
+// (OpDef::number_dtype), runs the op's shape rule, then hashes. Throws
 // std::runtime_error naming the op when the operands don't fit.
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs);
+// A scalar leaf (core op "scalar"): a number passed as a graph parameter;
+// `wrapped`: a Python number, weakly typed in promotion.
+NodePtr make_scalar(double value, DType dtype, bool wrapped);
 // A node whose shape is given (used by ops whose rule needs the caller's shape).
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims);
 

@@ -17,11 +17,7 @@ enum class Kind {
   Integral, // integers and bools only
 };
 
-DType promoted(const Node& n) {
-  ResultType rt;
-  for (const auto& o : n.operands) rt.add(o->dtype, o->rank(), o->wrapped);
-  return rt.result();
-}
+DType promoted(const Node& n) { return promoted_dtype(n.operands); }
 
 DType compute_dtype(const Node& n, Kind k) {
   DType p = promoted(n);
@@ -90,11 +86,27 @@ std::string remainder_needs_floor(LowerCtx& cx, const std::string& r, const std:
   return cx.binary("stablehlo.and", nonzero, signs_differ, DType::Bool, d);
 }
 
+// A rounding op: the identity on integers and bools (as torch's).
+Emit on_floats(const char* hlo) {
+  std::string h = hlo;
+  return [h](LowerCtx& cx, const Node& n, const std::vector<std::string>& a, DType c) {
+    return is_floating(c) ? cx.unary(h, a[0], c, n.dims) : a[0];
+  };
+}
+
+// sign: the identity on bools (stablehlo.sign takes numbers only).
+Emit unless_bool(const char* hlo) {
+  std::string h = hlo;
+  return [h](LowerCtx& cx, const Node& n, const std::vector<std::string>& a, DType c) {
+    return is_bool(c) ? a[0] : cx.unary(h, a[0], c, n.dims);
+  };
+}
+
 // -- unary --------------------------------------------------------------
 [[maybe_unused]] const uint16_t reg_unary[] = {
     simple("neg", 1, Kind::Same, "stablehlo.negate"),
     simple("abs", 1, Kind::Same, "stablehlo.abs"),
-    simple("sign", 1, Kind::Same, "stablehlo.sign"),
+    custom("sign", 1, Kind::Same, unless_bool("stablehlo.sign")),
     simple("exp", 1, Kind::Float, "stablehlo.exponential"),
     simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one"),
     simple("log", 1, Kind::Float, "stablehlo.log"),
@@ -113,9 +125,9 @@ std::string remainder_needs_floor(LowerCtx& cx, const std::string& r, const std:
     simple("acos", 1, Kind::Float, "chlo.acos"),
     simple("sinh", 1, Kind::Float, "chlo.sinh"),
     simple("cosh", 1, Kind::Float, "chlo.cosh"),
-    simple("floor", 1, Kind::Same, "stablehlo.floor"),
-    simple("ceil", 1, Kind::Same, "stablehlo.ceil"),
-    simple("round", 1, Kind::Same, "stablehlo.round_nearest_even"),
+    custom("floor", 1, Kind::Same, on_floats("stablehlo.floor")),
+    custom("ceil", 1, Kind::Same, on_floats("stablehlo.ceil")),
+    custom("round", 1, Kind::Same, on_floats("stablehlo.round_nearest_even")),
     simple("bitwise_not", 1, Kind::Integral, "stablehlo.not"),
     custom("logical_not", 1, Kind::Logical,
            [](LowerCtx& cx, const Node& n, const auto& a, DType) { return cx.unary("stablehlo.not", a[0], DType::Bool, n.dims); }),
@@ -179,34 +191,28 @@ std::string remainder_needs_floor(LowerCtx& cx, const std::string& r, const std:
     simple("fmod", 2, Kind::Same, "stablehlo.remainder"),
 };
 
-// where(cond, x, y): x and y promote; cond is bool.
+// where(cond, x, y): x and y promote; cond is bool (so are Python numbers
+// among x and y: cond takes no part in their dtype).
+DType where_dtype(const std::vector<NodePtr>& xs) {
+  ResultType rt;
+  for (size_t i = 1; i < xs.size(); ++i) rt.add(xs[i]->dtype, xs[i]->rank(), xs[i]->wrapped);
+  return rt.result();
+}
+
 const uint16_t reg_where = register_op(OpDef{
     "where", 3,
     [](Node& n) {
       Dims d = broadcast_dims(n, n.operands[0]->dims, n.operands[1]->dims);
       n.dims = broadcast_dims(n, d, n.operands[2]->dims);
-      ResultType rt;
-      for (int i = 1; i < 3; ++i) rt.add(n.operands[i]->dtype, n.operands[i]->rank(), n.operands[i]->wrapped);
-      n.dtype = rt.result();
+      n.dtype = where_dtype(n.operands);
     },
     [](LowerCtx& cx, const Node& n) {
       auto c = cx.coerce(n, 0, DType::Bool, n.dims);
       auto x = cx.coerce(n, 1, n.dtype, n.dims);
       auto y = cx.coerce(n, 2, n.dtype, n.dims);
       return cx.select(c, x, y, n.dtype, n.dims);
-    }});
+    },
+    nullptr, nullptr, 0, &where_dtype});
 
 }  // namespace
-
-// The dtype Python numbers among n's operands take (used by make_from() in
-// py/wrapper.cpp).
-DType elementwise_scalar_dtype(const Node& n) {
-  if (op_def(n.op).name == "where") {
-    ResultType rt;
-    for (int i = 1; i < 3; ++i) rt.add(n.operands[i]->dtype, n.operands[i]->rank(), n.operands[i]->wrapped);
-    return rt.result();
-  }
-  return promoted(n);
-}
-
 }  // namespace txc

@@ -39,6 +39,12 @@ uint16_t op_id(const std::string& name) {
 
 void op_error(const Node& n, const std::string& msg) { throw std::runtime_error(op_def(n.op).name + ": " + msg); }
 
+DType promoted_dtype(const std::vector<NodePtr>& operands) {
+  ResultType rt;
+  for (const auto& o : operands) rt.add(o->dtype, o->rank(), o->wrapped);
+  return rt.result();
+}
+
 Dims broadcast_dims(const Node& n, const Dims& a, const Dims& b) {
   size_t r = std::max(a.size(), b.size());
   Dims out(r);

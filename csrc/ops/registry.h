@@ -28,7 +28,13 @@ struct OpDef {
   // the view cannot be expressed with strides (a reshape torch would copy).
   // LazyTensor::layout() chains these from the storage (tensor.h).
   bool (*strides)(const Node& view, Dims& strides, int64_t& offset) = nullptr;
-  uint64_t name_hash = 0;
+  uint64_t name_hash = 0;  // set by register_op
+  // The dtype a Python number among the operands takes (a "wrapped" scalar,
+  // weakly typed: see ResultType). Null: torch's promotion of all operands,
+  // which is right for elementwise arithmetic and harmless elsewhere. Run by
+  // make_node before the shape rule and the hash, so a node never changes
+  // after it is built.
+  DType (*number_dtype)(const std::vector<NodePtr>& operands) = nullptr;
 };
 
 uint16_t register_op(OpDef def);
@@ -43,6 +49,10 @@ const std::vector<OpDef>& all_ops();
 #define TXC_CAT2(a, b) a##b
 #define TXC_CAT(a, b) TXC_CAT2(a, b)
 #define TXC_OP(...) static const uint16_t TXC_CAT(txc_op_, __LINE__) = ::txc::register_op(::txc::OpDef{__VA_ARGS__})
+
+// torch's result type of the operands (Python numbers weakly typed): the
+// default OpDef::number_dtype.
+DType promoted_dtype(const std::vector<NodePtr>& operands);
 
 // Shared shape-rule pieces.
 Dims broadcast_dims(const Node& n, const Dims& a, const Dims& b);

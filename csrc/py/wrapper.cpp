@@ -8,8 +8,6 @@
 #include "ops/registry.h"
 
 namespace txc {
-DType elementwise_scalar_dtype(const Node& n);  // ops/elementwise.cpp
-
 namespace {
 
 struct Wrapper {
@@ -22,14 +20,6 @@ struct Wrapper {
   PyObject* fallback = nullptr;  // Python: other operand -> core operand, or raise
   std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
 } g_wrap;
-
-NodePtr scalar_node(double v, DType t, bool wrapped) {
-  static const uint16_t scalar = op_id("scalar");
-  auto n = make_node_shaped(scalar, {}, {}, t, {});
-  n->scalar = v;
-  n->wrapped = wrapped;
-  return n;
-}
 
 }  // namespace
 
@@ -137,19 +127,19 @@ NodePtr operand(py::handle h, bool& has_wrapped) {
   if (is_lazy(h.ptr())) return lazy_ref(h.ptr()).value();
   if (PyBool_Check(h.ptr())) {
     has_wrapped = true;
-    return scalar_node(h.ptr() == Py_True, DType::Bool, true);
+    return make_scalar(h.ptr() == Py_True, DType::Bool, true);
   }
   if (PyLong_Check(h.ptr())) {
     has_wrapped = true;
-    return scalar_node(double(PyLong_AsLongLong(h.ptr())), DType::I64, true);
+    return make_scalar(double(PyLong_AsLongLong(h.ptr())), DType::I64, true);
   }
   if (PyFloat_Check(h.ptr())) {
     has_wrapped = true;
-    return scalar_node(PyFloat_AS_DOUBLE(h.ptr()), DType::F64, true);
+    return make_scalar(PyFloat_AS_DOUBLE(h.ptr()), DType::F64, true);
   }
   if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) {  // (number, dtype): a 0-d host tensor
     auto t = h.cast<py::tuple>();
-    return scalar_node(t[0].cast<double>(), DType(t[1].cast<int>()), false);
+    return make_scalar(t[0].cast<double>(), DType(t[1].cast<int>()), false);
   }
   if (g_wrap.fallback) {  // e.g. a 0-d CPU tensor -> (number, dtype); raises for others
     py::object r = py::reinterpret_borrow<py::object>(g_wrap.fallback)(h);
@@ -158,27 +148,23 @@ NodePtr operand(py::handle h, bool& has_wrapped) {
   throw py::type_error("core op operand of unsupported type " + std::string(py::str(py::type::handle_of(h))));
 }
 
-LazyTensor make_from(uint16_t op, std::vector<NodePtr> xs, Attrs attrs, bool has_wrapped) {
-  NodePtr n = make_node(op, std::move(xs), std::move(attrs));
-  if (has_wrapped) {
-    // Python numbers take the dtype the op computes in.
-    DType t = elementwise_scalar_dtype(*n);
-    for (auto& o : n->operands)
-      if (o->wrapped && o.use_count() == 1) {
-        o->dtype = t;
-        rehash(*o);
-      }
-    rehash(*n);
-  }
-  return LazyTensor(std::move(n));
-}
-
-LazyTensor make(int op, const py::tuple& operands, const py::tuple& attrs) {
+LazyTensor apply(uint16_t op, const py::tuple& operands, const py::tuple& attrs) {
   std::vector<NodePtr> xs;
   xs.reserve(operands.size());
   bool has_wrapped = false;
   for (auto h : operands) xs.push_back(operand(h, has_wrapped));
-  return make_from(uint16_t(op), std::move(xs), to_attrs(attrs), has_wrapped);
+  return LazyTensor(make_node(op, std::move(xs), to_attrs(attrs)));
+}
+
+LazyTensor view_of(uint16_t op, py::handle base, const py::tuple& attrs) {
+  const OpDef& def = op_def(op);
+  if (!def.scatter && !def.strides) throw std::runtime_error("core op '" + def.name + "' is not a view op");
+  LazyTensor& b = is_lazy(base.ptr()) ? lazy_ref(base.ptr()) : lazy_of_wrapper(base);
+  return LazyTensor(b, make_node(op, {b.value()}, to_attrs(attrs)));
+}
+
+static py::object result(LazyTensor&& t, bool lazy) {
+  return lazy ? py::reinterpret_steal<py::object>(new_lazy(std::move(t))) : wrap(std::move(t));
 }
 
 void bind_wrapper(py::module_& m) {
@@ -201,7 +187,23 @@ void bind_wrapper(py::module_& m) {
           g_wrap.dtypes.clear();
           for (auto d : dtypes) g_wrap.dtypes.push_back(d.inc_ref().ptr());
         },
-        "Sets the wrapper tensor class that op() and view_op() return.");
+        "Sets the wrapper tensor class that op() and view() return.");
+  // The three ways Python makes core values (torch_xla_core/_tensor.py).
+  m.def("op", [](int op, const py::tuple& operands, const py::tuple& attrs, bool lazy) {
+          if (op < 0 || op >= int(all_ops().size())) throw py::value_error("unknown core op id " + std::to_string(op));
+          return result(apply(uint16_t(op), operands, attrs), lazy);
+        },
+        py::arg("op"), py::arg("operands"), py::arg("attrs"), py::arg("lazy") = false,
+        "Core op `op` (an id from op_ids()) over operands (xla tensors, LazyTensors, Python numbers, (number, "
+        "dtype code) pairs) with attributes: a new value, as an xla tensor (or its LazyTensor with lazy=True).");
+  m.def("view", [](int op, py::handle base, const py::tuple& attrs, bool lazy) {
+          if (op < 0 || op >= int(all_ops().size())) throw py::value_error("unknown core op id " + std::to_string(op));
+          return result(view_of(uint16_t(op), base, attrs), lazy);
+        },
+        py::arg("op"), py::arg("base"), py::arg("attrs"), py::arg("lazy") = false,
+        "A view of base (an xla tensor or LazyTensor) through view op `op`: shares base's storage.");
+  m.def("wrap", [](LazyTensor& t) { return wrap(t.alias()); },
+        "An xla tensor sharing t's storage (and view chain).");
 }
 
 }  // namespace txc

@@ -18,10 +18,11 @@ LazyTensor& lazy_of_wrapper(py::handle h);   // its LazyTensor (the wrapper keep
 // The core operand for h: a wrapper's or LazyTensor's value, a Python number
 // (a "wrapped" scalar: sets has_wrapped), or (number, dtype) for a 0-d host tensor.
 NodePtr operand(py::handle h, bool& has_wrapped);
-// A new node of op over xs; Python numbers among xs take the dtype the op computes in.
-LazyTensor make_from(uint16_t op, std::vector<NodePtr> xs, Attrs attrs, bool has_wrapped);
-LazyTensor make(int op, const py::tuple& operands, const py::tuple& attrs);
+// Core op `op` over Python operands (see operand()) with Python attributes.
+LazyTensor apply(uint16_t op, const py::tuple& operands, const py::tuple& attrs);
+// A view of base (an XlaTensor or a LazyTensor) through view op `op`.
+LazyTensor view_of(uint16_t op, py::handle base, const py::tuple& attrs);
 py::object wrap(LazyTensor&& t);             // a new XlaTensor holding t (a view: with its strides, offset)
 void keep_thread_state();
-void bind_wrapper(py::module_& m);           // configure_wrapper
+void bind_wrapper(py::module_& m);           // configure_wrapper, op, view, wrap
 }  // namespace txc

@@ -2,55 +2,135 @@
 of aten overloads with @impl; resolve() derives what is not registered:
 in-place and out= variants from the functional handler, the long tail from
 torch._decomp decompositions, and finally a CPU fallback that is counted in
-metrics and warned about once per op."""
+metrics and warned about once per op. Overloads that are exactly one core
+op are declared once with mapping() (a table row; no handler to write)."""
 import torch
 
 from .. import _C, _tensor, metrics
 from .._dtypes import UnsupportedDtype
-from .._tensor import DIRECT, HANDLERS, OP, XlaTensor
+from .._tensor import HANDLERS, OP, XlaTensor
 
 aten = torch.ops.aten
 
-ANY, XLA = -1, -2  # operand codes of a direct recipe: anything the core takes; an xla tensor of any rank
+ANY, XLA = -1, -2  # operand kinds of a mapping: anything the core takes; an xla tensor of any rank
 
 
 class Arg:
-    """In a direct recipe's attrs: the value of positional arg `i`."""
+    """In a mapping's attrs: the value of the overload's argument `which` (its
+    position or its schema name; a keyword-only one is read from kwargs). An
+    absent optional argument takes `default`, else its schema default."""
 
-    def __init__(self, i):
-        self.i = i
+    def __init__(self, which, default=None):
+        self.which, self.default = which, default
 
 
-def direct(op, nargs, *, operands=None, ranks=None, attrs=(), view=False):
-    """A direct recipe: a call with exactly `nargs` positional args and no
-    kwargs is core op `op` over the args at `operands` (default: all, in order)
-    with attributes `attrs` (constants, or Arg(i) for positional arg i);
-    `ranks` gives per operand ANY, XLA or the rank it must have; `view` makes
-    it a view of operand 0. The C++ dispatcher runs it without entering
-    Python; calls that do not fit (or that the core refuses) go to the
-    handler, so a recipe must build exactly what its handler builds for the
-    calls it fits (tests/test_dispatch.py checks that for every recipe)."""
-    operands = tuple(range(nargs)) if operands is None else tuple(operands)
+_CONSTANT, _POSITIONAL, _KEYWORD = 0, 1, 2
+
+
+def _attr_spec(func, a):
+    """(source, arg index, keyword name, has value, value) for _C.Mapping."""
+    if not isinstance(a, Arg):
+        return (_CONSTANT, -1, None, True, a)
+    args = func._schema.arguments
+    if isinstance(a.which, int):
+        i = a.which
+    else:
+        names = [x.name for x in args]
+        if a.which not in names:
+            raise ValueError(f"mapping of {func}: it has no argument {a.which!r} (its arguments: {names})")
+        i = names.index(a.which)
+    x = args[i]
+    default = a.default if a.default is not None else x.default_value
+    if x.kwarg_only:
+        return (_KEYWORD, -1, x.name, True, default)
+    return (_POSITIONAL, i, None, default is not None, default)
+
+
+def _mapping(func, op, operands, ranks, attrs, view, check, rest):
+    positional = [x for x in func._schema.arguments if not x.kwarg_only]
+    required = sum(1 for x in positional if not x.has_default_value())
+    specs = [_attr_spec(func, a) for a in attrs]
+    from_args = {s[1] for s in specs if s[0] == _POSITIONAL}
+    operands = tuple(i for i in range(required) if i not in from_args) if operands is None else tuple(operands)
     ranks = (ANY,) * len(operands) if ranks is None else tuple(ranks)
-    layout = tuple(a.i if isinstance(a, Arg) else -1 for a in attrs)
-    constants = tuple(a for a in attrs if not isinstance(a, Arg))
-    return (getattr(OP, op), nargs, operands, ranks, layout, constants, view)
+    if len(ranks) != len(operands):
+        raise ValueError(f"mapping of {func}: {len(operands)} operands but {len(ranks)} ranks")
+    used = set(operands) | {s[1] for s in specs if s[0] == _POSITIONAL}
+    for i in range(required):
+        if i not in used:
+            raise ValueError(f"mapping of {func}: its argument {positional[i].name!r} is neither an operand nor an "
+                             f"attribute")
+    max_args = max([required] + [s[1] + 1 for s in specs if s[0] == _POSITIONAL])
+    return _C.Mapping(getattr(OP, op), str(func), required, max_args, list(zip(operands, ranks)), specs, view,
+                      check, rest)
+
+
+class _Rest:
+    """The rest handler of a mapping without an @impl one: torch's
+    decomposition or the CPU fallback (resolve()), found on first use."""
+
+    def __init__(self, func):
+        self.func, self.h = func, None
+
+    def __call__(self, *args, **kwargs):
+        if self.h is None:
+            self.h = resolve(self.func)
+        return self.h(*args, **kwargs)
+
+
+def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, check=None):
+    """Declares aten overloads that are one core op, `op` (csrc/ops: its row):
+    the overload's positional args at `operands` (default: every required
+    positional arg, in order) are the core operands, `ranks` says per operand
+    what it must be (ANY: anything the core takes, the default; XLA: an xla
+    tensor; n: an xla tensor of rank n), `attrs` are the core attributes
+    (constants, or Arg(name or index) for an argument of the call), `view`
+    makes the result a view of operand 0 sharing its storage.
+
+    This one declaration is both the C++ fast path (csrc/py/mapping.cpp: the
+    dispatcher runs it without entering Python) and the overload's handler
+    (a _C.Mapping is callable: the same code). A call it does not fit (another
+    keyword, operand kind or rank) goes to `check(*args, **kwargs)` (raise
+    torch's error for calls torch refuses), then to the overload's @impl
+    handler if it has one (the real logic, e.g. add's alpha), else torch's
+    decomposition or the CPU fallback. When the core refuses a call that
+    fits, `check` may word the error; else the core's error is raised.
+    Returns the first overload's Mapping (callable like a handler)."""
+    first = None
+    for o in overloads:
+        h = HANDLERS.get(o)
+        explicit = h is not None and not isinstance(h, _C.Mapping)
+        m = _mapping(o, op, operands, ranks, attrs, view, check, h if explicit else _Rest(o))
+        HANDLERS[o] = m
+        first = first or m
+    _C.dispatch_clear()
+    return first
+
+
+def direct(op, nargs=None, *, operands=None, ranks=None, attrs=(), view=False):
+    """Older spelling of a mapping, for impl(..., direct=direct(...)): the
+    decorated function becomes the mapping's @impl handler (`nargs` is read
+    from the schema now)."""
+    return dict(op=op, operands=operands, ranks=ranks, attrs=attrs, view=view)
 
 
 def impl(*overloads, direct=None):
     """Registers the decorated function as the handler of the given overloads
-    (OpOverloads, or OpOverloadPackets meaning all of their overloads), and
-    `direct` (see direct()) as their recipe."""
+    (OpOverloads, or OpOverloadPackets meaning all of their overloads). For an
+    overload declared with mapping(), it handles the calls the mapping does
+    not fit. `direct` (older spelling): also declare mapping(**direct)."""
     def deco(fn):
         for o in overloads:
-            if isinstance(o, torch._ops.OpOverloadPacket):
-                assert direct is None, "a direct recipe needs single overloads"
-                for name in o.overloads():
-                    HANDLERS[getattr(o, name)] = fn
-            else:
-                HANDLERS[o] = fn
-                if direct is not None:
-                    DIRECT[o] = direct
+            for f in ([getattr(o, n) for n in o.overloads()] if isinstance(o, torch._ops.OpOverloadPacket) else [o]):
+                h = HANDLERS.get(f)
+                if isinstance(h, _C.Mapping):
+                    h.rest = fn
+                else:
+                    HANDLERS[f] = fn
+        if direct is not None:
+            assert not any(isinstance(o, torch._ops.OpOverloadPacket) for o in overloads), \
+                "a mapping needs single overloads"
+            mapping(*overloads, **direct)
         _C.dispatch_clear()
         return fn
     return deco

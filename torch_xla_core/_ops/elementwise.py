@@ -4,19 +4,11 @@ import torch
 
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, XlaTensor, _make, _op, v, wrap
-from . import XLA, aten, call, convert, direct, impl
+from . import XLA, Arg, aten, call, convert, impl, mapping
 
 
-def _un(name):
-    opid = getattr(OP, name)
-    return lambda x: _op(opid, (x._lt,), ())
-
-
-def _bin(name):
-    opid = getattr(OP, name)
-    return lambda a, b: _op(opid, (a, b), ())
-
-
+# Overloads that are one core op: mapping() rows (the C++ fast path and the
+# handler in one declaration).
 for _aten, _core in [
     ("neg", "neg"), ("abs", "abs"), ("sign", "sign"), ("exp", "exp"), ("expm1", "expm1"), ("log", "log"),
     ("log1p", "log1p"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"), ("tanh", "tanh"), ("sigmoid", "sigmoid"),
@@ -25,7 +17,7 @@ for _aten, _core in [
     ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("reciprocal", "reciprocal"),
     ("bitwise_not", "bitwise_not"), ("logical_not", "logical_not"), ("isnan", "isnan"),
 ]:
-    impl(getattr(aten, _aten).default, direct=direct(_core, 1, ranks=(XLA,)))(_un(_core))
+    mapping(getattr(aten, _aten).default, op=_core, ranks=(XLA,))
 
 for _aten, _core in [
     ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"), ("logical_and", "logical_and"),
@@ -38,38 +30,30 @@ for _aten, _core in [
         if _ov in _packet.overloads():
             _o = getattr(_packet, _ov)
             if any(str(a.type) == "Tensor" for a in _o._schema.arguments):  # eq.default etc. take numbers only
-                impl(_o, direct=direct(_core, 2))(_bin(_core))
+                mapping(_o, op=_core)
 
 _OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
+add = mapping(aten.add.Tensor, aten.add.Scalar, op="add")
+sub = mapping(aten.sub.Tensor, aten.sub.Scalar, op="sub")
+mul = mapping(aten.mul.Tensor, aten.mul.Scalar, op="mul")
+div = mapping(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, op="div")
 
 
-@impl(aten.add.Tensor, aten.add.Scalar, direct=direct("add", 2))
-def add(a, b, *, alpha=1):
-    if alpha != 1:
-        b = _op(_OP_MUL, (b, alpha), ())
-    return _op(_OP_ADD, (a, b), ())
+@impl(aten.add.Tensor, aten.add.Scalar)
+def add_scaled(a, b, *, alpha=1):
+    """add's calls with alpha (its mapping takes the others)."""
+    return _op(_OP_ADD, (a, _op(_OP_MUL, (b, alpha), ()) if alpha != 1 else b), ())
 
 
-@impl(aten.sub.Tensor, aten.sub.Scalar, direct=direct("sub", 2))
-def sub(a, b, *, alpha=1):
-    if alpha != 1:
-        b = _op(_OP_MUL, (b, alpha), ())
-    return _op(_OP_SUB, (a, b), ())
+@impl(aten.sub.Tensor, aten.sub.Scalar)
+def sub_scaled(a, b, *, alpha=1):
+    """sub's calls with alpha (its mapping takes the others)."""
+    return _op(_OP_SUB, (a, _op(_OP_MUL, (b, alpha), ()) if alpha != 1 else b), ())
 
 
 @impl(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(a, b, *, alpha=1):
     return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _op(_OP_SUB, (b, a if alpha == 1 else v(wrap(_make(_OP_MUL, (a, alpha), ())))), ())
-
-
-@impl(aten.mul.Tensor, aten.mul.Scalar, direct=direct("mul", 2))
-def mul(a, b):
-    return _op(_OP_MUL, (a, b), ())
-
-
-@impl(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, direct=direct("div", 2))
-def div(a, b):
-    return _op(OP.div, (a, b), ())
 
 
 @impl(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -181,19 +165,10 @@ def threshold_backward(grad, x, threshold):
     return where(_op(OP.gt, (x._lt, threshold), ()), grad, 0)
 
 
-@impl(aten.gelu.default, direct=direct("gelu", 1, ranks=(XLA,), attrs=("none",)))
-def gelu(x, *, approximate="none"):
-    return _op(OP.gelu, (x._lt,), (approximate,))
-
-
-@impl(aten.gelu_backward.default, direct=direct("gelu_backward", 2, ranks=(XLA, XLA), attrs=("none",)))
-def gelu_backward(grad, x, *, approximate="none"):
-    return _op(OP.gelu_backward, (grad._lt, x._lt), (approximate,))
-
-
-@impl(aten.silu.default, direct=direct("silu", 1, ranks=(XLA,)))
-def silu(x):
-    return _op(OP.silu, (x._lt,), ())
+gelu = mapping(aten.gelu.default, op="gelu", ranks=(XLA,), attrs=(Arg("approximate"),))
+gelu_backward = mapping(aten.gelu_backward.default, op="gelu_backward", ranks=(XLA, XLA),
+                        attrs=(Arg("approximate"),))
+silu = mapping(aten.silu.default, op="silu", ranks=(XLA,))
 
 
 @impl(aten.silu_backward.default)

@@ -2,7 +2,7 @@
 import torch
 
 from .._tensor import XlaTensor, OP, _make, _op, v, wrap
-from . import XLA, aten, direct, impl
+from . import XLA, aten, impl, mapping
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
 _MM = ([], [], [1], [0])
@@ -14,20 +14,17 @@ def _check_dtypes(name, a, b):
         raise RuntimeError(f"{name}: expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
 
 
-@impl(aten.mm.default, direct=direct("dot", 2, ranks=(2, 2), attrs=_MM))
-def mm(a, b):
-    if a.dim() != 2 or b.dim() != 2:
-        raise RuntimeError(f"mm: expected 2D tensors, got {a.dim()}D and {b.dim()}D")
-    _check_dtypes("mm", a, b)
-    return _op(_DOT, (a._lt, b._lt), _MM)
+def _check(name, rank):
+    """torch's errors for the calls of mm/bmm its mapping or the core refuse."""
+    def check(a, b):
+        if a.dim() != rank or b.dim() != rank:
+            raise RuntimeError(f"{name}: expected {rank}D tensors, got {a.dim()}D and {b.dim()}D")
+        _check_dtypes(name, a, b)
+    return check
 
 
-@impl(aten.bmm.default, direct=direct("dot", 2, ranks=(3, 3), attrs=_BMM))
-def bmm(a, b):
-    if a.dim() != 3 or b.dim() != 3:
-        raise RuntimeError(f"bmm: expected 3D tensors, got {a.dim()}D and {b.dim()}D")
-    _check_dtypes("bmm", a, b)
-    return _op(_DOT, (a._lt, b._lt), _BMM)
+mm = mapping(aten.mm.default, op="dot", ranks=(2, 2), attrs=_MM, check=_check("mm", 2))
+bmm = mapping(aten.bmm.default, op="dot", ranks=(3, 3), attrs=_BMM, check=_check("bmm", 3))
 
 
 def _scaled_sum(c, p, beta, alpha):
@@ -41,7 +38,11 @@ def _scaled_sum(c, p, beta, alpha):
     return _op(_ADD, (cv, p), ())
 
 
-@impl(aten.addmm.default, direct=direct("dot", 3, operands=(1, 2, 0), ranks=(2, 2, XLA), attrs=_MM))
+# addmm(c, a, b) is one dot node: the product plus c. Its handler takes beta and alpha.
+mapping(aten.addmm.default, op="dot", operands=(1, 2, 0), ranks=(2, 2, XLA), attrs=_MM)
+
+
+@impl(aten.addmm.default)
 def addmm(c, a, b, *, beta=1, alpha=1):
     if beta == 1 and alpha == 1 and type(c) is XlaTensor:
         return _op(_DOT, (a, b, c), _MM)  # one node: the product plus c

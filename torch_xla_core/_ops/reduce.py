@@ -3,7 +3,7 @@ import torch
 
 from .._dtypes import code
 from .._tensor import OP, _make, _op, wrap
-from . import XLA, Arg, aten, direct, impl
+from . import XLA, Arg, aten, impl, mapping
 
 
 def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
@@ -19,7 +19,12 @@ def sum_(x, *, dtype=None):
     return _reduce("sum", x, None, False, dtype)
 
 
-@impl(aten.sum.dim_IntList, direct=direct("sum", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1), False, -1)))
+# sum over dims: attributes (dims, keepdim, dtype code -1: the default); its
+# handler takes dtype= and dim=None.
+mapping(aten.sum.dim_IntList, op="sum", ranks=(XLA,), attrs=(Arg("dim"), Arg("keepdim"), -1))
+
+
+@impl(aten.sum.dim_IntList)
 def sum_dim(x, dim, keepdim=False, *, dtype=None):
     return _reduce("sum", x, dim, keepdim, dtype)
 

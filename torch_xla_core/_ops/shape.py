@@ -7,7 +7,7 @@ import torch
 
 from .. import _tensor
 from .._tensor import OP, XlaTensor, _make, _op, _view, _view_op, wrap
-from . import XLA, Arg, aten, convert, direct, impl
+from . import XLA, Arg, aten, convert, impl, mapping
 
 
 def _dim(d, rank):
@@ -22,10 +22,13 @@ def reshape_view(x, shape):
     return _view_op(OP.reshape, x._lt, (shape,))
 
 
-_RESHAPE = direct("reshape", 2, operands=(0,), ranks=(XLA,), attrs=(Arg(1),), view=True)
+# A view torch's strides cannot express (the core would copy) is not the
+# mapping's call: view's handler raises, reshape's copies.
+mapping(aten.view.default, aten._unsafe_view.default, aten.reshape.default, op="reshape", operands=(0,),
+        ranks=(XLA,), attrs=(Arg(1),), view=True)
 
 
-@impl(aten.view.default, direct=_RESHAPE)
+@impl(aten.view.default)
 def view(x, size):
     r = _view_op(OP.reshape, x, (size,))  # the core infers a -1
     if x._lt.is_view and not r._lt.is_view:  # the core copied: strides do not allow a view
@@ -34,8 +37,7 @@ def view(x, size):
     return r
 
 
-@impl(aten._unsafe_view.default, aten.reshape.default, direct=_RESHAPE)
-@impl(aten._reshape_alias.default)
+@impl(aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
 def reshape(x, size, *_stride):
     return _view_op(OP.reshape, x, (size,))  # a copy where strides do not allow a view
 
@@ -47,10 +49,8 @@ def view_dtype(x, dtype):
     raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor (a bitcast) is not supported")
 
 
-@impl(aten.alias.default, aten.detach.default, aten.lift_fresh.default,
-      direct=direct("alias", 1, ranks=(XLA,), view=True))
-def alias(x):
-    return _view_op(OP.alias, x._lt, ())
+alias = mapping(aten.alias.default, aten.detach.default, aten.lift_fresh.default, op="alias", ranks=(XLA,),
+                view=True)
 
 
 @impl(aten.permute.default)
@@ -59,8 +59,10 @@ def permute(x, dims):
     return _view_op(OP.permute, x._lt, ([_dim(d, r) for d in dims],))
 
 
-@impl(aten.t.default, direct=direct("permute", 1, ranks=(2,), attrs=([1, 0],), view=True))
-@impl(aten.numpy_T.default)
+mapping(aten.t.default, op="permute", ranks=(2,), attrs=([1, 0],), view=True)
+
+
+@impl(aten.t.default, aten.numpy_T.default)
 def t(x):
     if x.dim() > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.dim()}D")

@@ -36,7 +36,7 @@ import threading
 import torch
 
 from .. import _C, _dtypes, metrics, scan
-from .._tensor import OP, XlaTensor, wrap
+from .._tensor import OP, XlaTensor, _make, wrap
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]
 
@@ -189,8 +189,8 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
 
 def _emit(low, tensors):
     """The jax_call node over `tensors` (xla tensors) and its results."""
-    call = _C.make(OP.jax_call, tuple(t._lt for t in tensors), low.attrs)
-    outs = [wrap(_C.make(OP.jax_result, (call,), (k,))) for k in range(len(low.out_specs))]
+    call = _make(OP.jax_call, tuple(t._lt for t in tensors), low.attrs)
+    outs = [wrap(_make(OP.jax_result, (call,), (k,))) for k in range(len(low.out_specs))]
     scan.note_op(tensors, outs)  # a scan body being traced sees what the call reads (captures)
     return outs
 
