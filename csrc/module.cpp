@@ -11,6 +11,7 @@
 #include "trace/graph.h"
 #include "trace/tensor.h"
 #include "py/lazy.h"
+#include "py/data.h"
 #include "py/mapping.h"
 #include "py/wrapper.h"
 
@@ -42,10 +43,7 @@ PYBIND11_MODULE(_C, m) {
   bind_dispatch(m);
   bind_mapping(m);
   m.def("from_data", [](py::object data, int dtype, const Dims& dims) {
-          static const uint16_t data_op = op_id("data");
-          auto n = make_node_shaped(data_op, {}, {}, DType(dtype), dims);
-          n->data = std::move(data);
-          return LazyTensor(std::move(n));
+          return LazyTensor(make_py_data(std::move(data), DType(dtype), dims));
         },
         "A LazyTensor holding device data (a runtime buffer object).");
   m.def("live_count", &live_storage_count, "Number of live storages.");

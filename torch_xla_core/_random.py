@@ -12,12 +12,16 @@ ones included (roots()), like any other live tensor. torch.manual_seed /
 torch.seed reach manual_seed() here through the device module
 (torch.xla.manual_seed_all).
 
-`_state` is the current state as a LazyTensor; scan.py swaps it for a loop's
-own (a placeholder, the loop's final state), which starts a new base. Inside
-a scan body being traced, draws chain from the body's state (a few per
-iteration) and leave _base/_last alone: a body value held here would stay
-live outside the body."""
+`_state` is the current state as a LazyTensor; after a scan loop it is the
+loop's final state, which starts a new base. Inside a scan body being traced
+(_trace_context), draws chain from the body's own state (a few per
+iteration) and leave _state/_base/_last alone: a body value held here would
+stay live outside the body."""
+import contextlib
+
 import torch
+
+from . import _trace_context
 
 _MASK = (1 << 64) - 1
 _seed = None   # the seed as an unsigned 64-bit int; None: torch.initial_seed() at first use
@@ -56,15 +60,13 @@ def _upload(seed: int, counter: int = 0):
 
 _I64 = None  # dtype code of int64 (an offset is the scalar operand (n, _I64))
 _adv = None  # (_tensor._make, OP.rng_advance)
-_tracers = ()  # scan's list of body traces under way
 
 
 def _init():
-    global _I64, _adv, _tracers
-    from . import _dtypes, _tensor, scan
+    global _I64, _adv
+    from . import _dtypes, _tensor
     _I64 = _dtypes.code(torch.int64)
     _adv = (_tensor._make, _tensor.OP.rng_advance)
-    _tracers = scan._TRACERS
 
 
 def draw(generator=None):
@@ -77,10 +79,12 @@ def draw(generator=None):
     if generator is not None:
         s = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
         return _upload(s), (0, _I64)
-    s = _state
-    if _tracers:  # in a scan body: chain from the body's state
-        _state = _adv[0](_adv[1], (s, (1, _I64)), ())
+    trace = _trace_context.current()
+    if trace is not None:  # in a scan body: chain from the body's state
+        s = trace.rng_state
+        trace.rng_state = _adv[0](_adv[1], (s, (1, _I64)), ())
         return s, (0, _I64)
+    s = _state
     if s is None or s is not _last or s.is_data:
         # First use, seeded or set anew, swapped by scan, or computed by a
         # sync: draws count from here.
@@ -100,6 +104,33 @@ def state(generator=None):
     if off[0] == 0:
         return base
     return _adv[0](_adv[1], (base, off), ())
+
+
+def set_state(lt) -> None:
+    """Makes lt (a LazyTensor) the current state: the loop's final state after
+    a scan (a new base for the draws that follow)."""
+    global _state
+    _state = lt
+
+
+@contextlib.contextmanager
+def replaying(lt):
+    """Draws inside come from lt (a scan backward re-running an iteration's
+    forward: the same draws); the state is restored after."""
+    global _state
+    trace = _trace_context.current()
+    if trace is not None:
+        saved, trace.rng_state = trace.rng_state, lt
+        try:
+            yield
+        finally:
+            trace.rng_state = saved
+        return
+    saved, _state = _state, lt
+    try:
+        yield
+    finally:
+        _state = saved
 
 
 def roots():

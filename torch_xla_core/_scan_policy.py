@@ -26,7 +26,7 @@ scan.py's.
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _C, _checks, _random, _tensor
+from . import _C, _checks, _trace_context, _tensor
 from ._tensor import OP, XlaTensor
 
 POLICIES = ("recompute", "save", "offload")
@@ -85,21 +85,14 @@ def forward_body(scan, plan, fn, pattern, policy, caps) -> Residuals:
         rec.append(t)
         return len(rec) - 1
 
-    saved_state, saved_sync = _random._state, _tensor.sync_lazy
-    _random._state = rng_ph
-    _tensor.sync_lazy = scan._no_sync
-    scan._TRACERS.append(mode)
     try:
-        with torch.enable_grad(), _disable_current_modes(), mode, _checks.suspended(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
+        with _trace_context.body(mode, rng_ph) as trace, torch.enable_grad(), _disable_current_modes(), mode, \
+                _checks.suspended(), torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
             c = scan._unflat(carry, plan.c_spec)
             x = scan._unflat(xs, plan.x_spec)
             out = fn(c, x, scan._unflat(ks, plan.k_spec)) if plan.with_consts else fn(c, x)
-        rng_out = _random._state
+        rng_out = trace.rng_state
     finally:
-        scan._TRACERS.pop()
-        _random._state = saved_state
-        _tensor.sync_lazy = saved_sync
         # autograd's saved variables hold the hooks (C++ references that Python's gc cannot see through):
         # empty the list pack() closes over, so the trace's tensors are freed with it
         saved = list(rec)

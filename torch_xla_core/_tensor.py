@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _dtypes, executor, runtime, serialization
+from . import _C, _dtypes, _trace_context, executor, runtime, serialization
 
 DEVICE = None  # torch.device("xla", 0), set by configure() (torch_xla_core/_device.py)
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs): a _C.Mapping or a function
@@ -165,8 +165,9 @@ def from_cpu(t: torch.Tensor) -> XlaTensor:
 
 def sync_lazy(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
-    every live one): torch_xla_core/executor.py. (scan.py swaps this name
-    while it traces a body.)"""
+    every live one): torch_xla_core/executor.py. Refused inside a scan body
+    being traced (_trace_context)."""
+    _trace_context.check_sync()
     executor.sync(lts, wait)
 
 

@@ -63,7 +63,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from . import _C, _checks, _random, _scan_policy, _tensor, metrics
+from . import _C, _checks, _random, _scan_policy, _tensor, _trace_context, metrics
 from ._dtypes import code
 from ._tensor import OP, XlaTensor
 
@@ -88,15 +88,7 @@ _HOST_OPS = {
 }
 
 
-def _host_error(what):
-    return RuntimeError(
-        f"scan: fn needs a tensor's value on the host ({what}). Inside scan, fn is traced once on symbolic "
-        f"tensors, so .item(), .tolist(), .cpu(), print(), `if tensor:` and other data-dependent Python control "
-        f"flow cannot work there; compute with tensor ops instead (e.g. torch.where), or move that code out of fn.")
-
-
-def _no_sync(*args, **kwargs):
-    raise _host_error(".cpu()/.tolist()/print()/sync() inside fn")
+_host_error = _trace_context.host_error
 
 
 _MUTATED = {}
@@ -181,7 +173,6 @@ class _BodyMode(TorchDispatchMode):
         return out
 
 
-_TRACERS = []  # the _BodyModes of the traces under way, innermost last
 
 
 def note_op(inputs, outputs):
@@ -189,9 +180,10 @@ def note_op(inputs, outputs):
     body trace under way see the xla tensors they read and make, as its
     dispatch mode sees aten ops' (so closed-over weights become captures
     with gradients)."""
-    if _TRACERS:  # the innermost trace (an enclosing one sees the whole loop as one op)
-        _TRACERS[-1].see_inputs(_xla_leaves(inputs))
-        _TRACERS[-1].see_outputs(_xla_leaves(outputs))
+    trace = _trace_context.current()
+    if trace is not None:  # the innermost trace (an enclosing one sees the whole loop as one op)
+        trace.mode.see_inputs(_xla_leaves(inputs))
+        trace.mode.see_outputs(_xla_leaves(outputs))
 
 
 def _desc(t):
@@ -267,25 +259,17 @@ def _trace(plan):
     mode = _BodyMode()
     for t in carry + [rng] + xs + ks:
         mode.add_local(t)
-    saved_state, saved_sync = _random._state, _tensor.sync_lazy
-    _random._state = rng_ph
-    _tensor.sync_lazy = _no_sync
-    _TRACERS.append(mode)
-    try:
-        # An enclosing trace's mode must not see this body's ops: a nested
-        # scan reports its operands and results to it as one op (see _scan).
-        with torch.no_grad(), _disable_current_modes(), mode, _checks.suspended():
-            c = _unflat(carry, plan.c_spec)
-            x = _unflat(xs, plan.x_spec)
-            if plan.with_consts:
-                out = plan.fn(c, x, _unflat(ks, plan.k_spec))
-            else:
-                out = plan.fn(c, x)
-        rng_out = _random._state
-    finally:
-        _TRACERS.pop()
-        _random._state = saved_state
-        _tensor.sync_lazy = saved_sync
+    # An enclosing trace's mode must not see this body's ops: a nested
+    # scan reports its operands and results to it as one op (see _scan).
+    with _trace_context.body(mode, rng_ph) as trace, torch.no_grad(), _disable_current_modes(), mode, \
+            _checks.suspended():
+        c = _unflat(carry, plan.c_spec)
+        x = _unflat(xs, plan.x_spec)
+        if plan.with_consts:
+            out = plan.fn(c, x, _unflat(ks, plan.k_spec))
+        else:
+            out = plan.fn(c, x)
+    rng_out = trace.rng_state
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"scan: fn must return a pair (carry, y), got {type(out).__name__}")
     new_c, y = out
@@ -424,7 +408,7 @@ def _loop(plan, body, c_leaves, x_leaves, k_leaves, caps, length, reverse):
                [t._lt for t in k_leaves] + [t._lt for t in caps]
     res = _C.scan_loop(body, operands, plan.nc + 1, plan.nx, length, reverse)
     if plan.rng_used:
-        _random._state = res[plan.nc]
+        _random.set_state(res[plan.nc])
     return [_tensor.wrap(r) for r in res]
 
 
@@ -439,9 +423,10 @@ def _scan(fn, init, xs, consts, reverse, fn_key=None, policy="recompute"):
     else:
         res = _loop(plan, plan.body, c_leaves, x_leaves, k_leaves, caps, length, bool(reverse))
         c_out, y_out = res[:nc], res[nc + 1:nc + 1 + ny]
-    if _TRACERS:  # scan inside an enclosing fn being traced: one op to that trace
-        _TRACERS[-1].see_inputs([*c_leaves, *x_leaves, *k_leaves, *caps])
-        _TRACERS[-1].see_outputs([*c_out, *y_out])
+    trace = _trace_context.current()
+    if trace is not None:  # scan inside an enclosing fn being traced: one op to that trace
+        trace.mode.see_inputs([*c_leaves, *x_leaves, *k_leaves, *caps])
+        trace.mode.see_outputs([*c_out, *y_out])
     return _unflat(list(c_out), plan.c_spec), _unflat(list(y_out), plan.y_spec)
 
 
@@ -564,10 +549,8 @@ def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap, policy="recompute"):
             c_in = [t.requires_grad_() if i in fc_set else t for i, t in enumerate(c_l)]
             x_in = [t.requires_grad_() if i in nx_set else t for i, t in enumerate(x_l)]
             k_in = [t.requires_grad_() if i in nk_set else t for i, t in enumerate(ks)]
-            saved = _random._state
-            if plan.rng_used:
-                _random._state = r_l[0]._lt  # the same draws as this iteration's forward
-            try:
+            # the same draws as this iteration's forward
+            with _random.replaying(r_l[0]._lt) if plan.rng_used else contextlib.nullcontext():
                 c = _unflat(c_in, plan.c_spec)
                 x = _unflat(x_in, plan.x_spec)
                 with hooks:
@@ -575,8 +558,6 @@ def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap, policy="recompute"):
                         new_c, y = plan.fn(c, x, _unflat(k_in, plan.k_spec))
                     else:
                         new_c, y = plan.fn(c, x)
-            finally:
-                _random._state = saved
             c_out = _flat(new_c)[0]
             y_out = _flat(y)[0]
             outs, gouts = [], []
@@ -605,91 +586,5 @@ def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap, policy="recompute"):
 
 # --- scan_layers ---------------------------------------------------------------
 
-def _structure(m):
-    mods = tuple((n, type(s)) for n, s in m.named_modules())
-    params = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in m.named_parameters())
-    bufs = tuple((n, tuple(b.shape), b.dtype) for n, b in m.named_buffers())
-    return mods, params, bufs
 
-
-def _first_difference(i, s0, s):
-    for (what, a, b) in (("submodules", s0[0], s[0]), ("parameters", s0[1], s[1]), ("buffers", s0[2], s[2])):
-        if a == b:
-            continue
-        names_a = [e[0] for e in a]
-        names_b = [e[0] for e in b]
-        if names_a != names_b:
-            extra = sorted(set(names_a) ^ set(names_b))
-            return f"layer {i} has different {what} than layer 0 (names {names_b} vs {names_a}; differing: {extra})"
-        for ea, eb in zip(a, b):
-            if ea != eb:
-                return f"layer {i}'s {what[:-1]} '{ea[0]}' is {_fmt(eb)}, layer 0's is {_fmt(ea)}"
-    return f"layer {i} differs from layer 0"
-
-
-def _fmt(e):
-    if isinstance(e[1], type):
-        return e[1].__name__
-    s = f"{str(e[2]).replace('torch.', '')}{list(e[1])}"
-    if len(e) > 3:
-        s += f" requires_grad={e[3]}"
-    return s
-
-
-_TENSOR = object()  # marks where the tensors go among scan_layers' extra arguments
-_LAYER_FNS = weakref.WeakKeyDictionary()  # template module -> {static key: fn}
-
-
-def scan_layers(layers, x, *args, policy="recompute", **kwargs):
-    """x = layer(x, *args, **kwargs) for each layer, as one loop: the layers
-    (all of the same structure: submodule types, parameter and buffer names,
-    shapes, dtypes) are run through one body, traced once on layer 0 with
-    torch.func.functional_call over parameters stacked once per step
-    (torch.stack, in the graph). args/kwargs are passed to every layer
-    unchanged (attention masks, position ids); their tensors are loop
-    invariants, the rest is part of the trace key. Each layer must return a
-    tensor of x's shape and dtype. Gradients reach every layer's parameters.
-    policy: as for scan() ("recompute", "save", "offload"; keyword only, not
-    passed to the layers)."""
-    _scan_policy.check_policy(policy, "scan_layers")
-    layers = list(layers)
-    if not layers:
-        return x
-    t0 = layers[0]
-    s0 = _structure(t0)
-    for i, layer in enumerate(layers[1:], 1):
-        if type(layer) is not type(t0):
-            raise TypeError(f"scan_layers: layer {i} is a {type(layer).__name__}, layer 0 is a {type(t0).__name__}; "
-                            f"all layers must have the same structure")
-        s = _structure(layer)
-        if s != s0:
-            raise TypeError("scan_layers: " + _first_difference(i, s0, s) + "; all layers must have the same structure")
-    pnames = [n for n, _ in t0.named_parameters()]
-    bnames = [n for n, _ in t0.named_buffers()]
-    stacked = {}
-    for n in pnames:
-        stacked[n] = torch.stack([layer.get_parameter(n) for layer in layers])
-    for n in bnames:
-        stacked[n] = torch.stack([layer.get_buffer(n) for layer in layers])
-    flat, spec = pytree.tree_flatten((args, kwargs))
-    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-    static = tuple(_TENSOR if isinstance(t, torch.Tensor) else t for t in flat)
-    training = tuple(m.training for m in t0.modules())
-    try:
-        skey = (spec, static, training, s0)
-        hash(skey)
-    except TypeError:
-        skey = None  # unhashable extra arguments: trace every call
-    fns = _LAYER_FNS.setdefault(t0, {})
-    fn = fns.get(skey) if skey is not None else None
-    if fn is None:
-        def fn(c, p, ks, _t0=weakref.ref(t0), _static=static, _spec=spec):
-            it = iter(ks)
-            vals = [next(it) if s is _TENSOR else s for s in _static]
-            a, kw = pytree.tree_unflatten(vals, _spec)
-            return torch.func.functional_call(_t0(), p, (c, *a), kw), None
-        fn.key = ((id(fn),), [_Ref(fn)], [fn])
-        if skey is not None:
-            fns[skey] = fn
-    carry, _ = _scan(fn, x, stacked, tensors, False, fn_key=fn.key, policy=policy)
-    return carry
+from ._scan_layers import scan_layers  # noqa: E402,F401  (public: torch_xla_core.scan.scan_layers)

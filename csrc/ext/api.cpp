@@ -25,7 +25,7 @@ const Api kApi = {
     [](uint16_t op, std::vector<NodePtr>* xs, Attrs* attrs, DType t, const Dims& d) {
       return txc::make_node_shaped(op, std::move(*xs), std::move(*attrs), t, d);
     },
-    [](Node& n) { txc::rehash(n); },
+    [](Node& n) { n.hash = txc::node_hash(n); },
     [](const Dims& d) { return txc::dims_str(d); },
     [](uint64_t h, const Attrs& a) { return txc::hash_attrs(h, a); },
     [](const Node& n) { return n.numel(); },

@@ -1,6 +1,7 @@
 // Node construction and structural hashing.
 #include "ir/node.h"
 #include <cstring>
+#include <stdexcept>
 #include <functional>
 #include "ops/registry.h"
 
@@ -34,14 +35,14 @@ uint64_t hash_attrs(uint64_t h, const Attrs& attrs) {
   return h;
 }
 
-void rehash(Node& n) {
+uint64_t node_hash(const Node& n) {
   uint64_t h = hash_mix(0x7863u, op_def(n.op).name_hash);
   h = hash_mix(h, uint64_t(n.dtype));
   for (auto d : n.dims) h = hash_mix(h, uint64_t(d));
   h = hash_mix(h, n.dims.size());
   for (const auto& o : n.operands) h = hash_mix(h, o->hash);
   if (n.body) h = hash_mix(h, n.body->hash);
-  n.hash = hash_attrs(h, n.attrs);
+  return hash_attrs(h, n.attrs);
 }
 
 thread_local uint32_t t_origin = 0;
@@ -71,6 +72,7 @@ bool is_error(const Node& n) {
   return n.op == error;
 }
 
+
 // A value that failed to compute cannot feed a new op: say why, once, here.
 static void check_operands(const std::vector<NodePtr>& operands) {
   for (const auto& o : operands)
@@ -85,7 +87,38 @@ NodePtr make_scalar(double value, DType dtype, bool wrapped) {
   n->dtype = dtype;
   n->scalar = value;
   n->wrapped = wrapped;
-  rehash(*n);
+  n->hash = node_hash(*n);
+  return n;
+}
+
+NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, uint8_t memory) {
+  static const uint16_t op = op_id("data");
+  auto n = std::make_shared<Node>();
+  n->op = op;
+  n->origin = t_origin;
+  n->dtype = dtype;
+  n->dims = std::move(dims);
+  n->data = std::move(data);
+  n->memory = memory;
+  n->hash = node_hash(*n);
+  return n;
+}
+
+NodePtr copy_node(const Node& from, std::vector<NodePtr> operands) {
+  check_operands(operands);
+  auto n = std::make_shared<Node>();
+  n->op = from.op;
+  n->origin = from.origin;
+  n->dtype = from.dtype;
+  n->dims = from.dims;
+  n->operands = std::move(operands);
+  n->attrs = from.attrs;
+  n->data = from.data;
+  n->scalar = from.scalar;
+  n->wrapped = from.wrapped;
+  n->memory = from.memory;
+  n->body = from.body;
+  n->hash = node_hash(*n);
   return n;
 }
 
@@ -101,7 +134,7 @@ static void settle_numbers(const OpDef& def, std::vector<NodePtr>& operands) {
     if (o->wrapped && o.use_count() == 1 && o->dtype != t) o = make_scalar(o->scalar, t, true);
 }
 
-NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
+NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::shared_ptr<const Body> body) {
   const OpDef& def = op_def(op);
   check_operands(operands);
   settle_numbers(def, operands);
@@ -113,8 +146,9 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
   n->origin = t_origin;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
+  n->body = std::move(body);
   def.infer(*n);
-  rehash(*n);
+  n->hash = node_hash(*n);
   return n;
 }
 
@@ -127,7 +161,7 @@ NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs
   n->attrs = std::move(attrs);
   n->dtype = dtype;
   n->dims = std::move(dims);
-  rehash(*n);
+  n->hash = node_hash(*n);
   return n;
 }
 

@@ -1,13 +1,16 @@
 // The IR: a Node is one core op applied to operand nodes, with attributes,
 // an output shape and dtype, and a structural hash computed once when it is
-// built (op, operand hashes, attributes, shape, dtype). Every node has one
-// output. Data and Scalar nodes are the graph's parameters: their payload
-// (a device buffer, a Python number) is not part of the hash, so new data
-// never changes a graph's identity.
+// built (op, operand hashes, attributes, shape, dtype, body). Every node has
+// one output. Nodes are immutable: complete and hashed when make_node (or a
+// leaf constructor) returns them, never changed afterwards, and they hold no
+// scratch state: graph walks and lowering keep theirs in their own context.
+// Data and Scalar nodes are the graph's parameters: their payload (an
+// opaque device buffer, a number) is not part of the hash, so new data never
+// changes a graph's identity.
 #pragma once
-#include <pybind11/pybind11.h>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -23,6 +26,12 @@ struct Node;
 using NodePtr = std::shared_ptr<Node>;
 struct Body;
 
+// The payload of a data leaf (a device buffer): opaque to the IR; the
+// Python layer subclasses it (py/data.h).
+struct LeafData {
+  virtual ~LeafData() = default;
+};
+
 struct Node {
   uint16_t op = 0;        // index into the op registry
   DType dtype = DType::F32;
@@ -30,8 +39,8 @@ struct Node {
   std::vector<NodePtr> operands;
   Attrs attrs;
   uint64_t hash = 0;
-  // Payload of parameter nodes (not hashed): device data, or a Python number.
-  pybind11::object data;
+  // Payload of parameter nodes (not hashed): device data, or a number.
+  std::shared_ptr<const LeafData> data;
   double scalar = 0;
   bool wrapped = false;  // a Python number: weakly typed in promotion
   // Data nodes: the memory space their buffer lives in (MemoryKind, see
@@ -44,9 +53,6 @@ struct Node {
   uint32_t origin = 0;
   // Sub-graph ops (a scan loop): the body they run; its hash is part of n.hash.
   std::shared_ptr<const Body> body;
-  // Scratch for graph walks (lowering, parameter collection).
-  mutable uint64_t visit = 0;
-  mutable int ssa = -1;
 
   int64_t numel() const;
   int rank() const { return int(dims.size()); }
@@ -81,14 +87,22 @@ inline uint64_t hash_mix(uint64_t h, uint64_t v) {
 }
 uint64_t hash_attrs(uint64_t h, const Attrs& attrs);
 
-// Builds a node: settles the dtype of fresh Python-number operands
-// (OpDef::number_dtype), runs the op's shape rule, then hashes. Throws
+// Builds a node, the one way computed nodes are made: settles the dtype of
+// fresh Python-number operands (OpDef::number_dtype), runs the op's shape
+// rule, then hashes. `body`: the sub-graph of a sub-graph op (scan). Throws
 // std::runtime_error naming the op when the operands don't fit.
-NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs);
+NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::shared_ptr<const Body> body = nullptr);
+// n with other operands (same op, attributes, shape, body, payload), built
+// and hashed anew: how a graph is copied (scan bodies).
+NodePtr copy_node(const Node& n, std::vector<NodePtr> operands);
+// A device data leaf (core op "data"): a graph parameter holding `data` in
+// memory space `memory` (ops/placement.h).
+NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, uint8_t memory = 0);
 // A scalar leaf (core op "scalar"): a number passed as a graph parameter;
 // `wrapped`: a Python number, weakly typed in promotion.
 NodePtr make_scalar(double value, DType dtype, bool wrapped);
-// A node whose shape is given (used by ops whose rule needs the caller's shape).
+// A leaf whose shape is given (placeholders of a body, failed values; the
+// extension API's ops whose rule needs the caller's shape).
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims);
 
 // Provenance of new nodes: the aten overload being dispatched on this thread
@@ -102,8 +116,10 @@ const std::string& origin_name(uint32_t id);        // "" for 0
 // raises that message.
 bool is_error(const Node& n);
 
-// Recomputes n.hash after its operands or dtype changed (before anyone saw it).
-void rehash(Node& n);
+// n's structural hash from its fields. The core hashes every node as it
+// builds it (the extension API v1 still offers rehash(n) for nodes an
+// extension builds by hand).
+uint64_t node_hash(const Node& n);
 
 std::string dims_str(const Dims& d);  // "[2, 3]" for errors
 

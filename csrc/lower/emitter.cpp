@@ -161,26 +161,16 @@ std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<s
   if (args.size() != b.params.size())
     throw std::runtime_error("lower_body: " + std::to_string(args.size()) + " arguments for a body of " +
                              std::to_string(b.params.size()) + " parameters");
-  for (size_t i = 0; i < b.params.size(); ++i) {
-    b.params[i]->ssa = int(names_.size());
-    names_.push_back(args[i]);
-  }
-  try {
-    for (const Node* n : b.order) {
-      if (n->ssa >= 0) continue;  // a parameter
-      const OpDef& def = op_def(n->op);
-      if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
-      std::string r = def.lower(*this, *n);
-      n->ssa = int(names_.size());
-      names_.push_back(r);
-    }
-  } catch (...) {
-    for (const Node* n : b.order) n->ssa = -1;  // the body may be lowered again later
-    throw;
+  for (size_t i = 0; i < b.params.size(); ++i) set_name(b.params[i].get(), args[i]);
+  for (const Node* n : b.order) {
+    if (named(n)) continue;  // a parameter
+    const OpDef& def = op_def(n->op);
+    if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
+    set_name(n, def.lower(*this, *n));
   }
   std::vector<std::string> outs;
-  for (const auto& o : b.outputs) outs.push_back(names_[o->ssa]);
-  for (const Node* n : b.order) n->ssa = -1;
+  for (const auto& o : b.outputs) outs.push_back(name_of(o.get()));
+  for (const Node* n : b.order) ids_.erase(n);  // the body may be lowered again (another loop over it)
   return outs;
 }
 
@@ -223,8 +213,7 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   std::vector<int> host_params;
   for (size_t i = 0; i < params.size(); ++i) {
     const Node* p = params[i];
-    p->ssa = int(cx.names_.size());
-    cx.names_.push_back("%arg" + std::to_string(i));
+    cx.set_name(p, "%arg" + std::to_string(i));
     sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
     std::string attrs;
     if (alias_of[i] >= 0) attrs = "tf.aliasing_output = " + std::to_string(alias_of[i]) + " : i32";
@@ -239,7 +228,8 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   size_t counted = 0;
   for (int i : host_params) {
     const Node* p = params[size_t(i)];
-    cx.names_[size_t(p->ssa)] = annotate_placement(cx, cx.names_[size_t(p->ssa)], LowerCtx::type(*p), kDevice);
+    std::string& name = cx.names_[size_t(cx.ids_.at(p))];
+    name = annotate_placement(cx, name, LowerCtx::type(*p), kDevice);
   }
   if (line_node) {
     for (; counted < cx.body_.size(); ++counted)
@@ -247,21 +237,10 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   }
   for (size_t k = 0; k < order.size(); ++k) {
     const Node* n = order[k];
-    if (n->ssa >= 0) continue;  // a parameter
+    if (cx.named(n)) continue;  // a parameter
     const OpDef& def = op_def(n->op);
-    if (!def.lower) {
-      for (const Node* m : order) m->ssa = -1;
-      throw std::runtime_error("core op '" + def.name + "' has no lowering");
-    }
-    std::string r;
-    try {
-      r = def.lower(cx, *n);
-    } catch (...) {
-      for (const Node* m : order) m->ssa = -1;  // leave nothing behind: the graph may be lowered again
-      throw;
-    }
-    n->ssa = int(cx.names_.size());
-    cx.names_.push_back(r);
+    if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
+    cx.set_name(n, def.lower(cx, *n));
     if (line_node) {
       for (; counted < cx.body_.size(); ++counted)
         if (cx.body_[counted] == '\n') line_node->push_back(int(k));
@@ -269,13 +248,12 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   }
   std::string rets, rtypes, rsig;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    rets += (i ? ", " : "") + cx.names_[outputs[i]->ssa];
+    rets += (i ? ", " : "") + cx.name_of(outputs[i]);
     rtypes += (i ? ", " : "") + LowerCtx::type(*outputs[i]);
     int kind = memory_kind_of(*outputs[i]);
     rsig += (i ? ", " : "") + LowerCtx::type(*outputs[i]);
     if (kind != kDevice) rsig += std::string(" {mhlo.memory_kind = \"") + memory_kind_name(kind) + "\"}";
   }
-  for (const Node* n : order) n->ssa = -1;
   std::string funcs;
   for (const auto& f : cx.funcs_) funcs += f.second;
   return "module @txc attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"

@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 #include "ir/node.h"
 
@@ -23,7 +24,9 @@ std::string precision_config(DType t);
 class LowerCtx {
  public:
   // SSA name of operand i of n (already lowered).
-  const std::string& in(const Node& n, size_t i) const { return names_[n.operands.at(i)->ssa]; }
+  const std::string& in(const Node& n, size_t i) const { return name_of(n.operands.at(i).get()); }
+  // SSA name of a lowered node.
+  const std::string& name_of(const Node* n) const { return names_.at(size_t(ids_.at(n))); }
   static std::string type(DType t, const Dims& d);
   static std::string type(const Node& n) { return type(n.dtype, n.dims); }
 
@@ -97,8 +100,15 @@ class LowerCtx {
   // current body calls by name. lower_graph writes them after @main.
   void add_funcs(const std::string& key, const std::string& text);
 
-  // Used by lower_graph.
+  // Used by lower_graph. The lowering's scratch lives here, not in the
+  // (immutable) nodes: a failed lowering leaves nothing behind.
+  void set_name(const Node* n, std::string name) {
+    ids_[n] = int(names_.size());
+    names_.push_back(std::move(name));
+  }
+  bool named(const Node* n) const { return ids_.count(n) != 0; }
   std::vector<std::string> names_;
+  std::unordered_map<const Node*, int> ids_;  // node -> index into names_
   std::vector<std::pair<std::string, std::string>> funcs_;  // key -> text, in first-use order
   std::string body_;
   int indent_ = 4;

@@ -8,7 +8,7 @@ namespace txc {
 
 static void no_infer(Node&) {}
 
-// Device data: shape given by make_node_shaped; lowered as a parameter.
+// Device data: built by make_data (ir/node.h) with its shape and payload; lowered as a parameter.
 TXC_OP("data", 0, no_infer, nullptr);
 // A Python number: dtype chosen by promotion at its use; a parameter.
 TXC_OP("scalar", 0, no_infer, nullptr);

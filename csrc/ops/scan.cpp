@@ -95,17 +95,10 @@ std::shared_ptr<Body> build_body(const std::vector<NodePtr>& params, const std::
         if (!m.count(c.get())) stack.emplace_back(std::move(c), 0);
         continue;
       }
-      auto c = std::make_shared<Node>();
-      c->op = n->op;
-      c->dtype = n->dtype;
-      c->dims = n->dims;
-      c->attrs = n->attrs;
-      c->body = n->body;
-      c->scalar = n->scalar;
-      c->wrapped = n->wrapped;
-      c->operands.reserve(n->operands.size());
-      for (const auto& o : n->operands) c->operands.push_back(m.at(o.get()));
-      rehash(*c);
+      std::vector<NodePtr> xs;
+      xs.reserve(n->operands.size());
+      for (const auto& o : n->operands) xs.push_back(m.at(o.get()));
+      NodePtr c = copy_node(*n, std::move(xs));
       m.emplace(n.get(), c);
       computed.push_back(c);
       stack.pop_back();
@@ -331,14 +324,9 @@ void bind_scan(py::module_& m) {
   m.def("scan_loop", [](std::shared_ptr<Body> b, const py::list& operands, int64_t n_carry, int64_t n_xs,
                         int64_t length, bool reverse) {
           static const uint16_t scan = op_id("scan"), result = op_id("scan_result");
-          auto n = std::make_shared<Node>();
-          n->op = scan;
-          n->operands = values(operands);
-          for (const auto& c : b->consts) n->operands.push_back(c);
-          n->attrs = {n_carry, n_xs, length, int64_t(reverse)};
-          n->body = b;
-          op_def(scan).infer(*n);
-          rehash(*n);
+          std::vector<NodePtr> xs = values(operands);
+          for (const auto& c : b->consts) xs.push_back(c);
+          NodePtr n = make_node(scan, std::move(xs), {n_carry, n_xs, length, int64_t(reverse)}, b);
           py::list out;
           for (size_t k = 0; k < b->outputs.size(); ++k) out.append(LazyTensor(make_node(result, {n}, {int64_t(k)})));
           return out;

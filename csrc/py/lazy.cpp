@@ -4,6 +4,7 @@
 #include <new>
 #include "ops/placement.h"
 #include "ops/registry.h"
+#include "py/data.h"
 
 namespace txc {
 
@@ -67,7 +68,7 @@ void bind_lazy(py::module_& m) {
   prop("is_data", py::cpp_function([](LazyTensor& t) { return t.value()->op == data_op; }));
   prop("data", py::cpp_function([](LazyTensor& t) -> py::object {
          const NodePtr& v = t.value();
-         return v->op == data_op ? v->data : py::none();
+         return v->op == data_op ? py_data(*v) : py::none();
        }));
   prop("op", py::cpp_function([](LazyTensor& t) { return op_def(t.value()->op).name; }));
   prop("memory_kind", py::cpp_function([](LazyTensor& t) { return memory_kind_name(memory_kind_of(*t.value())); }));

@@ -6,12 +6,11 @@
 #include "lower/emitter.h"
 #include "ops/placement.h"
 #include "ops/registry.h"
+#include "py/data.h"
 
 namespace py = pybind11;
 
 namespace txc {
-
-static uint64_t g_epoch = 0;
 
 static bool is_param(const Node& n) {
   static const uint16_t data = op_id("data"), scalar = op_id("scalar");
@@ -47,35 +46,30 @@ GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live) :
 }
 
 void GraphCut::walk() {
-  uint64_t epoch = ++g_epoch;
   uint64_t h = 0x6772617068ULL;
+  std::unordered_map<const Node*, int64_t> pos;  // seen nodes: post-order position (-1: not yet)
   std::vector<std::pair<const Node*, size_t>> stack;
   for (const auto& out : outputs_) {
-    if (out->visit == epoch) continue;
+    if (!pos.emplace(out.get(), -1).second) continue;
     stack.emplace_back(out.get(), 0);
-    out->visit = epoch;
     while (!stack.empty()) {
       auto& [n, i] = stack.back();
       if (i < n->operands.size()) {
         const Node* c = n->operands[i++].get();
-        if (c->visit != epoch) {
-          c->visit = epoch;
-          stack.emplace_back(c, 0);
-        }
+        if (pos.emplace(c, -1).second) stack.emplace_back(c, 0);
         continue;
       }
       // Post-order position; the hash sees each node's own hash and which
       // earlier positions its operands are, so a+a and a+b differ.
-      n->ssa = int(order_.size());
+      pos[n] = int64_t(order_.size());
       h = hash_mix(h, n->hash);
-      for (const auto& o : n->operands) h = hash_mix(h, uint64_t(o->ssa));
+      for (const auto& o : n->operands) h = hash_mix(h, uint64_t(pos[o.get()]));
       if (is_param(*n)) params_.push_back(n);
       order_.push_back(n);
       stack.pop_back();
     }
   }
-  for (const auto& out : outputs_) h = hash_mix(h, uint64_t(out->ssa));
-  for (const Node* n : order_) n->ssa = -1;
+  for (const auto& out : outputs_) h = hash_mix(h, uint64_t(pos[out.get()]));
   hash_ = hash_mix(h, outputs_.size());
 }
 
@@ -141,7 +135,8 @@ std::vector<std::pair<int, int>> GraphCut::donations() const {
     auto it = refs.find(n);
     if (n->op != data || it == refs.end() || it->second.first != it->second.second) continue;
     if (n->memory != kDevice) continue;  // a host buffer never aliases a device result
-    if (!n->data || Py_REFCNT(n->data.ptr()) != 1) continue;  // someone else holds the buffer
+    py::object buffer = py_data(*n);
+    if (buffer.is_none() || Py_REFCNT(buffer.ptr()) != 2) continue;  // someone else holds it (2: ours, the node's)
     for (size_t o = 0; o < outputs_.size(); ++o) {
       if (taken[o] || outputs_[o]->dtype != n->dtype || outputs_[o]->dims != n->dims) continue;
       if (memory_kind_of(*outputs_[o]) != kDevice) continue;
@@ -223,7 +218,7 @@ py::list GraphCut::params() const {
   py::list l;
   for (const Node* p : params_) {
     if (p->op == data) {
-      l.append(p->data);
+      l.append(py_data(*p));
     } else if (is_floating(p->dtype)) {
       l.append(py::make_tuple(p->scalar, int(p->dtype)));
     } else {
@@ -256,10 +251,8 @@ void GraphCut::assign(const py::list& outs) {
   if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.assign: wrong number of outputs");
   std::vector<NodePtr> nodes;
   for (size_t k = 0; k < outputs_.size(); ++k) {
-    auto n = make_node_shaped(data, {}, {}, outputs_[k]->dtype, outputs_[k]->dims);
-    n->data = outs[k];
-    n->memory = uint8_t(memory_kind_of(*outputs_[k]));  // a result placed on the host stays there
-    nodes.push_back(n);
+    // a result placed on the host stays there
+    nodes.push_back(make_py_data(outs[k], outputs_[k]->dtype, outputs_[k]->dims, uint8_t(memory_kind_of(*outputs_[k]))));
   }
   for (size_t i = 0; i < roots_.size(); ++i) {
     Storage& s = *roots_[i];

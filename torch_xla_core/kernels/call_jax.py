@@ -35,7 +35,7 @@ import threading
 
 import torch
 
-from .. import _C, _dtypes, metrics, scan
+from .. import _dtypes, metrics, scan
 from .._tensor import OP, XlaTensor, _make, wrap
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]
