@@ -52,3 +52,31 @@ def test_short_report():
     assert "1 hits, 1 misses" in lines[1]
     assert lines[2].startswith("executions: 2")
     assert "cpu fallbacks: 0" in lines[4]
+
+
+def test_timer_percentiles_and_torch_xla_metric_aliases():
+    from torch_xla_core import executor, metrics
+    executor.clear_cache()
+    metrics.clear()
+    x = torch.ones(3, device=txc.device())
+    keep = []  # a sync runs what live tensors need
+    for i in range(4):
+        keep.append((x * i).sum())
+        txc.sync()
+    keep.append(x.exp().amax())  # another graph
+    txc.sync()
+    cs = metrics.counters()
+    st = metrics.timer_stats("compile")
+    assert st["count"] == cs["compile"] >= 2
+    assert st["min"] <= st["p50"] <= st["p90"] <= st["p99"] <= st["max"]
+    assert abs(st["mean"] * st["count"] - st["total"]) < 1e-9
+    assert metrics.timer_stats("never-timed") == {}
+    # torch_xla's names read ours
+    n, total, samples = metrics.metric_data("CompileTime")
+    assert (n, total) == metrics.timers()["compile"] and len(samples) == cs["compile"]
+    assert metrics.metric_data("ExecuteTime")[0] == 5
+    assert metrics.counter_value("UncachedCompile") == cs["compile"]
+    assert metrics.counter_value("CachedCompile") == cs["cache_hit"] == 5 - cs["compile"] > 0
+    assert {"CompileTime", "ExecuteTime", "compile"} <= set(metrics.metric_names())
+    assert {"CachedCompile", "UncachedCompile", "cache_hit"} <= set(metrics.counter_names())
+    assert "p99=" in metrics.metrics_report()

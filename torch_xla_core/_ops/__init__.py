@@ -232,9 +232,13 @@ def _fallback(func):
                                       f"and no CPU fallback ({e})") from None
         try:
             # Write back mutated arguments.
-            for i in mutated:
+            for i in mutated:  # a Tensor or a Tensor[] (foreach, fused optimizers)
                 if i < len(args) and isinstance(args[i], XlaTensor):
                     assign(args[i], _tensor.from_cpu(cargs[i]))
+                elif i < len(args) and isinstance(args[i], (list, tuple)):
+                    for x, c in zip(args[i], cargs[i]):
+                        if isinstance(x, XlaTensor):
+                            assign(x, _tensor.from_cpu(c))
             if mutated and isinstance(r, torch.Tensor) and r is cargs[mutated[0]]:
                 return args[mutated[0]]
             return torch.utils._pytree.tree_map(to_xla, r)
@@ -247,3 +251,4 @@ def load_all():
     """Imports every op family (each registers its handlers). An import error
     surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
     from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
+    from . import foreach  # noqa: F401

@@ -272,6 +272,14 @@ def copy_(dst, src, non_blocking=False):
     return dst
 
 
+@impl(aten.copy.default)
+def copy(dst, src, non_blocking=False):
+    """Functional copy_: a new tensor with dst's shape and dtype holding src."""
+    from .. import _tensor
+    out = _tensor.op("alias", dst)
+    return copy_(out, src if isinstance(src, XlaTensor) else src.to(dst.device))
+
+
 @impl(aten.fill_.Scalar, aten.fill_.Tensor)
 def fill_(x, value):
     from . import assign, full_like
