@@ -1,5 +1,7 @@
 """torch_xla-style helpers: mark_step, wait_device_ops, optimizer_step,
 metrics.short_report."""
+import os
+
 import torch
 
 import torch_xla_core as txc
@@ -80,3 +82,21 @@ def test_timer_percentiles_and_torch_xla_metric_aliases():
     assert {"CompileTime", "ExecuteTime", "compile"} <= set(metrics.metric_names())
     assert {"CachedCompile", "UncachedCompile", "cache_hit"} <= set(metrics.counter_names())
     assert "p99=" in metrics.metrics_report()
+
+
+def test_torch_xla_dtype_flags_warn_and_are_ignored():
+    import subprocess
+    import sys
+    code = ("import torch, torch_xla_core as txc\n"
+            "x = torch.ones(2, device=txc.device())\n"
+            "print(x.dtype, (x * 1.5).dtype)\n")
+    env = dict(os.environ, XLA_USE_BF16="1", XLA_USE_32BIT_LONG="1")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["torch.float32", "torch.float32"]
+    assert "XLA_USE_BF16 is set but torch_xla_core ignores it" in p.stderr
+    assert "torch.autocast('xla', dtype=torch.bfloat16)" in p.stderr
+    assert "XLA_USE_32BIT_LONG is set" in p.stderr
+    env = dict(os.environ, XLA_USE_BF16="0")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "XLA_USE_BF16" not in p.stderr

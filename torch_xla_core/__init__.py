@@ -30,6 +30,22 @@ _tensor.configure(torch.device("xla", 0))
 # (bench/trace_overhead.py). This is per thread (torch's TLS): it applies to
 # the thread that imports torch_xla_core. TXC_AUTOGRAD_THREADS=1 keeps torch's
 # default.
+# torch_xla's global dtype flags (deprecated there in 2.6) change every
+# tensor's dtype behind the program's back; we do not honour them, and say so.
+_LEGACY_DTYPE_FLAGS = {
+    "XLA_USE_BF16": "convert the model and inputs with .to(torch.bfloat16), or use "
+                    "torch.autocast('xla', dtype=torch.bfloat16)",
+    "XLA_DOWNCAST_BF16": "convert with .to(torch.bfloat16), or use torch.autocast('xla', dtype=torch.bfloat16)",
+    "XLA_USE_FP16": "convert with .to(torch.float16), or use torch.autocast('xla', dtype=torch.float16) "
+                    "with torch.amp.GradScaler('xla')",
+    "XLA_USE_32BIT_LONG": "create index tensors as torch.int32 where 32 bits suffice",
+}
+for _flag, _instead in _LEGACY_DTYPE_FLAGS.items():
+    if os.environ.get(_flag, "0") not in ("", "0"):
+        import warnings
+        warnings.warn(f"{_flag} is set but torch_xla_core ignores it (torch_xla deprecated it in 2.6): tensors keep "
+                      f"their dtypes. Instead, {_instead}.", FutureWarning, stacklevel=2)
+
 if os.environ.get("TXC_AUTOGRAD_THREADS") != "1":
     torch._C._set_multithreading_enabled(False)
 _ops.load_all()
