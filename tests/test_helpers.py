@@ -100,3 +100,22 @@ def test_torch_xla_dtype_flags_warn_and_are_ignored():
     env = dict(os.environ, XLA_USE_BF16="0")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "XLA_USE_BF16" not in p.stderr
+
+
+def test_long_compile_shows_a_progress_line():
+    import subprocess
+    import sys
+    code = ("import torch, torch_xla_core as txc\n"
+            "x = torch.ones(64, 64, device=txc.device())\n"
+            "for _ in range(30):\n"
+            "    x = torch.tanh(x @ x) + x.sum(0)\n"
+            "txc.sync()\n")
+    run = lambda v: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,  # noqa: E731
+                                   env=dict(os.environ, TXC_COMPILE_PROGRESS=v))
+    p = run("0.001")
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("torch_xla_core: compil")]
+    assert lines[0].startswith("torch_xla_core: compiling graph ") and " ops, 1 outputs): " in lines[0]
+    assert lines[-1].startswith("torch_xla_core: compiled graph ") and lines[-1].endswith(" s")
+    p = run("0")
+    assert p.returncode == 0 and "torch_xla_core: compil" not in p.stderr

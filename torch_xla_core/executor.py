@@ -24,6 +24,8 @@ assigns the results back to the tensors' storages. It owns:
 - out of memory: torch.OutOfMemoryError naming the graph's largest buffers
   and the aten ops that made them (nothing is marked failed: free memory and
   retry);
+- TXC_COMPILE_PROGRESS=S: a compile longer than S seconds (default 2) shows a
+  progress line on stderr (graph, ops, elapsed); 0 turns it off.
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
   (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
   running it. TXC_DONATE=0 turns donation off.
@@ -40,7 +42,9 @@ import collections
 import concurrent.futures
 import os
 import re
+import sys
 import threading
+import time
 
 import torch
 
@@ -180,11 +184,45 @@ def executable(p: Plan):
                 fut = _inflight[key] = _workers().submit(_compile, key, text)
     else:
         metrics.counter_add("compile_reused")
+    progress = _Progress(p)
     while True:  # waits in short slices so that Ctrl-C gets through; the compile goes on
         try:
-            return fut.result(timeout=0.05)
+            exe = fut.result(timeout=0.05)
+            progress.done()
+            return exe
         except concurrent.futures.TimeoutError:
+            progress.tick()
             continue
+
+
+class _Progress:
+    """A line on stderr while a compile runs longer than TXC_COMPILE_PROGRESS
+    seconds (default 2; 0 turns it off): which graph, how many ops, elapsed
+    time; rewritten in place on a terminal, every 10 s otherwise."""
+
+    def __init__(self, p: Plan):
+        self.p, self.t0, self.shown = p, time.perf_counter(), None
+        self.after = float(os.environ.get("TXC_COMPILE_PROGRESS", "2"))
+
+    def _line(self, elapsed, state):
+        return (f"torch_xla_core: {state} graph {self.p.key.graph:016x} ({self.p.cut.num_nodes} ops, "
+                f"{self.p.cut.num_outputs} outputs): {elapsed:.1f} s")
+
+    def tick(self):
+        elapsed = time.perf_counter() - self.t0
+        if self.after <= 0 or elapsed < self.after:
+            return
+        tty = sys.stderr.isatty()
+        if self.shown is None or (tty and elapsed - self.shown >= 0.5) or elapsed - self.shown >= 10:
+            sys.stderr.write(("\r" if tty else "") + self._line(elapsed, "compiling") + ("" if tty else "\n"))
+            sys.stderr.flush()
+            self.shown = elapsed
+
+    def done(self):
+        if self.shown is not None:
+            elapsed = time.perf_counter() - self.t0
+            sys.stderr.write(("\r" if sys.stderr.isatty() else "") + self._line(elapsed, "compiled") + "\n")
+            sys.stderr.flush()
 
 
 def sync(lts=None, wait=False) -> None:
