@@ -57,7 +57,7 @@ def measure(variant, n, d, dev):
     elif variant == "weights":
         inputs = [(torch.randn(d, d) / math.sqrt(d)).to(dev) for _ in range(n)]
     txc.sync(wait=True)
-    runtime.clear_cache()
+    txc.executor.clear_cache()
     gc.collect()
     h = x
     for i in range(n):
