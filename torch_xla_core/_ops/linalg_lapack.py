@@ -342,9 +342,10 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     if rcond is None:
         rcond = torch.finfo(a.dtype).eps * max(m, n)
     x, res, rank, s = _jx(J.lstsq, a, b, rcond=float(rcond), vector=vector)
-    empty = torch.empty(0, dtype=a.dtype, device=a.device)
-    rank = rank.to(torch.int64) if driver != "gels" else torch.empty(0, dtype=torch.int64, device=a.device)
-    sv = s if driver in ("gelsd", "gelss") else empty
+    def empty(dtype=a.dtype):  # a new tensor each: autograd marks outputs one by one
+        return torch.empty(0, dtype=dtype, device=a.device)
+    rank = rank.to(torch.int64) if driver != "gels" else empty(torch.int64)
+    sv = s if driver in ("gelsd", "gelss") else empty()
     if m > n and driver != "gelsy" and (driver == "gels" or bool((rank == n).all().item())):
         return x, res, rank, sv
-    return x, empty, rank, sv
+    return x, empty(), rank, sv
