@@ -180,16 +180,22 @@ def linalg_inv_ex(a, *, check_errors=False):
     return inv, info
 
 
+def _det_operand(a):
+    """torch factors A^T when A is contiguous (det(A^T) = det(A)), and its
+    backward formulas (linalg_det_backward, slogdet_backward) read LU that way."""
+    return a.mT if a.is_contiguous() else a
+
+
 @impl(aten._linalg_det.default)
 def linalg_det(a):
     _matrices("linalg.det", a, square=True)
-    return _jx(J.det, a)
+    return _jx(J.det, _det_operand(a))
 
 
 @impl(aten._linalg_slogdet.default)
 def linalg_slogdet(a):
     _matrices("linalg.slogdet", a, square=True)
-    return _jx(J.slogdet, a)
+    return _jx(J.slogdet, _det_operand(a))
 
 
 # ---- triangular solves ------------------------------------------------------------
