@@ -47,6 +47,13 @@ def cholesky_ex(a, *, upper, platform):
     factor LAPACK computed (partial where info > 0), the other triangle zero."""
     if a.size == 0:  # (the custom call does not take empty operands)
         return a, jnp.zeros(a.shape[:-2], jnp.int32)
+    if platform not in ("cpu", "cuda", "rocm"):
+        # no potrf kernel (TPU): jax's cholesky gives NaN where it failed; info
+        # then says "failed" as n, not the order of the first bad minor
+        L = _LA.cholesky(_mT(a) if upper else a, symmetrize_input=False)
+        ok = jnp.all(jnp.isfinite(L), axis=(-2, -1))
+        info = jnp.where(ok, 0, a.shape[-1]).astype(jnp.int32)
+        return (_mT(L) if upper else L), info
     f, info = _potrf(a, upper, platform)
     return (jnp.triu(f) if upper else jnp.tril(f)), info
 
