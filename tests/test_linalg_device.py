@@ -188,6 +188,9 @@ def test_singular_inv_and_solve_raise_but_ex_returns_info(dev):
 def test_integer_input_is_refused_naming_the_op(dev):
     with pytest.raises(RuntimeError, match=r"linalg.cholesky: .*float32 or float64"):
         torch.ops.aten.linalg_cholesky_ex(torch.ones(3, 3, dtype=torch.int64).to(dev))
+    with pytest.raises(RuntimeError, match=r"linalg.solve_triangular: .*same dtype"):
+        torch.linalg.solve_triangular(torch.eye(3).to(dev), torch.ones(3, 1, dtype=torch.float64).to(dev),
+                                      upper=True)
 
 
 def test_repeated_solve_step_compiles_once(dev):

@@ -34,6 +34,9 @@ def _float(name, *ts):
         if t.dtype not in _FLOATS:
             raise RuntimeError(f"{name}: the xla device computes this op in float32 or float64, got {t.dtype}; "
                                f"convert the input with .float() or .double() first")
+    if len({t.dtype for t in ts}) > 1:
+        raise RuntimeError(f"{name}: Expected all inputs to have the same dtype, but got "
+                           f"{', '.join(str(t.dtype) for t in ts)}")
 
 
 def _matrices(name, a, square=False, what="A"):
@@ -106,6 +109,7 @@ def cholesky(a, upper=False):
 def cholesky_solve(b, l, upper=False):
     _matrices("cholesky_solve", b, what="b")
     _matrices("cholesky_solve", l, square=True, what="u")
+    _float("cholesky_solve", b, l)
     return _jx(J.cholesky_solve, b, l, upper=bool(upper))
 
 
@@ -151,6 +155,7 @@ def lu_unpack(lu, piv, unpack_data=True, unpack_pivots=True):
 def linalg_lu_solve(lu, piv, b, *, left=True, adjoint=False):
     _matrices("linalg.lu_solve", lu, square=True, what="LU")
     _matrices("linalg.lu_solve", b, what="B")
+    _float("linalg.lu_solve", lu, b)
     n = lu.shape[-1]
     if b.shape[-2 if left else -1] != n:
         raise RuntimeError(f"linalg.lu_solve: Incompatible shapes of A and B for the equation "
@@ -162,7 +167,7 @@ def linalg_lu_solve(lu, piv, b, *, left=True, adjoint=False):
 @_checks.staged
 def linalg_solve_ex(a, b, *, left=True, check_errors=False):
     _matrices("linalg.solve", a, square=True)
-    _float("linalg.solve", b)
+    _float("linalg.solve", a, b)
     vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
     r = _jx(J.solve_ex, a, b, left=bool(left), vector=vector)
     if check_errors:
@@ -204,6 +209,7 @@ def linalg_slogdet(a):
 def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
     _matrices("linalg.solve_triangular", a, square=True)
     _matrices("linalg.solve_triangular", b, what="B")
+    _float("linalg.solve_triangular", a, b)
     return _jx(J.solve_triangular, a, b, upper=bool(upper), left=bool(left), unitriangular=bool(unitriangular))
 
 
@@ -211,6 +217,7 @@ def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
 def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     _matrices("triangular_solve", a, square=True)
     _matrices("triangular_solve", b, what="b")
+    _float("triangular_solve", b, a)
     return _jx(J.triangular_solve, b, a, upper=bool(upper), transpose=bool(transpose),
                unitriangular=bool(unitriangular))
 
@@ -235,6 +242,7 @@ def geqrf(a):
 @impl(aten.linalg_householder_product.default)
 def linalg_householder_product(a, tau):
     _matrices("householder_product", a)
+    _float("householder_product", a, tau)
     m, n = a.shape[-2:]
     if not (m >= n >= tau.shape[-1]):
         raise RuntimeError(f"torch.linalg.householder_product: expected input.shape[-2] >= input.shape[-1] >= "
@@ -245,7 +253,7 @@ def linalg_householder_product(a, tau):
 @impl(aten.ormqr.default)
 def ormqr(a, tau, c, left=True, transpose=False):
     _matrices("ormqr", a)
-    _float("ormqr", tau, c)
+    _float("ormqr", a, tau, c)
     return _jx(J.ormqr, a, tau, c, left=bool(left), transpose=bool(transpose))
 
 
@@ -336,7 +344,7 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     rank, which is read from the device: an output shape that depends on the
     data, as torch's own kernel reads it)."""
     _matrices("torch.linalg.lstsq", a)
-    _float("torch.linalg.lstsq", b)
+    _float("torch.linalg.lstsq", a, b)
     driver = driver or "gelsy"
     if driver not in _LSTSQ_DRIVERS:
         raise RuntimeError(f"torch.linalg.lstsq: parameter `driver` should be one of {_LSTSQ_DRIVERS}")
