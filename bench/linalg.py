@@ -33,11 +33,14 @@ import torch_xla_core as txc  # noqa: E402
 import torch_xla_core.kernels.call_jax  # noqa: E402,F401
 _cj = sys.modules["torch_xla_core.kernels.call_jax"]
 
+# the _ex variants: no deferred check keeps each repeat's factorization alive
+# (XLA:CPU hangs running ~20 independent 8x64x64 potrf calls in one program;
+# plain jax does the same: see the note in linalg_lapack.py)
 OPS = {
-    "cholesky": (lambda a, b: torch.linalg.cholesky(a @ a.mT + 8 * torch.eye(a.shape[-1], device=a.device))),
-    "lu_factor": (lambda a, b: torch.linalg.lu_factor(a)),
-    "solve": (lambda a, b: torch.linalg.solve(a, b)),
-    "inv": (lambda a, b: torch.linalg.inv(a)),
+    "cholesky_ex": (lambda a, b: torch.linalg.cholesky_ex(a @ a.mT + 8 * torch.eye(a.shape[-1], device=a.device))),
+    "lu_factor_ex": (lambda a, b: torch.linalg.lu_factor_ex(a)),
+    "solve_ex": (lambda a, b: torch.linalg.solve_ex(a, b)),
+    "inv_ex": (lambda a, b: torch.linalg.inv_ex(a)),
     "det": (lambda a, b: torch.linalg.det(a)),
     "solve_triangular": (lambda a, b: torch.linalg.solve_triangular(a, b, upper=True)),
     "qr": (lambda a, b: torch.linalg.qr(a)),

@@ -12,7 +12,11 @@ Errors: torch.linalg.cholesky/inv/solve/lu_factor raise when the input is
 not positive-definite/singular; the device only knows at the sync, so
 `_linalg_check_errors` (and check_errors=True) registers a deferred check
 (_checks.require) that raises torch.linalg.LinAlgError at the sync that
-computes it. The `_ex` variants return `info` and never raise."""
+computes it. The `_ex` variants return `info` and never raise.
+
+Known limit (upstream): XLA:CPU hangs executing one program that holds ~20
+independent LAPACK potrf calls on 8x64x64 batches (plain jax.jit of the same
+function hangs too); a few per program, as a training step has, run fine."""
 import torch
 
 from .. import _checks, runtime
