@@ -252,3 +252,4 @@ def load_all():
     surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
     from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
     from . import foreach, einsum  # noqa: F401
+    from . import linalg_lapack  # noqa: F401

@@ -121,8 +121,11 @@ def _lower(fn, fname, args, static_kwargs, x64):
 
     shapes = [jax.ShapeDtypeStruct(args[i].shape, np.dtype(_TORCH_TO_JAX[args[i].dtype])
                                    if args[i].dtype != torch.bfloat16 else jax.numpy.bfloat16) for i in dyn]
+    from .. import runtime
     with jax.enable_x64(bool(x64)):
-        lowered = jax.jit(flat_fn, keep_unused=True).lower(*shapes)
+        # for the runtime's platform, which need not be jax's default backend (PJRT_DEVICE=CPU on a GPU host)
+        traced = jax.jit(flat_fn, keep_unused=True).trace(*shapes)
+        lowered = traced.lower(lowering_platforms=(runtime.platform(),))
         text = lowered.as_text()
         out_info = lowered.out_info
     leaves, tree = jax.tree_util.tree_flatten(out_info)
@@ -163,7 +166,7 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
     use_x64 = bool(x64) or wide
     precision = torch.get_float32_matmul_precision()
     try:
-        key = (fn, key_extra, tuple(s.key() if isinstance(s, _Spec) else ("static", s) for s in specs),
+        key = (fn, key_extra, _platform(), tuple(s.key() if isinstance(s, _Spec) else ("static", s) for s in specs),
                tuple(sorted(static_kwargs.items())), use_x64, precision)
         hash(key)
     except TypeError:
@@ -185,6 +188,11 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return low
+
+
+def _platform():
+    from .. import runtime
+    return runtime.platform()
 
 
 def _emit(low, tensors):
