@@ -154,9 +154,30 @@ def _j_zeta(s, q):
     return jnp.where(s < 1, jnp.nan, jnp.where(s == 1, jnp.inf, z))
 
 
-def _j_polygamma(x, *, n):
-    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1, as ATen."""
+def _j_trigamma(x):
+    """psi^(1)(x) as ATen's CPU kernel computes it (its own trigamma, not
+    zeta): reflection below 1/2, six recurrence steps, then the asymptotic
+    series; in x's dtype, so it agrees with torch near the poles too."""
     import jax.numpy as jnp
+    pi = jnp.asarray(jnp.pi, x.dtype)
+    reflect = x < 0.5
+    s = jnp.sin(pi * x)
+    result = jnp.where(reflect, -(pi * pi) / (s * s), jnp.zeros_like(x))
+    x = jnp.where(reflect, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / x
+    return jnp.where(reflect, -result, result)
+
+
+def _j_polygamma(x, *, n):
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 2, as ATen; n = 1 by
+    ATen's trigamma."""
+    import jax.numpy as jnp
+    if n == 1:
+        return _j_trigamma(x)
     sign = 1.0 if n % 2 else -1.0
     return sign * float(math.factorial(n)) * _j_zeta(jnp.full_like(x, n + 1), x)
 
