@@ -237,3 +237,41 @@ def test_jax_implementations_are_one_call_each(dev):
     text = txc.debug.stablehlo(torch.special.i0e(x) + torch.special.ndtri(x) + torch.special.bessel_y0(x + 1))
     assert len(_JAX_ENTRY_CALLS.findall(text)) == 3
     assert "callback" not in text
+
+
+@pytest.mark.parametrize("fn", [torch.lgamma, torch.special.i0e, torch.special.modified_bessel_k1,
+                                lambda t: torch.special.zeta(t + 1, t), lambda t: torch.polygamma(3, t),
+                                lambda t: torch.special.chebyshev_polynomial_t(t, 4), lambda t: torch.frexp(t)[0]],
+                         ids=["lgamma", "i0e", "k1", "zeta", "polygamma3", "chebyshev_t", "frexp"])
+def test_float64_stays_float64(dev, fn):
+    # jax lowers these under x64: nothing is truncated to float32
+    x = torch.linspace(0.1, 11.0, 57, dtype=torch.float64)
+    r = assert_matches_cpu(fn, x, atol=1e-10, rtol=1e-7)
+    assert r.dtype == torch.float64
+
+
+def test_half_precision_keeps_its_dtype(dev):
+    x = torch.linspace(0.1, 5.0, 33)
+    for dt in (torch.bfloat16, torch.float16):
+        for fn in (torch.lgamma, torch.special.i0e, torch.special.erfcx, lambda t: torch.frexp(t)[0]):
+            r = fn(x.to(dt).to(dev))
+            assert r.dtype == dt
+            torch.testing.assert_close(r.cpu().float(), fn(x).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_bessel_float64_against_scipy(dev):
+    """In float64 the hand-written Bessel functions are checked against
+    scipy (ATen's own float64 J0/Y0/Y1 are only ~1e-7..1e-4 accurate)."""
+    ss = pytest.importorskip("scipy.special")
+    x = torch.cat([torch.linspace(0.05, 40.0, 801, dtype=torch.float64), torch.tensor([1e-6, 11.99, 12.0, 12.01, 1e3],
+                                                                                  dtype=torch.float64)])
+    for fn, ref in [(torch.special.bessel_j0, ss.j0), (torch.special.bessel_j1, ss.j1), (torch.special.bessel_y0, ss.y0),
+                    (torch.special.bessel_y1, ss.y1), (torch.special.modified_bessel_k0, ss.k0),
+                    (torch.special.modified_bessel_k1, ss.k1), (torch.special.scaled_modified_bessel_k0, ss.k0e),
+                    (torch.special.airy_ai, lambda v: ss.airy(v)[0])]:
+        for xs in (x, -x[:400]) if fn in (torch.special.bessel_j0, torch.special.bessel_j1,
+                                          torch.special.airy_ai) else (x,):
+            r = fn(xs.to(dev))
+            assert r.dtype == torch.float64
+            torch.testing.assert_close(r.cpu(), torch.from_numpy(ref(xs.numpy())), atol=2e-11, rtol=1e-9,
+                                       msg=lambda m: f"{fn.__name__}: {m}")

@@ -247,8 +247,8 @@ impl(aten.special_erfcx.default, prims.erfcx.default)(lambda x: _jax(_j_erfcx, x
 def frexp(x):
     if not x.is_floating_point():
         raise RuntimeError(f"torch.frexp() only supports floating-point dtypes (got {x.dtype})")
-    m, e = _jax(_j_frexp, x)
-    return m, convert(e, torch.int32)
+    m, e = _jax(_j_frexp, x)  # (f16/bf16 computed in float32: same mantissa and exponent)
+    return convert(m, x.dtype), convert(e, torch.int32)
 
 
 @impl(aten.logcumsumexp.default)
