@@ -112,7 +112,7 @@ std::string is_inf(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
 
 std::string is_nan(LowerCtx& cx, const std::string& v, DType t, const Dims& d) { return cx.compare(v, v, t, d, "NE"); }
 
-// log(v) / log(base), as jnp.log2/log10 (exact at powers of the base where log is).
+// log(v) / log(base), as jnp.log2/log10 (within an ulp or two of ATen's).
 Emit log_base(double base) {
   return [base](LowerCtx& cx, const Node& n, const auto& a, DType c) {
     return cx.binary("stablehlo.divide", cx.unary("stablehlo.log", a[0], c, n.dims), cx.constant(std::log(base), c, n.dims),

@@ -179,7 +179,8 @@ def _j_polygamma(x, *, n):
     if n == 1:
         return _j_trigamma(x)
     sign = 1.0 if n % 2 else -1.0
-    return sign * float(math.factorial(n)) * _j_zeta(jnp.full_like(x, n + 1), x)
+    factorial = float(math.factorial(n)) if n <= 170 else math.inf  # 171! overflows float64, as exp(lgamma) does
+    return sign * factorial * _j_zeta(jnp.full_like(x, n + 1), x)
 
 
 def _j_i0e(x):
