@@ -253,3 +253,4 @@ def load_all():
     from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
     from . import foreach, einsum  # noqa: F401
     from . import linalg_lapack  # noqa: F401
+    from . import special  # noqa: F401
