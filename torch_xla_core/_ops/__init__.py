@@ -247,3 +247,4 @@ def load_all():
     """Imports every op family (each registers its handlers). An import error
     surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
     from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
+    from . import order, misc, nn_extra, nn_grads  # noqa: F401
