@@ -72,7 +72,11 @@ def _functional_of(func):
         overload = overload[: -len("_out")]
     else:
         return None
-    return getattr(getattr(aten, name, None), overload, None)
+    packet = getattr(aten, name, None)
+    fn = getattr(packet, overload, None)
+    if func._overloadname == "out" and fn is not None and str(fn._schema.arguments[0].type) != "Tensor":
+        fn = getattr(packet, "Tensor", None)  # mul.out, div.out: mul.Tensor (mul.default takes numbers)
+    return fn
 
 
 def _mutated_args(func):

@@ -1,7 +1,8 @@
 """Assorted aten ops built from core ops through ordinary torch calls on xla
 tensors: take / put (flat indexing), index_reduce, allclose, resize_,
-_efficientzerotensor (autograd's zero gradients) and the vector norms'
-dim check.
+_efficientzerotensor (autograd's zero gradients), the functional copy and
+repeat_interleave with a known output_size (without one, its shape depends
+on the repeats' values: a counted CPU fallback).
 
 take/put index the flattened tensor, negative indices wrapping; indices out
 of range raise torch's error at the sync (the deferred checks of
@@ -119,3 +120,44 @@ def _zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 register("_efficientzerotensor", _zeros)
+
+
+# ---- functional copy ------------------------------------------------------------------
+
+@impl(aten.copy.default)
+def copy(x, src, non_blocking=False):
+    """x's shape, dtype and device holding src's values (torch's decompositions
+    emit it, e.g. linspace with tensor bounds)."""
+    from .elementwise import copy_
+    if isinstance(x, _tensor.XlaTensor):
+        return copy_(x.clone(), src)
+    return x.clone().copy_(_tensor.to_cpu(src) if isinstance(src, _tensor.XlaTensor) else src)
+
+
+# ---- repeat_interleave -------------------------------------------------------------
+
+_repeat_fallback = None
+
+
+@impl(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats, *, output_size=None):
+    """Index i repeated repeats[i] times: position j holds the number of
+    running totals of repeats that are <= j."""
+    global _repeat_fallback
+    if repeats.dim() > 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if output_size is None:  # the length is the repeats' sum: data-dependent
+        if _repeat_fallback is None:
+            from . import _fallback
+            _repeat_fallback = _fallback(aten.repeat_interleave.Tensor)
+        return _repeat_fallback(repeats)
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("repeats has to be Long or Int tensor")
+    from .. import _checks
+    _checks.require((repeats < 0)._lt, "repeat_interleave: repeats can not be negative", RuntimeError)
+    total = torch.cumsum(repeats.to(torch.int64), 0)
+    if repeats.numel():
+        _checks.require((total[-1] != int(output_size))._lt, "repeat_interleave: allocated size does not match "
+                        "required size (output_size must be the sum of repeats)", RuntimeError)
+    pos = torch.arange(int(output_size), dtype=torch.int64, device=repeats.device)
+    return (total.unsqueeze(0) <= pos.unsqueeze(1)).sum(1)

@@ -2,7 +2,8 @@
 ordinary torch calls on xla tensors: hardshrink/softshrink backward,
 multi_margin_loss backward, replication padding backward, pdist (forward and
 backward), _trilinear (bilinear), embedding_renorm_ (embedding's max_norm),
-fractional max pooling (2d/3d, forward and backward).
+fractional max pooling (2d/3d, forward and backward), embedding_bag (forward
+and backward), linear_cross_entropy's chunked custom ops.
 
 The formulas follow CPU eager's kernels (aten/src/ATen/native), so results
 match it elementwise: e.g. pdist's gradient per p, fractional pooling's
@@ -238,3 +239,124 @@ def _spatial_scatter(grad, x, indices, nd):
     g = torch.zeros(*lead, _prod(x.shape[-nd:]), dtype=grad.dtype, device=grad.device)
     g = g.scatter_add(len(lead), indices.reshape(*lead, -1), grad.reshape(*lead, -1))
     return g.reshape(x.shape)
+
+
+# ---- embedding_bag -------------------------------------------------------------------
+# Outputs (output, offset2bag, bag_size, max_indices) with every auxiliary
+# filled (CPU eager leaves some empty in sum mode; they only feed this
+# file's backward kernels, which read them as made here).
+
+def _bags(indices, offsets, include_last_offset):
+    """(flat indices [n], offsets [B], B) for 1-D indices + offsets or 2-D indices."""
+    if indices.dim() == 2:
+        B, L = indices.shape
+        return indices.reshape(-1), torch.arange(0, B * L, max(L, 1), device=indices.device)[:B], B
+    if indices.dim() != 1:
+        raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor of dimension {indices.dim()}")
+    B = offsets.shape[0] - (1 if include_last_offset else 0)
+    return indices, offsets[:B], B
+
+
+def _offset2bag(offsets, n, dev):
+    pos = torch.arange(n, device=dev)
+    return (offsets.unsqueeze(0) <= pos.unsqueeze(1)).sum(1) - 1 if n else pos
+
+
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    if per_sample_weights is not None and mode != 0:
+        raise NotImplementedError("embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                                  "supported for mode='sum' (got mode='mean' or 'max'). Please open a feature "
+                                  "request on GitHub.")
+    dev = weight.device
+    idx, offs, B = _bags(indices, offsets, include_last_offset)
+    n, D = idx.shape[0], weight.shape[1]
+    o2b = _offset2bag(offs, n, dev)
+    valid = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else \
+        torch.ones(n, dtype=torch.bool, device=dev)
+    rows = weight[idx]                                                          # [n, D]
+    count = torch.zeros(B, dtype=torch.int64, device=dev).index_add(0, o2b, valid.to(torch.int64))
+    if mode == 2:
+        neg = torch.where(valid.unsqueeze(1), rows, float("-inf"))
+        best = torch.full((B, D), float("-inf"), dtype=weight.dtype, device=dev)
+        best = best.scatter_reduce(0, o2b.unsqueeze(1).expand(n, D), neg, "amax", include_self=True)
+        hit = valid.unsqueeze(1) & (rows == best[o2b])
+        cand = torch.where(hit, idx.unsqueeze(1), weight.shape[0])
+        mx = torch.full((B, D), weight.shape[0], dtype=torch.int64, device=dev)
+        mx = mx.scatter_reduce(0, o2b.unsqueeze(1).expand(n, D), cand, "amin", include_self=True)
+        empty = (count == 0).unsqueeze(1)
+        out = torch.where(empty, 0, best)
+        return out, o2b, count, torch.where(empty, -1, mx)
+    w = valid.to(weight.dtype) if per_sample_weights is None else \
+        torch.where(valid, per_sample_weights.reshape(-1), 0).to(weight.dtype)
+    out = torch.zeros(B, D, dtype=weight.dtype, device=dev).index_add(0, o2b, rows * w.unsqueeze(1))
+    if mode == 1:
+        out = out / torch.clamp(count, min=1).unsqueeze(1).to(weight.dtype)
+    return out, o2b, count, torch.zeros(B, dtype=torch.int64, device=dev)
+
+
+@impl(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    return _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                          include_last_offset, padding_idx)
+
+
+@impl(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@impl(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    psw = per_sample_weights
+    dev, D = grad.device, grad.shape[1]
+    idx = indices.reshape(-1)
+    if mode == 2:
+        live = maximum_indices >= 0
+        rows = torch.where(live, maximum_indices, 0).reshape(-1)
+        cols = torch.arange(D, device=dev).repeat(grad.shape[0])
+        g = torch.where(live, grad, 0).reshape(-1)
+        return torch.zeros(num_weights, D, dtype=grad.dtype, device=dev).index_put((rows, cols), g, accumulate=True)
+    valid = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else \
+        torch.ones(idx.shape[0], dtype=torch.bool, device=dev)
+    g = grad[offset2bag]                                                         # [n, D]
+    w = valid.to(grad.dtype)
+    if psw is not None:
+        w = w * psw.reshape(-1).to(grad.dtype)
+    if mode == 1:
+        w = w / torch.clamp(bag_size[offset2bag], min=1).to(grad.dtype)
+    if scale_grad_by_freq:
+        freq = torch.zeros(num_weights, dtype=grad.dtype, device=dev).index_add(
+            0, idx, torch.ones(idx.shape[0], dtype=grad.dtype, device=dev))
+        w = w / freq[idx]
+    return torch.zeros(num_weights, D, dtype=grad.dtype, device=dev).index_add(0, idx, g * w.unsqueeze(1))
+
+
+@impl(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    if mode != 0:
+        raise NotImplementedError("embedding_bag_backward: per_sample_weights only supported for mode='sum'")
+    idx = indices.reshape(-1)
+    r = (grad[offset2bag] * weight[idx]).sum(1)
+    if padding_idx is not None and padding_idx >= 0:
+        r = torch.where(idx != padding_idx, r, 0)
+    return r
+
+
+# ---- linear_cross_entropy's chunked custom ops -----------------------------------------
+# torch_nn::_linear_cross_entropy_batch_chunked(_no_reduction) are torch.library
+# custom ops whose one implementation is Python over ordinary torch ops: run
+# it on the xla tensors (each op it calls dispatches here).
+
+def _register_linear_cross_entropy():
+    from torch.nn.modules import linear_cross_entropy as lce
+    for opdef in (lce._linear_cross_entropy_batch_chunked, lce._linear_cross_entropy_batch_chunked_no_reduction):
+        fn = opdef._init_fn
+        impl(opdef._opoverload)(lambda *args, _fn=fn, **kwargs: _fn(*args, **kwargs))
+
+
+_register_linear_cross_entropy()
