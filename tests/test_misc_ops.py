@@ -258,6 +258,28 @@ def test_grid_sample_3d(mode, padding_mode, align_corners):
                        rand(2, 2, 3, 4, 5), (torch.rand(2, 2, 3, 2, 3) * 2.4 - 1.2).requires_grad_(), atol=1e-4)
 
 
+@pytest.mark.parametrize("targets_2d,reduction", [(True, "mean"), (False, "none")])
+def test_ctc_loss(targets_2d, reduction):
+    torch.manual_seed(0)
+    T, N, C, S = 12, 3, 5, 4
+    lp = torch.randn(T, N, C).log_softmax(2).detach().requires_grad_()
+    tl, il = torch.tensor([4, 2, 3]), torch.tensor([12, 9, 10])
+    tg = torch.randint(1, C, (N, S))
+    if not targets_2d:
+        tg = torch.cat([tg[i, :tl[i]] for i in range(N)])
+    assert_matches_cpu(lambda x, g, i, t: F.ctc_loss(x, g, i, t, reduction=reduction), lp, tg, il, tl, atol=1e-4)
+    assert_matches_cpu(lambda x, g: F.ctc_loss(x, g, il.tolist(), tl.tolist(), reduction=reduction), lp, tg,
+                       atol=1e-4)
+
+
+def test_ctc_loss_zero_infinity():
+    lp = torch.randn(3, 2, 4).log_softmax(2).detach().requires_grad_()
+    tg = torch.tensor([[1, 1, 1], [2, 0, 0]])  # row 0 needs 5 steps: impossible in 3
+    for zi in (True, False):
+        assert_matches_cpu(lambda x, g: F.ctc_loss(x, g, [3, 3], [3, 1], zero_infinity=zi, reduction="sum"), lp,
+                           tg, grad=zi)
+
+
 def test_linear_cross_entropy_chunked():
     from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
     torch.manual_seed(0)
