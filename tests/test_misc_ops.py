@@ -229,13 +229,19 @@ def test_embedding_bag(mode, case):
     elif case == "weights":
         if mode != "sum":
             pytest.skip("per_sample_weights: sum mode only")
-        kw["per_sample_weights"] = torch.rand(8).requires_grad_()
+        psw = torch.rand(8).requires_grad_()
+        assert_matches_cpu(lambda w, i, o, s: F.embedding_bag(i, w, o, per_sample_weights=s, **kw), rand(10, 3),
+                           idx, off, psw)
+        return
     assert_matches_cpu(lambda w, i, o, **k: F.embedding_bag(i, w, o, **k), rand(10, 3), idx, off, **kw)
 
 
-def test_embedding_bag_scale_grad_by_freq():
+def test_embedding_bag_scale_grad_by_freq_is_a_counted_fallback():
     idx, off = torch.tensor([1, 2, 1, 1, 4]), torch.tensor([0, 2])
-    assert_matches_cpu(lambda w, i, o: F.embedding_bag(i, w, o, scale_grad_by_freq=True), rand(6, 3), idx, off)
+    before = fallbacks().get("_embedding_bag_backward", 0)
+    assert_matches_cpu(lambda w, i, o: F.embedding_bag(i, w, o, scale_grad_by_freq=True), rand(6, 3), idx, off,
+                       no_fallback=False)
+    assert fallbacks()["_embedding_bag_backward"] == before + 1
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])

@@ -305,6 +305,13 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
 @impl(aten._embedding_bag_backward.default)
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if scale_grad_by_freq:
+        # CPU eager's scaling here follows its own bag bookkeeping (sum mode is
+        # scaled like mean): keep its exact values through the counted fallback
+        from . import _fallback
+        return _fallback(aten._embedding_bag_backward.default)(
+            grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+            sparse, per_sample_weights, padding_idx)
     return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 
@@ -360,3 +367,12 @@ def _register_linear_cross_entropy():
 
 
 _register_linear_cross_entropy()
+
+
+@impl(aten.multi_margin_loss.default)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    """torch._decomp's version, with CPU eager's 0-d result for one sample
+    without reduction (the decomposition returns [1])."""
+    from torch._decomp import decomposition_table
+    r = decomposition_table[aten.multi_margin_loss.default](x, target, p, margin, weight, reduction)
+    return r.reshape(()) if reduction == 0 and x.dim() <= 1 else r
