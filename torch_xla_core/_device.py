@@ -108,6 +108,30 @@ class _Guard(torch._C._acc.DeviceGuard):
         self.type_ = functools.partial(operator.itemgetter(0), (_PRIVATEUSE1,))
 
 
+class _Engine(torch._C._ImperativeEngine):
+    """The autograd engine's Python face (Variable._execution_engine), through
+    which Tensor.backward, torch.autograd.backward and torch.autograd.grad all
+    run. When an op handler raises inside a backward pass, torch's Python
+    device guard (every query of it calls type_ above) runs Python while the
+    engine unwinds and the pending exception is lost: the engine then raises
+    "SystemError: ... returned NULL without setting an exception". The
+    dispatcher keeps the handler's exception per thread
+    (csrc/py/dispatch.cpp): raise that one instead."""
+
+    def run_backward(self, *args, **kwargs):
+        from . import _C
+        _C.take_handler_error()
+        try:
+            return super().run_backward(*args, **kwargs)
+        except SystemError as e:
+            err = _C.take_handler_error()
+            if err is None or "without setting an exception" not in str(e):
+                raise
+            raise err from None
+        finally:
+            _C.take_handler_error()  # reported (or harmless): hold no traceback or tensors
+
+
 def register() -> None:
     global _done
     if _done:
@@ -117,4 +141,6 @@ def register() -> None:
     torch._register_device_module("xla", _DeviceModule())
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    from torch.autograd.variable import Variable
+    Variable._execution_engine = _Engine()
     _done = True

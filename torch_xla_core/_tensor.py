@@ -42,21 +42,6 @@ class XlaTensor(torch.Tensor):
     # or DIRECT[func] run in C++; a builtin, so no Python frame per op.
     __torch_dispatch__ = staticmethod(_C.torch_dispatch)
 
-    def backward(self, *args, **kwargs):
-        # An op handler that raises inside autograd's backward loses its
-        # exception to torch's Python device guard (the engine then says
-        # "returned NULL without setting an exception"): raise the handler's.
-        _C.take_handler_error()
-        try:
-            r = super().backward(*args, **kwargs)
-        except SystemError as e:
-            err = _C.take_handler_error()
-            if err is None or "without setting an exception" not in str(e):
-                raise
-            raise err from None
-        _C.take_handler_error()  # reported (or harmless): hold no traceback or tensors
-        return r
-
     def __repr__(self, *, tensor_contents=None):
         cpu = to_cpu(self)
         s = torch._tensor_str._str(cpu)

@@ -72,7 +72,11 @@ def _functional_of(func):
         overload = overload[: -len("_out")]
     else:
         return None
-    return getattr(getattr(aten, name, None), overload, None)
+    packet = getattr(aten, name, None)
+    fn = getattr(packet, overload, None)
+    if func._overloadname == "out" and fn is not None and str(fn._schema.arguments[0].type) != "Tensor":
+        fn = getattr(packet, "Tensor", None)  # mul.out, div.out: mul.Tensor (mul.default takes numbers)
+    return fn
 
 
 def _mutated_args(func):
@@ -254,3 +258,4 @@ def load_all():
     from . import foreach, einsum  # noqa: F401
     from . import linalg_lapack  # noqa: F401
     from . import special  # noqa: F401
+    from . import order, misc, nn_extra, nn_grads  # noqa: F401

@@ -41,8 +41,22 @@ def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memor
     return full(size, 0, _dt(dtype))
 
 
+def strided(t, size, stride):
+    """t (a fresh contiguous value) reporting the requested strides, as
+    torch's empty_strided does; the values are unspecified either way."""
+    stride = [int(s) for s in stride]
+    if len(stride) != len(size):
+        raise RuntimeError(f"mismatch in length of strides and shape: {len(stride)} strides for {len(size)} "
+                           f"dims")
+    if stride != list(t.stride()):
+        lt = t._lt
+        _tensor.set_meta(t, t.shape, stride)
+        t._lt = lt
+    return t
+
+
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return full(size, 0, _dt(dtype))
+    return strided(full(size, 0, _dt(dtype)), size, stride)
 
 
 def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
@@ -163,7 +177,7 @@ def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_m
 @_named("aten::new_empty_strided")
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     _device.check(device)
-    return full(size, 0, dtype or x.dtype)
+    return strided(full(size, 0, dtype or x.dtype), size, stride)
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -176,9 +190,12 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
+@impl(aten._copy_from_and_resize.default)
 def _copy_from_and_resize(src, dst):
     if tuple(dst.shape) != tuple(src.shape):
         _tensor.set_meta(dst, src.shape)
+        if isinstance(dst, _tensor.XlaTensor):  # a fresh value of the new shape, then the copy
+            dst._lt = full(src.shape, 0, dst.dtype)._lt
     return _copy_from(src, dst)
 
 

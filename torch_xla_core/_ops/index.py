@@ -473,6 +473,8 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
 def kthvalue(x, k, dim=-1, keepdim=False):
     d = _dim(dim, x.dim())
     n = x.shape[d] if x.dim() else 1
+    if n == 0:
+        raise IndexError(f"kthvalue(): Expected reduction dim {d} to have non-zero size.")
     if not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
     v, i = _sort(x, d, False)
