@@ -201,9 +201,8 @@ def _tname(dt):
 
 
 def full_like(x, value, dtype=None):
-    from .._dtypes import code
-    dtype = dtype or x.dtype
-    return _tensor.op("full", attrs=(float(value), code(dtype), list(x.shape)))
+    from .factory import full
+    return full(list(x.shape), value, dtype or x.dtype)
 
 
 def _fallback(func):
@@ -247,3 +246,4 @@ def load_all():
     """Imports every op family (each registers its handlers). An import error
     surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
     from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
+    from . import complex, fft  # noqa: F401
