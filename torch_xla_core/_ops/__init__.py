@@ -197,7 +197,8 @@ def assign(self: XlaTensor, r) -> None:
 def _tname(dt):
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
             torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool"}.get(dt, str(dt))
+            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
 def full_like(x, value, dtype=None):

@@ -15,6 +15,7 @@ import torch
 from .._dtypes import code
 from .._tensor import OP, _op, _view_op
 from . import aten, impl
+from .factory import full, register
 
 
 @impl(aten.view_as_real.default)
@@ -135,3 +136,12 @@ def linalg_eig(a):
 @impl(aten._linalg_eigvals.default, aten.linalg_eigvals.default)
 def linalg_eigvals(a):
     return _eig("linalg.eigvals", a, False)
+
+
+def _efficient_zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch's ZeroTensor (what the backward of sgn/angle/real of a real input
+    returns): plain zeros here, folded by XLA."""
+    return full(size, 0, dtype or torch.get_default_dtype())
+
+
+register("_efficientzerotensor", _efficient_zeros)
