@@ -39,6 +39,33 @@ def test_transfer_print_item_roundtrip(dtype):
     assert repr(x).startswith("tensor([[") and "j" in repr(x) and "device='xla:0'" in repr(x)
 
 
+# Every way a complex value enters the device (each was refused before).
+ENTRY_PATHS = {
+    "ones": lambda x, d: torch.ones(2, dtype=torch.complex64, device=d) * 2,
+    "full_complex_value": lambda x, d: torch.full((2,), 1 + 2j, device=d),
+    "tensor": lambda x, d: torch.tensor([1 + 2j, -3j], device=d),
+    "to_dtype": lambda x, d: x.to(torch.complex64) + 1,
+    "to_complex128": lambda x, d: x.to(torch.complex128) * (1 - 1j),
+    "zeros_like": lambda x, d: torch.zeros_like(x, dtype=torch.complex64),
+    "new_ones": lambda x, d: x.new_ones(2, dtype=torch.complex64),
+    "python_complex": lambda x, d: x * 1j + (2 - 1j),
+    "complex_0d_cpu": lambda x, d: x + torch.tensor(1j),
+    "complex_0d_cpu_double": lambda x, d: x + torch.tensor(1j, dtype=torch.complex128),
+    "inplace_complex_scalar": lambda x, d: x.to(torch.complex64).mul_(2j).add_(1 + 1j),
+}
+
+
+@pytest.mark.parametrize("path", list(ENTRY_PATHS))
+def test_complex_entry_paths_match_cpu(path):
+    before = dict(txc.metrics.fallbacks())
+    x = torch.arange(4.0)
+    out_x = ENTRY_PATHS[path](x.to(DEV), DEV)
+    out_c = ENTRY_PATHS[path](x, "cpu")
+    assert out_x.device.type == "xla" and out_x.dtype == out_c.dtype and out_x.dtype.is_complex
+    torch.testing.assert_close(out_x.cpu(), out_c)
+    _no_fallback_since(before)
+
+
 def test_constants_and_scalars_compile_and_do_not_recompile():
     executor.clear_cache()
     before = txc.metrics.counters().get("compile", 0)

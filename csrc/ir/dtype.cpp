@@ -67,7 +67,7 @@ static int combine(int higher, int lower) {
   if (is_complex(h)) return higher;
   if (is_floating(h) && !is_complex(l)) return higher;
   if (is_bool(h) || category(l) > category(h)) {
-    if (is_complex(l) && is_floating(h)) return int(promote_types(complex_dtype_of(h), l));
+    if (is_complex(l) && is_floating(h)) return int(complex_dtype_of(h));  // c10: toComplexType(higher)
     return int(promote_types(h, l));
   }
   return higher;

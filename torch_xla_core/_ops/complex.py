@@ -12,7 +12,7 @@ aten.real / aten.imag are torch composites (view_as_real + select), so
 `x.real.zero_()` writes through to x as on CPU."""
 import torch
 
-from .._dtypes import code
+from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _op, _view_op
 from . import aten, impl
 from .factory import full, register
@@ -29,8 +29,7 @@ def view_as_real(x):
 def view_as_complex(x):
     if x.dtype not in (torch.float32, torch.float64):
         if x.dtype == torch.float16:
-            raise RuntimeError("view_as_complex of a float16 tensor makes complex32, which the xla device does "
-                               "not support; convert to float32 first")
+            raise UnsupportedDtype(torch.complex32, "aten::view_as_complex")
         raise RuntimeError(f"view_as_complex is only supported for floating point tensors, but got a tensor of "
                            f"scalar type: {x.dtype}")
     if x.dim() == 0 or x.shape[-1] != 2:
@@ -64,8 +63,7 @@ def conj_physical(x):
 def _check_parts(op, a, b):
     for t in (a, b):
         if t.dtype == torch.float16:
-            raise RuntimeError(f"{op}: float16 parts make complex32, which the xla device does not support; "
-                               f"convert them to float32 first")
+            raise UnsupportedDtype(torch.complex32, f"aten::{op}")
     if a.dtype not in (torch.float32, torch.float64) or b.dtype not in (torch.float32, torch.float64):
         raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got {a.dtype} and {b.dtype}")
     if a.dtype != b.dtype:
