@@ -150,6 +150,8 @@ EXPECTED = [
     X('linalg.det', 'fwd', 'fallback', 'fallback: no XLA lowering yet, counted CPU fallback (_linalg_det)'),
     X('linalg.eig', 'bwd', 'fallback',
       'fallback: no XLA lowering yet for the linalg.solve its backward calls (_linalg_solve_ex, _linalg_check_errors)'),
+    X('linalg.eigvals', 'bwd', 'fallback',
+      'fallback: no XLA lowering yet for the linalg.solve its backward calls (_linalg_solve_ex, _linalg_check_errors)'),
     X('linalg.eigh', 'bwd', 'fallback', 'fallback: no XLA lowering yet, counted CPU fallback (_linalg_eigh)'),
     X('linalg.eigh', 'fwd', 'fallback', 'fallback: no XLA lowering yet, counted CPU fallback (_linalg_eigh)'),
     X('linalg.eigvalsh', 'bwd', 'fallback',
