@@ -285,7 +285,33 @@ def test_save_load_and_deepcopy():
     y = torch.load(buf, map_location="cpu")["z"]
     assert y.device.type == "cpu"
     torch.testing.assert_close(y, c)
+    buf.seek(0)
+    z = torch.load(buf)["z"]  # weights_only=True, back onto the device
+    assert z.device.type == "xla" and z.dtype == torch.complex64
+    torch.testing.assert_close(z.cpu(), c)
     d = copy.deepcopy(x)
     d.mul_(1j)
     torch.testing.assert_close(x.cpu(), c)
     torch.testing.assert_close(d.cpu(), c * 1j)
+
+
+def test_vdot_and_vecdot_conjugate_the_first_operand():
+    a, b = _c(5, seed=3), _c(5, seed=4)
+    assert_matches_cpu(torch.vdot, a, b)
+    assert_matches_cpu(torch.linalg.vecdot, a, b)
+    assert_matches_cpu(torch.linalg.vecdot, _c(2, 5), _c(2, 5, seed=1))
+
+
+@pytest.mark.filterwarnings("ignore:torch_xla_core")
+def test_cpu_fallback_honours_conjugate_views_inside_the_kernel():
+    # linalg.pinv runs through the counted CPU fallback; its CPU kernel takes
+    # mH (a conjugate view) internally, which must not be ignored there
+    a = _c(5, 5, seed=5)
+    assert_matches_cpu(torch.linalg.pinv, a, atol=1e-4, rtol=1e-4, no_fallback=False)
+
+
+def test_complex_fill_values():
+    x = _c(2, 3)
+    assert_matches_cpu(lambda t: torch.constant_pad_nd(t, (1, 2), 1 - 2j), x)
+    assert_matches_cpu(lambda t, i: t.index_fill(1, i, 3 + 4j), x, torch.tensor([0, 2]))
+    assert_matches_cpu(lambda t, i: t.index_fill(0, i, -1j), x, torch.tensor([1]))

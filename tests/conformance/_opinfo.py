@@ -49,7 +49,8 @@ DTYPES = {"ci": (torch.float32,), "full": (torch.float32, torch.bfloat16, torch.
 # (atol, rtol): XLA:CPU's transcendental approximations and summation order
 # differ from ATen's by a few ulps, and convolutions accumulate in another
 # order (conv2d, conv_transpose3d: up to 5e-5 apart on values of order 10).
-FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2)}
+FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2), torch.complex64: (1e-4, 1e-5),
+             torch.complex128: (1e-7, 1e-7)}
 
 # Ops whose values depend on a random stream (or are uninitialized memory):
 # compared by shape/dtype/device only. test_opinfo checks every name exists.

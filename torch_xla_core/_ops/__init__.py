@@ -206,6 +206,25 @@ def full_like(x, value, dtype=None):
     return full(list(x.shape), value, dtype or x.dtype)
 
 
+_VIEW_KEYS = [torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative, torch._C.DispatchKey.ZeroTensor]
+
+
+class _cpu_view_keys:
+    """Inside __torch_dispatch__ torch excludes the dispatch keys above Python,
+    among them Conjugate/Negative/ZeroTensor: a CPU kernel that makes conj
+    views internally (linalg.pinv's mH) would then ignore the conjugate bit
+    and return wrong values. The fallback's CPU call re-enables them."""
+
+    def __enter__(self):
+        self.saved = [torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in _VIEW_KEYS]
+        for k in _VIEW_KEYS:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, False)
+
+    def __exit__(self, *exc):
+        for k, was in zip(_VIEW_KEYS, self.saved):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, was)
+
+
 def _fallback(func):
     ns, base = func._schema.name.split("::")
     name = (base if ns == "aten" else f"{ns}::{base}") + (
@@ -226,7 +245,8 @@ def _fallback(func):
         cpu_flat = [to_cpu(x) for x in flat]
         cargs, ckwargs = torch.utils._pytree.tree_unflatten(cpu_flat, spec)
         try:
-            r = func(*cargs, **ckwargs)
+            with _cpu_view_keys():
+                r = func(*cargs, **ckwargs)
         except NotImplementedError as e:
             raise NotImplementedError(f"{func._schema.name} is not supported on the xla device: it has no XLA lowering "
                                       f"and no CPU fallback ({e})") from None

@@ -211,6 +211,8 @@ def constant_pad_nd(x, pad, value=0):
     lo, hi = [0] * r, [0] * r
     for i in range(len(pad) // 2):
         lo[r - 1 - i], hi[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if isinstance(value, complex):  # the imaginary part rides as a 4th attribute
+        return _op(OP.pad, (x._lt,), (lo, hi, value.real, value.imag))
     return _op(OP.pad, (x._lt,), (lo, hi, float(value)))
 
 
