@@ -195,6 +195,13 @@ def test_fft_matches_cpu(fn):
     _no_fallback_since(before)
 
 
+def test_fft_float64_gives_complex128():
+    x = torch.randn(3, 10, dtype=torch.float64)
+    for fn in (torch.fft.rfft, torch.fft.fft, lambda t: torch.fft.irfft(torch.fft.rfft2(t), n=10)):
+        out = assert_matches_cpu(fn, x, atol=1e-10, rtol=1e-10)
+        assert out.dtype == fn(x).dtype
+
+
 def test_fft_lowers_to_stablehlo_fft():
     from torch_xla_core import debug
     x = torch.randn(4, 16).to(DEV)
@@ -213,13 +220,16 @@ def test_stft_istft_match_cpu():
     assert_matches_cpu(f, x, w, atol=1e-4, rtol=1e-4)
 
 
-def test_linalg_eig_matches_cpu():
-    a = torch.randn(2, 4, 4, dtype=torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_linalg_eig_matches_cpu(dtype):
+    before = dict(txc.metrics.fallbacks())
+    a = torch.randn(2, 4, 4, dtype=dtype)
     w, v = torch.linalg.eig(a.to(DEV))
     wc, vc = torch.linalg.eig(a)
     torch.testing.assert_close(w.cpu(), wc)
     torch.testing.assert_close(v.cpu(), vc)
     torch.testing.assert_close(torch.linalg.eigvals(a.to(DEV)).cpu(), torch.linalg.eigvals(a))
+    _no_fallback_since(before)  # one call_jax node (LAPACK geev on CPU, as torch's kernel)
 
 
 def test_gradients_through_complex_paths_to_a_real_loss():
