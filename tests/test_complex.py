@@ -325,3 +325,21 @@ def test_complex_fill_values():
     assert_matches_cpu(lambda t: torch.constant_pad_nd(t, (1, 2), 1 - 2j), x)
     assert_matches_cpu(lambda t, i: t.index_fill(1, i, 3 + 4j), x, torch.tensor([0, 2]))
     assert_matches_cpu(lambda t, i: t.index_fill(0, i, -1j), x, torch.tensor([1]))
+
+
+@pytest.mark.parametrize("fn", [torch.tanh, torch.sigmoid, torch.nn.functional.tanhshrink, torch.exp, torch.sqrt])
+def test_complex_backward_conjugates_like_torch(fn):
+    # torch's complex gradients are conjugate Wirtinger: tanh' is conj(1 - y^2)
+    a = _c(6, seed=7).requires_grad_()
+    assert_matches_cpu(lambda t: torch.view_as_real(fn(t)), a, atol=1e-4, rtol=1e-4)
+
+
+def test_as_strided_over_a_dtype_changing_view():
+    # strides count elements of the view's dtype; writes reach the real storage
+    r = torch.arange(8.0)
+    rx = r.to(DEV)
+    for t in (r, rx):
+        v = torch.view_as_complex(t.view(4, 2))
+        v.as_strided((2,), (2,), 1).mul_(1j)
+        torch.view_as_real(v[:2]).as_strided((3,), (1,), 1).add_(10)
+    torch.testing.assert_close(rx.cpu(), r)

@@ -143,3 +143,23 @@ def _efficient_zeros(size, *, dtype=None, layout=None, device=None, pin_memory=N
 
 
 register("_efficientzerotensor", _efficient_zeros)
+
+
+def root_as(lt, dtype):
+    """The whole storage of LazyTensor lt (its root) read as `dtype`, a view:
+    for as_strided over a view_as_real/view_as_complex view, whose strides
+    count elements of the view's dtype, not of the storage's. Writes through
+    the result reach the storage."""
+    from .._dtypes import CODE
+    root = lt.root()
+    have = root.dtype
+    if have == CODE[dtype]:
+        return root
+    import math
+    n = math.prod(root.shape)
+    from .._tensor import _view
+    if dtype.is_complex:  # a real storage of 2n floats read as n complex numbers
+        if n % 2:
+            raise RuntimeError(f"as_strided: a {dtype} view of a storage of {n} real elements (an odd number)")
+        return _view(OP.view_as_complex, _view(OP.reshape, root, ([n // 2, 2],)), ())
+    return _view(OP.reshape, _view(OP.view_as_real, root, ()), ([2 * n],))

@@ -247,7 +247,8 @@ def as_strided(x, size, stride, storage_offset=None):
         raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: "
                            f"{list(stride)}")
     # Over the whole storage (x may be a view into it), as CPU's as_strided.
-    return wrap(_view(OP.as_strided, x._lt.root(), (list(size), list(stride), off)))
+    from .complex import root_as  # the storage in x's dtype (x may be a view_as_real/complex view)
+    return wrap(_view(OP.as_strided, root_as(x._lt, x.dtype), (list(size), list(stride), off)))
 
 
 @impl(aten.as_strided_scatter.default)
