@@ -89,7 +89,7 @@ def v(x):
             try:
                 return (x.item(), _dtypes.code(x.dtype))
             except _dtypes.UnsupportedDtype as e:  # RuntimeError: torch's operators swallow TypeError
-                raise RuntimeError(str(e.at("a complex 0-d CPU tensor operand"))) from None
+                raise RuntimeError(str(e.at("a 0-d CPU tensor operand"))) from None
         raise device_error(x)
     return x
 
@@ -113,8 +113,6 @@ def device_mismatch(args, kwargs):
 def _operand_fallback(x):
     """Core operand for what the core does not take directly (called from C++)."""
     r = v(x)
-    if isinstance(x, complex):  # RuntimeError: torch's operators swallow TypeError
-        raise RuntimeError(str(_dtypes.UnsupportedDtype(torch.complex64, "a complex Python number operand")))
     if r is x:
         raise TypeError(f"unsupported operand of type {type(x).__name__} for an xla op")
     return r

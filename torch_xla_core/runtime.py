@@ -83,7 +83,9 @@ def scalar(value, dtype_code: int):
     A float is keyed by its bits: 0.0 and -0.0 (or NaNs with different
     payloads) compare equal but are different values. The number is cast as
     torch casts a scalar: integers wrap (-1 -> 255 in uint8), floats truncate."""
-    key = (_F64.pack(value) if type(value) is float else value, dtype_code)
+    tv = type(value)
+    key = (_F64.pack(value) if tv is float else
+           _F64.pack(value.real) + _F64.pack(value.imag) if tv is complex else value, dtype_code)
     buf = _scalars.get(key)
     if buf is None:
         buf = _put(np.asarray(value).astype(_dtypes.NUMPY[dtype_code]), devices()[0])
@@ -123,7 +125,7 @@ def _put(a: np.ndarray, device):
 def to_device(t: torch.Tensor, device_index: int = 0):
     """Copies a CPU tensor to the device; returns the device buffer."""
     with metrics.timed("transfer_to_device"):
-        t = t.detach().contiguous()
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
         if t.dtype == torch.bfloat16:
             a = t.view(torch.int16).numpy().view(_dtypes.NUMPY[_dtypes.BF16])
         else:

@@ -33,6 +33,7 @@ struct Node {
   // Payload of parameter nodes (not hashed): device data, or a Python number.
   pybind11::object data;
   double scalar = 0;
+  double scalar_imag = 0;  // a complex Python number's imaginary part
   bool wrapped = false;  // a Python number: weakly typed in promotion
   // Data nodes: the memory space their buffer lives in (MemoryKind, see
   // ops/placement.h). Not hashed: the executor's cache key carries the

@@ -83,6 +83,11 @@ std::string LowerCtx::convert(const std::string& v, DType from, DType to, const 
   if (from == to) return v;
   // torch: nonzero -> true; stablehlo.convert agrees, but be explicit
   if (to == DType::Bool) return compare(v, constant(0, from, d), from, d, "NE");
+  if (is_complex(from) && !is_complex(to)) {  // torch keeps the real part
+    DType part = real_part_dtype(from);
+    std::string re = op("stablehlo.real", {v}, {type(from, d)}, type(part, d));
+    return convert(re, part, to, d);
+  }
   return op("stablehlo.convert", {v}, {type(from, d)}, type(to, d));
 }
 
@@ -107,6 +112,8 @@ std::string LowerCtx::reshape(const std::string& v, DType t, const Dims& from, c
 }
 
 std::string LowerCtx::literal(double v, DType t) {
+  // A complex element is "(re, im)" (MLIR's dense complex literal).
+  if (is_complex(t)) return complex_literal(v, 0, t);
   char buf[64];
   if (t == DType::Bool) return v != 0 ? "true" : "false";
   if (is_integral(t)) {
@@ -129,6 +136,17 @@ std::string LowerCtx::literal(double v, DType t) {
   }
   std::snprintf(buf, sizeof buf, "%.17e", v);
   return buf;
+}
+
+std::string LowerCtx::complex_literal(double re, double im, DType t) {
+  DType part = real_part_dtype(t);
+  return "(" + literal(re, part) + ", " + literal(im, part) + ")";
+}
+
+std::string LowerCtx::complex_constant(double re, double im, DType t, const Dims& d) {
+  std::string c = op("stablehlo.constant", {}, {}, type(t, {}),
+                     "value = dense<" + complex_literal(re, im, t) + "> : " + type(t, {}));
+  return broadcast(c, t, {}, d);
 }
 
 std::string LowerCtx::constant(double v, DType t, const Dims& d) {

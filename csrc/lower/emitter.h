@@ -61,6 +61,8 @@ class LowerCtx {
                           const std::function<void()>& emit);
   static std::string i64_array(const Dims& d);  // "array<i64: 1, 2>"
   static std::string literal(double v, DType t);  // constant element text
+  static std::string complex_literal(double re, double im, DType t);  // "(re, im)" for a complex t
+  std::string complex_constant(double re, double im, DType t, const Dims& d = {});
 
   // ---- building blocks: made of the calls above and defined inline below,
   // so extensions (ext/extension.h) get them with no entry of their own.
@@ -123,7 +125,7 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
                         std::vector<int>* line_node = nullptr);
 
 inline const char* LowerCtx::comparison_type(DType t) {
-  return is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
+  return is_floating(t) || is_complex(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
 }
 
 inline std::string LowerCtx::compare_props(DType t, const char* direction, const char* as) {

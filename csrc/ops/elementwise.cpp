@@ -16,7 +16,20 @@ enum class Kind {
   Compare,  // computed in the promoted dtype, result bool
   Logical,  // operands as bool, result bool
   Integral, // integers and bools only
+  ToReal,   // result = the real counterpart of the promoted dtype (abs of complex64 is float32)
 };
+
+// Ops defined on complex operands (StableHLO and torch agree on their complex
+// meaning); the others refuse complex tensors at trace time, as torch does.
+bool complex_ok(const std::string& op) {
+  static const char* ok[] = {"neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sigmoid",
+                             "sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "reciprocal", "isnan",
+                             "logical_not", "add", "sub", "mul", "div", "pow", "logical_and", "logical_or",
+                             "logical_xor", "eq", "ne", "conj", "real", "imag", "angle"};
+  for (const char* o : ok)
+    if (op == o) return true;
+  return false;
+}
 
 DType promoted(const Node& n) {
   ResultType rt;
@@ -35,10 +48,12 @@ void infer(Node& n, Kind k) {
   Dims d = n.operands[0]->dims;
   for (size_t i = 1; i < n.operands.size(); ++i) d = broadcast_dims(n, d, n.operands[i]->dims);
   DType c = compute_dtype(n, k);
-  if (k == Kind::Integral && is_floating(c))
-    op_error(n, std::string("not defined for floating-point tensors (got ") + dtype_name(c) + ")");
+  if (k == Kind::Integral && (is_floating(c) || is_complex(c)))
+    op_error(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
+  if (is_complex(c) && !complex_ok(op_def(n.op).name))
+    op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
   n.dims = std::move(d);
-  n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : c;
+  n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : k == Kind::ToReal ? real_part_dtype(c) : c;
 }
 
 std::vector<std::string> coerced(LowerCtx& cx, const Node& n, DType c) {
@@ -56,7 +71,7 @@ uint16_t simple(const char* name, int arity, Kind k, const char* hlo) {
         DType c = compute_dtype(n, k);
         auto args = coerced(cx, n, c);
         std::vector<std::string> types(args.size(), LowerCtx::type(c, n.dims));
-        return cx.op(hlo_s, args, types, LowerCtx::type(c, n.dims));
+        return cx.op(hlo_s, args, types, LowerCtx::type(n.dtype, n.dims));
       }});
 }
 
@@ -74,6 +89,22 @@ uint16_t comparison(const char* name, const char* dir) {
     return cx.compare(a[0], a[1], c, n.dims, dir);
   });
 }
+
+// complex(real, imag): both real, promoted; the result is the complex dtype
+// of their promoted type (float64 -> complex128, others -> complex64).
+const uint16_t reg_complex = register_op(OpDef{
+    "complex", 2,
+    [](Node& n) {
+      infer(n, Kind::Float);
+      if (is_complex(n.dtype)) op_error(n, "expects real (floating-point) parts, got complex ones");
+      n.dtype = complex_dtype_of(n.dtype);
+    },
+    [](LowerCtx& cx, const Node& n) {
+      DType part = real_part_dtype(n.dtype);
+      auto re = cx.coerce(n, 0, part, n.dims), im = cx.coerce(n, 1, part, n.dims);
+      auto pty = LowerCtx::type(part, n.dims);
+      return cx.op("stablehlo.complex", {re, im}, {pty, pty}, LowerCtx::type(n));
+    }});
 
 // Rounds floats toward zero: sign(v) * floor(|v|).
 std::string round_toward_zero(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
@@ -129,11 +160,24 @@ Emit nan_ignoring(const char* hlo) {
                      n.dims);
   };
 }
+}  // namespace
+
+// The complex conjugate of v (dtype t); v itself for real t (also used by ops/complex.cpp).
+std::string complex_conj(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
+  if (!is_complex(t)) return v;
+  DType part = real_part_dtype(t);
+  auto ty = LowerCtx::type(t, d), pty = LowerCtx::type(part, d);
+  auto re = cx.op("stablehlo.real", {v}, {ty}, pty);
+  auto im = cx.unary("stablehlo.negate", cx.op("stablehlo.imag", {v}, {ty}, pty), part, d);
+  return cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty);
+}
+
+namespace {
 
 // -- unary --------------------------------------------------------------
 [[maybe_unused]] const uint16_t reg_unary[] = {
     simple("neg", 1, Kind::Same, "stablehlo.negate"),
-    simple("abs", 1, Kind::Same, "stablehlo.abs"),
+    simple("abs", 1, Kind::ToReal, "stablehlo.abs"),
     simple("sign", 1, Kind::Same, "stablehlo.sign"),
     simple("exp", 1, Kind::Float, "stablehlo.exponential"),
     simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one"),
@@ -166,6 +210,33 @@ Emit nan_ignoring(const char* hlo) {
     custom("trunc", 1, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
              return is_floating(c) ? round_toward_zero(cx, a[0], c, n.dims) : a[0];
+           }),
+    // Complex parts and conjugate; on real tensors real/conj are the identity.
+    custom("real", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return is_complex(c) ? cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
+                                  : a[0];
+           }),
+    custom("imag", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return is_complex(c) ? cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
+                                  : cx.constant(0, c, n.dims);
+           }),
+    custom("conj", 1, Kind::Same,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return complex_conj(cx, a[0], c, n.dims); }),
+    // angle: atan2(imag, real); for real x, pi where x < 0, else 0 (NaN stays NaN), as torch.
+    custom("angle", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             DType r = n.dtype;
+             if (is_complex(c)) {
+               auto re = cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+               auto im = cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+               return cx.binary("stablehlo.atan2", im, re, r, n.dims);
+             }
+             auto x = cx.convert(a[0], c, r, n.dims);
+             auto neg = cx.compare(x, cx.constant(0, r, n.dims), r, n.dims, "LT");
+             auto v = cx.select(neg, cx.constant(M_PI, r, n.dims), cx.constant(0, r, n.dims), r, n.dims);
+             return cx.select(cx.compare(x, x, r, n.dims, "NE"), x, v, r, n.dims);
            }),
     custom("isnan", 1, Kind::Compare,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return cx.compare(a[0], a[0], c, n.dims, "NE"); }),

@@ -102,6 +102,7 @@ std::shared_ptr<Body> build_body(const std::vector<NodePtr>& params, const std::
       c->attrs = n->attrs;
       c->body = n->body;
       c->scalar = n->scalar;
+      c->scalar_imag = n->scalar_imag;
       c->wrapped = n->wrapped;
       c->operands.reserve(n->operands.size());
       for (const auto& o : n->operands) c->operands.push_back(m.at(o.get()));

@@ -23,10 +23,11 @@ struct Wrapper {
   std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
 } g_wrap;
 
-NodePtr scalar_node(double v, DType t, bool wrapped) {
+NodePtr scalar_node(double v, DType t, bool wrapped, double imag = 0) {
   static const uint16_t scalar = op_id("scalar");
   auto n = make_node_shaped(scalar, {}, {}, t, {});
   n->scalar = v;
+  n->scalar_imag = imag;
   n->wrapped = wrapped;
   return n;
 }
@@ -147,8 +148,15 @@ NodePtr operand(py::handle h, bool& has_wrapped) {
     has_wrapped = true;
     return scalar_node(PyFloat_AS_DOUBLE(h.ptr()), DType::F64, true);
   }
+  if (PyComplex_Check(h.ptr())) {
+    has_wrapped = true;
+    return scalar_node(PyComplex_RealAsDouble(h.ptr()), DType::C64, true, PyComplex_ImagAsDouble(h.ptr()));
+  }
   if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) {  // (number, dtype): a 0-d host tensor
     auto t = h.cast<py::tuple>();
+    PyObject* num = t[0].ptr();
+    if (PyComplex_Check(num))
+      return scalar_node(PyComplex_RealAsDouble(num), DType(t[1].cast<int>()), false, PyComplex_ImagAsDouble(num));
     return scalar_node(t[0].cast<double>(), DType(t[1].cast<int>()), false);
   }
   if (g_wrap.fallback) {  // e.g. a 0-d CPU tensor -> (number, dtype); raises for others

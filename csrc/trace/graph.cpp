@@ -224,6 +224,9 @@ py::list GraphCut::params() const {
   for (const Node* p : params_) {
     if (p->op == data) {
       l.append(p->data);
+    } else if (is_complex(p->dtype)) {
+      l.append(py::make_tuple(py::reinterpret_steal<py::object>(PyComplex_FromDoubles(p->scalar, p->scalar_imag)),
+                              int(p->dtype)));
     } else if (is_floating(p->dtype)) {
       l.append(py::make_tuple(p->scalar, int(p->dtype)));
     } else {

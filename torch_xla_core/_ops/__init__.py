@@ -201,13 +201,32 @@ def assign(self: XlaTensor, r) -> None:
 def _tname(dt):
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
             torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool"}.get(dt, str(dt))
+            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
 def full_like(x, value, dtype=None):
-    from .._dtypes import code
-    dtype = dtype or x.dtype
-    return _tensor.op("full", attrs=(float(value), code(dtype), list(x.shape)))
+    from .factory import full
+    return full(list(x.shape), value, dtype or x.dtype)
+
+
+_VIEW_KEYS = [torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative, torch._C.DispatchKey.ZeroTensor]
+
+
+class _cpu_view_keys:
+    """Inside __torch_dispatch__ torch excludes the dispatch keys above Python,
+    among them Conjugate/Negative/ZeroTensor: a CPU kernel that makes conj
+    views internally (linalg.pinv's mH) would then ignore the conjugate bit
+    and return wrong values. The fallback's CPU call re-enables them."""
+
+    def __enter__(self):
+        self.saved = [torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in _VIEW_KEYS]
+        for k in _VIEW_KEYS:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, False)
+
+    def __exit__(self, *exc):
+        for k, was in zip(_VIEW_KEYS, self.saved):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, was)
 
 
 def _fallback(func):
@@ -230,7 +249,8 @@ def _fallback(func):
         cpu_flat = [to_cpu(x) for x in flat]
         cargs, ckwargs = torch.utils._pytree.tree_unflatten(cpu_flat, spec)
         try:
-            r = func(*cargs, **ckwargs)
+            with _cpu_view_keys():
+                r = func(*cargs, **ckwargs)
         except NotImplementedError as e:
             raise NotImplementedError(f"{func._schema.name} is not supported on the xla device: it has no XLA lowering "
                                       f"and no CPU fallback ({e})") from None
@@ -259,3 +279,4 @@ def load_all():
     from . import linalg_lapack  # noqa: F401
     from . import special  # noqa: F401
     from . import order, misc, nn_extra, nn_grads  # noqa: F401
+    from . import complex, fft  # noqa: F401

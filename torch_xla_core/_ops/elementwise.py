@@ -201,16 +201,22 @@ def silu_backward(grad, x):
     return _op(OP.silu_backward, (grad._lt, x._lt), ())
 
 
+def _conj_of(y):
+    return _op(OP.conj, (y._lt,), ()) if y.is_complex() else y
+
+
 @impl(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
-    # grad * y * (1 - y)
+    # grad * conj(y * (1 - y))
+    y = _conj_of(y)
     one_minus = _make(_OP_SUB, (1, y._lt), ())
     return _op(_OP_MUL, (grad._lt, _make(_OP_MUL, (y._lt, one_minus), ())), ())
 
 
 @impl(aten.tanh_backward.default)
 def tanh_backward(grad, y):
-    # grad * (1 - y^2)
+    # grad * conj(1 - y^2)
+    y = _conj_of(y)
     return _op(_OP_MUL, (grad._lt, _make(_OP_SUB, (1, _make(_OP_MUL, (y._lt, y._lt), ())), ())), ())
 
 
@@ -270,14 +276,6 @@ def copy_(dst, src, non_blocking=False):
         src = src.expand(dst.shape)
     assign(dst, _tensor.from_cpu(src))
     return dst
-
-
-@impl(aten.copy.default)
-def copy(dst, src, non_blocking=False):
-    """Functional copy_: a new tensor with dst's shape and dtype holding src."""
-    from .. import _tensor
-    out = _tensor.op("alias", dst)
-    return copy_(out, src if isinstance(src, XlaTensor) else src.to(dst.device))
 
 
 @impl(aten.fill_.Scalar, aten.fill_.Tensor)

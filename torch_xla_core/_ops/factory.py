@@ -27,6 +27,12 @@ def sizes(shape):
 
 
 def full(shape, value, dtype):
+    if isinstance(value, complex) or dtype.is_complex:  # the imaginary part rides as a 4th attribute
+        value = complex(value)
+        if not dtype.is_complex:
+            raise RuntimeError(f"value cannot be converted to type {dtype} without overflow: a complex fill value "
+                               f"{value} for a real tensor")
+        return _op(OP.full, (), (value.real, code(dtype), sizes(shape), value.imag))
     return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
 
 
@@ -60,8 +66,8 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
 
 
 def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    if isinstance(fill_value, complex) or (dtype is not None and dtype.is_complex):
-        raise UnsupportedDtype(dtype if dtype is not None else torch.complex64)
+    if dtype is None and isinstance(fill_value, complex):
+        dtype = torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
     if dtype is None:
         dtype = (torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int)
                  else torch.get_default_dtype())

@@ -47,10 +47,10 @@ _lock = threading.Lock()
 _TORCH_TO_JAX = {
     torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
     torch.int64: "int64", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-    torch.float64: "float64",
+    torch.float64: "float64", torch.complex64: "complex64", torch.complex128: "complex128",
 }
 _JAX_TO_TORCH = {v: k for k, v in _TORCH_TO_JAX.items()}
-_WIDE = (torch.int64, torch.float64)
+_WIDE = (torch.int64, torch.float64, torch.complex128)
 _CALLBACK_MARKERS = ("xla_python_cpu_callback", "xla_ffi_python_cpu_callback", "xla_python_gpu_callback",
                      "xla_ffi_python_gpu_callback", "!stablehlo.token", "tpu_interpret", "callback")
 _SYMBOL = re.compile(r"^\s*(?:func\.func|sdy\.mesh)\s+(?:public\s+|private\s+|nested\s+)?@([\w$.\-]+)", re.M)
