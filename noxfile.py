@@ -80,8 +80,10 @@ def wheels(session: nox.Session) -> None:
                     "--venv", session.virtualenv.location, *fargs, env=env)
     if "--no-tests" not in skip and "--no-install-check" not in skip and not fargs:
         # this venv now has torch, jax and a flavor installed, as conftest needs
+        # test_release.py: each flavor's wheel from an index of its own, as users type it
         session.run("pytest", "-m", "packaging", "tests/test_build_flavors.py",
-                    "tests/test_extras.py", "tests/test_extension.py", "-q", "-rs",
+                    "tests/test_extras.py", "tests/test_extension.py",
+                    "tests/test_release.py", "-q", "-rs",
                     env={"TXC_WHEELHOUSE": str(ROOT / "wheelhouse")})
 
 

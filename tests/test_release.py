@@ -207,21 +207,21 @@ def ci_index(request, tmp_path_factory):
     got = {f.name: wheels.one_wheel(Path(house) / f.name) for f in MATRIX}
     for f in MATRIX:
         pyindex.write_index(tmp, f.name, [got[f.name]], flavors.DIST, ">=3.11")
+    py = _venv_without_torch(tmp / "venv")  # one for both flavors (--force-reinstall)
     with pyindex.served(tmp) as url:
-        yield url, got
+        yield url, got, py
 
 
 @pytest.mark.packaging
 @pytest.mark.parametrize("name", MATRIX.names())
-def test_ci_wheels_install_from_their_index(ci_index, name, tmp_path):
+def test_ci_wheels_install_from_their_index(ci_index, name):
     """`pip install torch_xla_core --extra-index-url .../<flavor>/simple`
     (the machine's own pip configuration kept, as a user's is) installs the
     flavor's wheel; its core reports the flavor, without torch."""
-    url, got = ci_index
+    url, got, py = ci_index
     f = MATRIX[name]
     simple = f"{url}/{name}/simple"
     assert _resolve(flavors.DIST, "--extra-index-url", simple) == (got[name].name, f.version(BASE))
-    py = _venv_without_torch(tmp_path / "venv")
     info = _install_and_probe(py, f, flavors.DIST, "--extra-index-url", simple)
     assert (info["flavor"], info["version"]) == (name, f.version(BASE))
 
