@@ -78,6 +78,18 @@ def test_cibuildwheel_selects_the_matrix():
     assert ids == [f"{flavors.cp_tag(v)}-manylinux_x86_64" for v in MATRIX.pythons]
 
 
+def test_image_tags_follow_the_python_list():
+    """Image tags r<version>_<python>_<platform>_<flavor> name a Python of
+    the list (the default one unless asked) and refuse any other."""
+    import images  # build/images.py
+    f = MATRIX[MATRIX.default]
+    assert images.tag(BASE, f) == f"r{BASE}_{MATRIX.default_python}_cpu_{f.image_suffix}"
+    assert [images.tag(BASE, f, python=v).split("_")[1] for v in MATRIX.pythons] == \
+        list(MATRIX.pythons)
+    with pytest.raises(ValueError, match=r"Python '3\.10' is not in build/flavors.toml"):
+        images.tag(BASE, f, python="3.10")
+
+
 def test_interpreter_lookup_names_what_it_passed_over(monkeypatch):
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     monkeypatch.setattr(release, "interpreter_candidates", lambda v: [Path(sys.executable)])
