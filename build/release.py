@@ -368,7 +368,8 @@ def verify_python(version: str, py: Path, flavors: list[fl.Flavor], url: str) ->
         want = wheel_for(f, version).name
         simple = f"{url}/{f.name}/simple"
         offered = pyindex.listed_files(simple, fl.DIST)
-        foreign = [n for n in offered if n.split("-")[1] != f.version(base)]
+        foreign = [n for n in offered
+                   if n.removesuffix(".tar.gz").split("-")[1] != f.version(base)]
         if foreign:
             raise CheckError(f"index {f.name} offers {foreign}")
         got = {}
@@ -430,7 +431,9 @@ def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build_all: bool) 
         out[f.name] = {"command": how, "seconds": round(secs, 1), "version": version,
                        "compiled": bool(f.is_default or build_all)}
         if not f.is_default:
-            res = run([vpy, "-m", "pip", "install", "--dry-run", "--no-deps", *PIP_Q,
+            # not -q: pip says "inconsistent version" at info level
+            res = run([vpy, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                       "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
                        "--no-binary", fl.DIST, fl.DIST, "--extra-index-url",
                        f"{url}/{MATRIX.default}/simple"], what="index sdist", env=env,
                       cwd=where, ok=(0, 1))
