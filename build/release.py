@@ -267,16 +267,20 @@ def build_sdist() -> Path:
 
 
 # ---------------------------------------------------------------- metadata
+def _top(text: str, prefix: str) -> str | None:
+    """The highest `<prefix>_a.b[.c]` symbol version in auditwheel's text."""
+    vs = [tuple(map(int, v.split("."))) for v in re.findall(rf"\b{prefix}_([\d.]+\d)", text)]
+    return ".".join(map(str, max(vs))) if vs else None
+
+
 def glibc_floor(whl: Path) -> dict:
     """auditwheel show: the platform tag the wheel is consistent with and
-    the highest glibc symbol version it needs."""
+    the highest glibc / libstdc++ symbol versions that set it."""
     res = run(wheels.tool("auditwheel") + ["show", whl], what="auditwheel show")
     text = " ".join(res.stdout.split())
     tag = re.search(r'consistent with the following platform tag: "([^"]+)"', text)
-    glibc = re.findall(r"GLIBC_(\d+)\.(\d+)", text)
-    top = max((int(a), int(b)) for a, b in glibc) if glibc else None
-    return {"policy": tag[1] if tag else None,
-            "max_glibc_symbol": f"{top[0]}.{top[1]}" if top else None}
+    return {"policy": tag[1] if tag else None, "max_glibc_symbol": _top(text, "GLIBC"),
+            "max_glibcxx_symbol": _top(text, "GLIBCXX"), "max_cxxabi_symbol": _top(text, "CXXABI")}
 
 
 def metadata() -> dict:
@@ -289,8 +293,10 @@ def metadata() -> dict:
     floors = {}
     for whl in files[:-1]:
         floors[whl.name] = glibc_floor(whl)
-        log(f"  {whl.name}: auditwheel show -> {floors[whl.name]['policy']} "
-            f"(highest GLIBC_ symbol {floors[whl.name]['max_glibc_symbol']})")
+        g = floors[whl.name]
+        log(f"  {whl.name}: auditwheel show -> {g['policy']} (highest GLIBC_"
+            f"{g['max_glibc_symbol']}, GLIBCXX_{g['max_glibcxx_symbol']}, "
+            f"CXXABI_{g['max_cxxabi_symbol']})")
     rep["metadata"] = {"twine_check": "passed", "artifacts": [f.name for f in files],
                        "glibc": floors}
     save_report(rep)
