@@ -115,7 +115,7 @@ def release(session: nox.Session) -> None:
     venvs without torch, the sdist builds in a clean venv (both flavors),
     each cp311 wheel runs a training step in this venv (torch CPU); then
     pytest -m release. Options after --: build/release.py's (--python 3.12,
-    --flavor F, --require-all, --no-sdist-build)."""
+    --flavor F, --require-all, --sdist-build default|all|none)."""
     session.install(*WHEEL_TOOLS, "build", "twine", "cibuildwheel==4.3.3", "pytest>=8",
                     *PROJECT_DEPS)
     session.run("python", "build/release.py", "all", "--smoke", *session.posargs,

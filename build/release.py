@@ -37,7 +37,7 @@ build/assert_flavor.py (the compiled core's build_info(): flavor, ABI,
 label); resolves `==<version>[+label] -f release/wheelhouse/<flavor>`; and
 installs the sdist in a clean venv: compiled for the default flavor, and
 with TXC_ABI=precxx11 on the same file pip must accept 0.1.0+precxx11
-(compiled too with --sdist-build-all). Where this interpreter has torch (the nox session), each
+(pip's metadata step; --sdist-build all|none compiles every flavor|none). Where this interpreter has torch (the nox session), each
 flavor's wheel for it also runs docker/smoke.py: 3 traced training steps
 against eager CPU.
 """
@@ -404,13 +404,14 @@ def verify_python(version: str, py: Path, flavors: list[fl.Flavor], url: str) ->
     return out
 
 
-def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build_all: bool) -> dict:
-    """The sdist in a clean venv: `pip install <sdist>` compiles the default
+def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build: str) -> dict:
+    """The sdist in a clean venv: `pip install <sdist>` gives the default
     flavor; for each other flavor `TXC_ABI=<flavor> pip install <sdist>`
-    must report its +label version, which pip accepts for a file (compiled
-    too with build_all, else pip's metadata step only: one compile is
-    several minutes on 2 cores). From an index pip refuses that mismatch,
-    which is why the other flavor is a wheel on its own index."""
+    must report its +label version, which pip accepts for a file. build:
+    "default" compiles the default flavor (one compile is several minutes
+    on 2 cores), "all" every flavor, "none" none: pip's metadata step only.
+    From an index pip refuses the relabelled build, which is why the other
+    flavor is a wheel on its own index."""
     sd, base = sdist_path(), fl.base_version()
     where = OUT / "venvs" / "sdist"
     vpy = fresh_venv(py, where)
@@ -421,7 +422,8 @@ def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build_all: bool) 
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", os.environ.get("MAX_JOBS", "2"))
         how = ("" if f.is_default else f"{MATRIX.env_var}={f.name} ") + f"pip install {sd.name}"
         t0 = time.monotonic()
-        if f.is_default or build_all:
+        compiled = build == "all" or (build == "default" and f.is_default)
+        if compiled:
             run([vpy, "-m", "pip", "install", "--no-deps", "--force-reinstall", *PIP_Q, sd],
                 what=how, env=env, cwd=where)
             secs = time.monotonic() - t0
@@ -430,12 +432,12 @@ def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build_all: bool) 
         else:
             _, version = pip_choice(vpy, [sd], env=env)
             secs = time.monotonic() - t0
-            done = "pip's metadata step (not compiled: --sdist-build-all compiles it)"
+            done = "pip's metadata step (not compiled)"
         if version != f.version(base):
             raise CheckError(f"`{how}` gives {version}, want {f.version(base)}")
         log(f"sdist: `{how}` in a clean venv -> {version}: {done}")
         out[f.name] = {"command": how, "seconds": round(secs, 1), "version": version,
-                       "compiled": bool(f.is_default or build_all)}
+                       "compiled": compiled}
         if not f.is_default:
             # not -q: pip says "inconsistent version" at info level
             res = run([vpy, "-m", "pip", "install", "--dry-run", "--ignore-installed",
@@ -467,8 +469,8 @@ def smoke_here(flavors: list[fl.Flavor], url: str) -> dict:
     return out
 
 
-def verify(pys: dict[str, Path], flavors: list[fl.Flavor], *, sdist: bool, smoke: bool,
-           sdist_build_all: bool = False) -> None:
+def verify(pys: dict[str, Path], flavors: list[fl.Flavor], *, sdist_build: str,
+           smoke: bool) -> None:
     rep = load_report()
     rep["verify"] = {}
     with pyindex.served(OUT / "index") as url:
@@ -477,10 +479,9 @@ def verify(pys: dict[str, Path], flavors: list[fl.Flavor], *, sdist: bool, smoke
             rep["verify"][fl.cp_tag(v)] = verify_python(v, py, flavors, url)
             save_report(rep)
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        if sdist:
-            py = pys.get(MATRIX.default_python) or next(iter(pys.values()))
-            rep["verify"]["sdist"] = verify_sdist(py, flavors, url, sdist_build_all)
-            save_report(rep)
+        py = pys.get(MATRIX.default_python) or next(iter(pys.values()))
+        rep["verify"]["sdist"] = verify_sdist(py, flavors, url, sdist_build)
+        save_report(rep)
         if smoke:
             if here not in pys or run([sys.executable, "-c", "import torch"], what="probe",
                                       ok=(0, 1)).returncode:
@@ -527,10 +528,9 @@ def main(argv=None) -> int:
                    help="repeatable; default: every flavor")
     p.add_argument("--require-all", action="store_true",
                    help="fail when a Python of the matrix has no interpreter here")
-    p.add_argument("--no-sdist-build", action="store_true",
-                   help="verify: skip the sdist checks in a clean venv (one compile)")
-    p.add_argument("--sdist-build-all", action="store_true",
-                   help="verify: compile the sdist for every flavor, not only the default")
+    p.add_argument("--sdist-build", choices=["default", "all", "none"], default="default",
+                   help="verify: which flavors the sdist is compiled for in a clean venv "
+                        "(default: the default flavor; the others get pip's metadata step)")
     p.add_argument("--smoke", action="store_true",
                    help="verify: also install each flavor into THIS env (it must have "
                         "torch) and run docker/smoke.py's training step")
@@ -552,8 +552,7 @@ def main(argv=None) -> int:
         if "index" in todo:
             build_index(flavors)
         if "verify" in todo:
-            verify(pys, flavors, sdist=not a.no_sdist_build, smoke=a.smoke,
-                   sdist_build_all=a.sdist_build_all)
+            verify(pys, flavors, sdist_build=a.sdist_build, smoke=a.smoke)
         if a.command == "all":
             rep = load_report()
             rep["total_seconds"] = round(time.monotonic() - t0, 1)
