@@ -447,9 +447,11 @@ def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build: str) -> di
                       cwd=where, ok=(0, 1))
             refused = res.returncode == 1 and "inconsistent version" in res.stdout + res.stderr
             out[f.name]["from_index_refused"] = refused
-            log(f"  from the index instead (--no-binary): pip "
-                + ("refuses it (inconsistent version), as expected" if refused else
-                   f"rc={res.returncode}"))
+            if not refused:  # build/README.md says it is refused: keep that true
+                raise CheckError(f"`{how}` from an index: pip did not refuse the "
+                                 f"relabelled build (rc={res.returncode})")
+            log("  from the index instead (--no-binary): pip refuses it "
+                "(inconsistent version), as expected")
     return out
 
 
