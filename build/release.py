@@ -363,15 +363,24 @@ def assert_flavor(vpy: Path, flavor: fl.Flavor, cwd: Path) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def verify_python(version: str, py: Path, flavors: list[fl.Flavor], url: str) -> dict:
+def verify_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
+                  partial: bool = False) -> dict:
     """Per flavor: resolve by name / ==v / >=v from its index, install with
-    --no-deps, import + build_info(); resolve from find-links."""
+    --no-deps, import + build_info(); resolve from find-links. partial: a
+    flavor with no wheel for this Python is recorded as not built, not an error."""
     tag, base = fl.cp_tag(version), fl.base_version()
     where = OUT / "venvs" / tag
     vpy = fresh_venv(py, where)
-    out = {"venv": rel(where), "interpreter": str(py), "torch": None}
+    out = {"venv": rel(where), "interpreter": str(py), "torch": None, "not_built": []}
     for f in flavors:
-        want = wheel_for(f, version).name
+        try:
+            want = wheel_for(f, version).name
+        except CheckError:
+            if not partial:
+                raise
+            out["not_built"].append(f.name)
+            log(f"verify {tag} {f.name}: NOT BUILT (--partial): skipped")
+            continue
         simple = f"{url}/{f.name}/simple"
         offered = pyindex.listed_files(simple, fl.DIST)
         foreign = [n for n in offered
@@ -472,13 +481,16 @@ def smoke_here(flavors: list[fl.Flavor], url: str) -> dict:
 
 
 def verify(pys: dict[str, Path], flavors: list[fl.Flavor], *, sdist_build: str,
-           smoke: bool) -> None:
+           smoke: bool, partial: bool = False) -> None:
     rep = load_report()
     rep["verify"] = {}
+    rep["not_built"] = []
     with pyindex.served(OUT / "index") as url:
         log(f"serving release/index at {url} (<flavor>/simple)")
         for v, py in pys.items():
-            rep["verify"][fl.cp_tag(v)] = verify_python(v, py, flavors, url)
+            res = verify_python(v, py, flavors, url, partial)
+            rep["verify"][fl.cp_tag(v)] = res
+            rep["not_built"] += [f"{fl.cp_tag(v)}-{n}" for n in res["not_built"]]
             save_report(rep)
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         py = pys.get(MATRIX.default_python) or next(iter(pys.values()))
@@ -514,6 +526,8 @@ def summary() -> None:
                           if isinstance(v, dict))
         print(f"{Path(s['file']).name:<78} {s['bytes'] / 1024:>6.0f} {s['build_seconds']:>8.0f}"
               f"  source; built in a clean venv ({built or 'not verified'})")
+    if rep.get("not_built"):
+        print(f"NOT BUILT (--partial run): {', '.join(rep['not_built'])}")
     if rep.get("pythons_missing"):
         print(f"not built (no interpreter here): Python {', '.join(rep['pythons_missing'])}")
     if "total_seconds" in rep:
@@ -533,6 +547,9 @@ def main(argv=None) -> int:
     p.add_argument("--sdist-build", choices=["default", "all", "none"], default="default",
                    help="verify: which flavors the sdist is compiled for in a clean venv "
                         "(default: the default flavor; the others get pip's metadata step)")
+    p.add_argument("--partial", action="store_true",
+                   help="verify: a Python lacking a flavor's wheel (a run cut short) is "
+                        "recorded in report.json `not_built` instead of failing")
     p.add_argument("--smoke", action="store_true",
                    help="verify: also install each flavor into THIS env (it must have "
                         "torch) and run docker/smoke.py's training step")
@@ -554,7 +571,7 @@ def main(argv=None) -> int:
         if "index" in todo:
             build_index(flavors)
         if "verify" in todo:
-            verify(pys, flavors, sdist_build=a.sdist_build, smoke=a.smoke)
+            verify(pys, flavors, sdist_build=a.sdist_build, smoke=a.smoke, partial=a.partial)
         if a.command == "all":
             rep = load_report()
             rep["total_seconds"] = round(time.monotonic() - t0, 1)

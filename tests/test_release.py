@@ -262,10 +262,12 @@ def test_release_has_every_artifact(rel):
     assert set(found) <= set(MATRIX.pythons) and set(found).isdisjoint(rep["pythons_missing"])
     for v in rep["pythons_missing"]:
         assert release.find_python(v)[0] is None, f"Python {v} is here but was not built"
+    not_built = rep.get("not_built", [])  # only a --partial run has any
     for f in MATRIX:
         whls = sorted((d / "wheelhouse" / f.name).glob("*.whl"))
         tags = sorted(wheels.parse_wheel_name(w)["py"] for w in whls)
-        assert tags == sorted(flavors.cp_tag(v) for v in found)
+        assert tags == sorted(flavors.cp_tag(v) for v in found
+                              if f"{flavors.cp_tag(v)}-{f.name}" not in not_built)
         assert {wheels.parse_wheel_name(w)["version"] for w in whls} == {f.version(BASE)}
     (sd,) = (d / "sdist").glob("*.tar.gz")
     assert sd.name == f"{flavors.DIST}-{BASE}.tar.gz"
@@ -273,7 +275,8 @@ def test_release_has_every_artifact(rel):
         names = set(t.getnames())
     assert {f"{flavors.DIST}-{BASE}/{m}" for m in release.SDIST_MUST_HOLD} <= names
     assert rep["metadata"]["twine_check"] == "passed"
-    assert len(rep["metadata"]["artifacts"]) == len(MATRIX.names()) * len(found) + 1
+    assert len(rep["metadata"]["artifacts"]) == \
+        len(MATRIX.names()) * len(found) - len(not_built) + 1
 
 
 @pytest.mark.release
@@ -314,6 +317,8 @@ def test_release_pip_resolves_as_users_type_it(rel, version, interp, tmp_path):
     py = _venv_without_torch(tmp_path / "venv", interp)
     tag = flavors.cp_tag(version)
     for f in MATRIX:
+        if f"{tag}-{f.name}" in rep.get("not_built", []):
+            continue  # a --partial run: test_release_has_every_artifact checks the list
         (want,) = [w.name for w in (d / "wheelhouse" / f.name).glob(f"*-{tag}-*.whl")]
         simple = f"{url}/{f.name}/simple"
         for req in [flavors.DIST, f"{flavors.DIST}=={BASE}", f"{flavors.DIST}>={BASE}"]:
