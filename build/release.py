@@ -522,10 +522,11 @@ def summary() -> None:
         print(f"{name:<78} {w['bytes'] / 1024:>6.0f} {w['build_seconds']:>8.0f}  {policy}; {where}")
     if "sdist" in rep:
         s = rep["sdist"]
-        built = ", ".join(f"{k}: {v['seconds']:.0f} s" for k, v in ver.get("sdist", {}).items()
-                          if isinstance(v, dict))
+        built = ", ".join(f"{k}: {'compiled' if v['compiled'] else 'metadata step'} "
+                          f"{v['seconds']:.0f} s -> {v['version']}"
+                          for k, v in ver.get("sdist", {}).items() if isinstance(v, dict))
         print(f"{Path(s['file']).name:<78} {s['bytes'] / 1024:>6.0f} {s['build_seconds']:>8.0f}"
-              f"  source; built in a clean venv ({built or 'not verified'})")
+              f"  source; in a clean venv ({built or 'not verified'})")
     if rep.get("not_built"):
         print(f"NOT BUILT (--partial run): {', '.join(rep['not_built'])}")
     if rep.get("pythons_missing"):
