@@ -24,6 +24,8 @@ assigns the results back to the tensors' storages. It owns:
 - out of memory: torch.OutOfMemoryError naming the graph's largest buffers
   and the aten ops that made them (nothing is marked failed: free memory and
   retry);
+- recompiles: each compile is attributed to the user's frame that synced
+  and explained on request (torch_xla_core/recompiles.py, TXC_DEBUG=recompiles);
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
   (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
   running it. TXC_DONATE=0 turns donation off.
@@ -44,7 +46,7 @@ import threading
 
 import torch
 
-from . import _C, _checks, _random, metrics, runtime
+from . import _C, _checks, _random, metrics, recompiles, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory")):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -102,8 +104,10 @@ def cached_count() -> int:
 
 
 def clear_cache() -> None:
+    """Empties the in-memory compile cache (and the recompile history of call sites)."""
     with _cache_lock:
         _cache.clear()
+    recompiles.clear()
 
 
 class GraphError(RuntimeError):
@@ -172,6 +176,7 @@ def executable(p: Plan):
         return exe
     if fut is None:
         metrics.counter_add("cache_miss")
+        recompiles.on_compile(p)  # counts and explains it (TXC_DEBUG=recompiles); may raise past a limit
         with metrics.timed("lower"):
             text = p.stablehlo()
         with _cache_lock:
@@ -204,6 +209,8 @@ def sync(lts=None, wait=False) -> None:
                 exe = executable(p)
                 params = [runtime.scalar(*a) if type(a) is tuple else a for a in cut.params()]
                 outs = runtime.execute(exe, params, wait=wait)
+            except recompiles.RecompileLimitError:
+                raise
             except Exception as e:
                 raise _failure(cut, e) from None
             _last = exe
