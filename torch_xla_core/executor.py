@@ -11,7 +11,9 @@ assigns the results back to the tensors' storages. It owns:
   the memory kinds of host-resident parameters and outputs (offload.py);
 - the compile cache: key -> loaded executable, least recently used
   evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
-  "cache_hit", "cache_miss", "cache_evict", "compile");
+  "cache_hit", "cache_miss", "cache_evict", "compile"); a miss first looks
+  in the persistent cache on disk (torch_xla_core/compile_cache.py,
+  TXC_COMPILE_CACHE) and writes what it compiles there;
 - compiles in flight: a compile runs on a worker thread while the caller
   waits, so Ctrl-C returns at once; the compile finishes in the background
   and a re-run of the same graph (or another thread's sync of it) waits for
@@ -46,7 +48,7 @@ import threading
 
 import torch
 
-from . import _C, _checks, _random, metrics, recompiles, runtime
+from . import _C, _checks, _random, compile_cache, metrics, recompiles, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory")):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -124,9 +126,12 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
-        with metrics.timed("compile"):
-            exe = runtime.compile_text(text, key.device)
-        metrics.counter_add("compile")
+        exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
+        if exe is None:
+            with metrics.timed("compile"):
+                exe = runtime.compile_text(text, key.device)
+            metrics.counter_add("compile")
+            compile_cache.store(key, text, exe)
         with _cache_lock:
             _cache[key] = exe
             limit = cache_size()
