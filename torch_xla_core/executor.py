@@ -72,6 +72,7 @@ _inflight = {}                       # graph hash -> Future of a compile under w
 _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
+_recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay.py records)
 
 _STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
                 "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
@@ -222,8 +223,22 @@ def sync(lts=None, wait=False) -> None:
             cut.assign(outs)
             _checks.computed(p.checks)
             metrics.counter_add("execute")
+            if _recorder is not None:  # txc.compile records this step (torch_xla_core/replay.py)
+                _recorder(p, exe, params, outs)
         if wait:
             _checks.verify()
+
+
+def run_recorded(exe, params, wait=False):
+    """Executes an executable recorded from an earlier sync on new parameters
+    (torch_xla_core/replay.py): the execute timers and counter as a sync's."""
+    global _last
+    with _lock:
+        _checks.verify()
+        outs = runtime.execute(exe, params, wait=wait)
+        _last = exe
+        metrics.counter_add("execute")
+    return outs
 
 
 # --- failures ---------------------------------------------------------------
