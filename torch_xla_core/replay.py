@@ -60,6 +60,7 @@ import warnings
 import torch
 
 from . import _C, _checks, _dtypes, _random, executor, metrics, runtime
+from ._tensor import XlaTensor as _XlaTensor
 
 __all__ = ["compile", "Compiled", "MAX_RECORDINGS"]
 
@@ -75,12 +76,14 @@ class _Refused(Exception):
     """This call cannot be recorded for replay; the message says why."""
 
 
-def compile(fn=None, *, lift_optimizers: bool = True):
+def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
     """Wraps fn so that repeated calls replay its recorded graph (see this
-    module's docstring). Usable as @txc.compile on functions and methods."""
+    module's docstring). Usable as @txc.compile on functions and methods.
+    wait=True: a replay blocks until the device is done (timer "execute", as
+    a sync(wait=True) records it); a traced call then syncs with wait too."""
     if fn is None:
-        return lambda f: Compiled(f, lift_optimizers=lift_optimizers)
-    return Compiled(fn, lift_optimizers=lift_optimizers)
+        return lambda f: Compiled(f, lift_optimizers=lift_optimizers, wait=wait)
+    return Compiled(fn, lift_optimizers=lift_optimizers, wait=wait)
 
 
 # --- the walk: every input tensor, where it lives, and the signature ----------
@@ -101,7 +104,7 @@ class _Walk:
         if t is None:
             self.sig.append(None)
             return
-        if t.device.type != "xla":
+        if not isinstance(t, _XlaTensor):
             self.refusal = self.refusal or f"a {t.device.type} tensor {list(t.shape)} is an input; move it to xla"
             self.sig.append(("cpu", id(t)))
             return
@@ -245,15 +248,33 @@ def _lift(opt) -> None:
 
 # --- recording and replaying ----------------------------------------------------
 
+def _buffer(t):
+    """The device buffer holding t's value, or None (pending, or a view that
+    is not just an alias of its whole storage, like x.detach())."""
+    lt = t._lt
+    if lt.is_data:
+        return lt.data
+    if lt.is_view and _alias_only(lt):
+        r = lt.root()
+        return r.data if r.is_data else None
+    return None
+
+
+def _alias_only(lt) -> bool:
+    return all(op == "alias" for op in lt.view_ops) and lt.shape == lt.root().shape
+
+
 def _own_storage(t) -> bool:
     """Makes a view tensor hold its value in a storage of its own, when no
     other tensor shares its storage (then nobody can tell): autograd's grads
-    and Module.to's parameters are such views. False when that is not safe."""
+    and Module.to's parameters are such views. An alias of a whole storage
+    that others share (x.detach()) is left as it is: it reads and writes
+    that storage. False when neither is safe."""
     lt = t._lt
     if not lt.is_view:
         return True
     if lt.storage_refs != 1 or not t.is_contiguous():
-        return False
+        return _alias_only(lt)
     t._lt = _make(_ALIAS, (lt,), ())
     return True
 
@@ -308,10 +329,11 @@ def _unflatten(tpl, leaves):
 class Compiled:
     """A function whose calls replay recorded graphs (see the module docstring)."""
 
-    def __init__(self, fn, lift_optimizers=True):
+    def __init__(self, fn, lift_optimizers=True, wait=False):
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._lift = lift_optimizers
+        self._wait = wait
         self._recordings = {}   # signature -> _Recording
         self._refused = {}      # signature -> reason
         self._warned = set()
@@ -357,6 +379,12 @@ class Compiled:
         return self._run(args, kwargs)
 
     def _run(self, args, kwargs):
+        out = self._call_fn(args, kwargs)
+        if self._wait:
+            executor.sync(wait=True)
+        return out
+
+    def _call_fn(self, args, kwargs):
         global _tracing
         _tracing += 1
         try:
@@ -375,12 +403,13 @@ class Compiled:
         slots = {}
         for i, t in enumerate(pre.tensors):
             if t is not None:
-                if t._lt.is_view:
+                b = _buffer(t)
+                if b is None:
                     return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
-                slots[id(t._lt.data)] = i
+                slots[id(b)] = i
         rng_in = _random._state.data
         c0 = metrics.counters()
-        out = self._run(args, kwargs)
+        out = self._call_fn(args, kwargs)
         c1 = metrics.counters()
         for name, why in (("execute", "it read a tensor value on the host (.item(), .cpu(), print or control "
                                       "flow on a tensor)"),
@@ -435,7 +464,7 @@ class Compiled:
         gc.collect()  # garbage of the trace holds no pending values
         executor._recorder = grab
         try:
-            executor.sync()
+            executor.sync(wait=self._wait)
         finally:
             executor._recorder = None
         if not got:
@@ -463,7 +492,7 @@ class Compiled:
         rec.donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
 
         def output(t):
-            k = out_of.get(id(t._lt.data))
+            k = out_of.get(id(_buffer(t)))
             if k is not None:
                 claimed.add(k)
                 rec.specs[k] = (t._lt.dtype, list(t._lt.shape))
@@ -489,8 +518,8 @@ class Compiled:
             k = output(t)
             if k is not None:
                 ret.append(("out", k))
-            elif id(t._lt.data) in slots:
-                ret.append(("slot", slots[id(t._lt.data)]))
+            elif id(_buffer(t)) in slots:
+                ret.append(("slot", slots[id(_buffer(t))]))
             else:
                 raise _Refused("it returned a tensor that is neither computed by it nor an input")
         rec.ret = (tpl, ret)
@@ -515,7 +544,7 @@ class Compiled:
         tensors = w.tensors
         pending = False
         for t in tensors:
-            if t is not None and not t._lt.is_data:
+            if t is not None and not t._lt.is_data and _buffer(t) is None:
                 if not _own_storage(t):
                     return None, "an input is a view sharing its storage with other tensors"
                 pending = True
@@ -531,18 +560,20 @@ class Compiled:
         params = []
         for kind, v in rec.binds:
             if kind == "slot":
-                params.append(tensors[v]._lt.data)
+                t = tensors[v]
+                params.append(t._lt.data if t._lt.is_data else _buffer(t))
             elif kind == "const":
                 params.append(v)
             else:
                 params.append(st.data)
-        outs = executor.run_recorded(rec.exe, params)
+        outs = executor.run_recorded(rec.exe, params, wait=self._wait)
         specs = rec.specs
+        from_data, wrap = _C.from_data, _C.wrap
         for i, k, mode in rec.writes:
             if mode == "inplace":
-                tensors[i]._lt.assign(_lazy_of(outs[k], specs[k]))
+                tensors[i]._lt.assign(from_data(outs[k], *specs[k]))
             elif mode == "new":
-                _set(w.locs[i], tensors, _C.wrap(_lazy_of(outs[k], specs[k])))
+                _set(w.locs[i], tensors, wrap(from_data(outs[k], *specs[k])))
             else:
                 _set(w.locs[i], tensors, None)
         if rec.rng_out is not None:
