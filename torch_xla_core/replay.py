@@ -89,14 +89,13 @@ def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
 # --- the walk: every input tensor, where it lives, and the signature ----------
 
 class _Walk:
-    __slots__ = ("sig", "locs", "tensors", "refusal", "opts")
+    __slots__ = ("sig", "locs", "tensors", "refusal")
 
     def __init__(self):
         self.sig = []
         self.locs = []      # (kind, obj, key) per input slot
         self.tensors = []   # the tensor (or None) at each slot
         self.refusal = None
-        self.opts = []
 
     def tensor(self, t, loc):
         self.locs.append(loc)
@@ -161,7 +160,6 @@ class _Walk:
             self.sig.append(("seen", id(opt)))
             return
         seen.add(id(opt))
-        self.opts.append(opt)
         self.sig.append(("optimizer", id(opt)))
         for gi, g in enumerate(opt.param_groups):
             for k, v in g.items():
