@@ -15,7 +15,9 @@ Host ms per step = wall time of the step (and its sync) minus the device's
 record the same way. Medians over the timed steps; the ratio is traced /
 replayed host time. Also the final losses of both modes (the same up to
 float32 rounding: the replayed AdamW keeps its step count on the device).
-The persistent compile cache is off (bench/_harness.py).
+The persistent compile cache is off for these (bench/_harness.py). Then,
+per model, the first step of a new process with the persistent cache in a
+fresh temporary directory: cold (compiles, writes) and warm (loads).
 
   python bench/replay.py [--models mlp decoder] [--steps 20] [--warmup 3] [--out FILE.json]
 """
@@ -79,13 +81,45 @@ def run_mode(name, mode, steps, warmup):
             "loss": loss.item(), "replays": c.get("replay", 0), "compiles": c.get("compile", 0)}
 
 
+def first_step(name):
+    """(In a fresh process) wall seconds of the first traced training step."""
+    case = make_case(name).to(txc.device())
+    opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)
+    inputs = [x.detach() for x in case.inputs]
+    t0 = time.perf_counter()
+    _step(case.model, opt, inputs, case.loss)
+    txc.sync(wait=True)
+    c = txc.metrics.counters()
+    return {"first_step_s": time.perf_counter() - t0, "compiles": c.get("compile", 0),
+            "disk_hits": c.get("persistent_cache_hit", 0)}
+
+
+def cache_startup(name):
+    """First step of a new process with a cold, then a warm persistent cache."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, TXC_COMPILE_CACHE=d)
+        res = {}
+        for run in ("cold", "warm"):
+            r = subprocess.run([sys.executable, __file__, "--first-step", name], env=env, capture_output=True,
+                               text=True, check=True)
+            res[run] = json.loads(r.stdout.strip().splitlines()[-1])
+    res["speedup"] = res["cold"]["first_step_s"] / max(res["warm"]["first_step_s"], 1e-9)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["mlp", "decoder"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "replay.json"))
+    ap.add_argument("--first-step", help=argparse.SUPPRESS)  # worker of the cache startup rows
     a = ap.parse_args()
+    if a.first_step:
+        print(json.dumps(first_step(a.first_step)))
+        return
     rows = []
     for name in a.models:
         r = {"model": name}
@@ -100,7 +134,12 @@ def main():
         t, p = r["traced"], r["replayed"]
         print(f"{r['model']:<8} {t['host_ms']:>15.2f} {p['host_ms']:>17.3f} {r['host_ratio']:>6.1f}x "
               f"{p['device_ms']:>10.2f} {p['replays']:>8} {t['loss']:>12.6f} {p['loss']:>14.6f}")
-    doc = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    startup = {name: cache_startup(name) for name in a.models}
+    print(f"\n{'model':<8} {'cold 1st step s':>16} {'warm 1st step s':>16} {'speedup':>8} {'warm compiles':>14}")
+    for name, r in startup.items():
+        print(f"{name:<8} {r['cold']['first_step_s']:>16.2f} {r['warm']['first_step_s']:>16.2f} "
+              f"{r['speedup']:>7.1f}x {r['warm']['compiles']:>14}")
+    doc = {"schema": SCHEMA, "cache_startup": startup, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "python": platform.python_version(), "torch": torch.__version__,
            "platform": txc.runtime.platform(), "steps": a.steps, "warmup": a.warmup, "rows": rows}
     out = Path(a.out)

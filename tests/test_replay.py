@@ -269,3 +269,16 @@ def test_output_requiring_grad_is_traced_every_call(dev):
             loss.backward()   # works: the call was traced
     assert lin.weight.grad is not None
     assert txc.metrics.counters().get("replay", 0) == 0
+
+
+def test_a_new_forward_hook_traces_again(dev):
+    lin = torch.nn.Linear(3, 3).to(dev)
+    step = txc.compile(lambda m, x: m(x))
+    x = torch.randn(2, 3).to(dev)
+    with torch.no_grad():
+        a = [step(lin, x).cpu() for _ in range(2)]
+        h = lin.register_forward_hook(lambda mod, inp, out: out * 10)
+        b = step(lin, x).cpu()
+        h.remove()
+    torch.testing.assert_close(b, a[0] * 10)
+    assert txc.metrics.counters()["replay"] == 1

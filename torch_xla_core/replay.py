@@ -15,7 +15,8 @@ What the signature (the guard) holds, read at every call:
   modules in the arguments, the state tensors of optimizers in the
   arguments, and the same for modules, optimizers and tensors that `fn`
   reads as globals or closure variables;
-- module identity and structure (names), each submodule's `training` flag;
+- module identity and structure (names), each submodule's `training` flag,
+  its number/string attributes and its forward/backward hooks;
   optimizer identity, its param groups' Python hyperparameters (values) and
   its state's keys; Python numbers/strings in the arguments and in the
   globals/closure `fn` reads (values);
@@ -143,9 +144,12 @@ class _Walk:
             if id(mod) != id(m) and id(mod) in seen:
                 continue
             seen.add(id(mod))
-            for k, v in mod.__dict__.items():  # training, and numbers/strings the forward may read
+            d = mod.__dict__
+            for k, v in d.items():  # training, and numbers/strings the forward may read
                 if k[0] != "_" and isinstance(v, _SCALARS):
                     self.sig.append((k, v))
+            self.sig.append((tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"]),
+                             tuple(d["_backward_hooks"])))
             for name, p in mod._parameters.items():
                 self.sig.append(name)
                 self.tensor(p, ("param", mod, name))
@@ -206,8 +210,10 @@ def _captured(fn):
 def _walk(fn, args, kwargs) -> _Walk:
     w = _Walk()
     seen = set()
+    mm = torch.nn.modules.module
     w.sig.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
-                  torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla")))
+                  torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"),
+                  tuple(mm._global_forward_pre_hooks), tuple(mm._global_forward_hooks)))
     for i, a in enumerate(args):
         w.value(a, ("a", i), seen)
     for k, a in kwargs.items():
