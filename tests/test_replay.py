@@ -282,3 +282,21 @@ def test_a_new_forward_hook_traces_again(dev):
         h.remove()
     torch.testing.assert_close(b, a[0] * 10)
     assert txc.metrics.counters()["replay"] == 1
+
+
+_bag = []
+
+
+def test_write_to_a_tensor_it_was_not_given_is_refused(dev):
+    _bag[:] = [torch.zeros(2).to(dev)]
+
+    def f(x):
+        _bag[0].add_(x)          # a list is not walked: this tensor is not an input
+        return x * 2
+
+    step = txc.compile(f)
+    with pytest.warns(RuntimeWarning, match="not among its inputs"):
+        for _ in range(3):
+            step(torch.ones(2).to(dev))
+    assert _bag[0].cpu().tolist() == [3.0, 3.0]   # every call traced: no update lost
+    assert txc.metrics.counters().get("replay", 0) == 0

@@ -51,7 +51,12 @@ model taken between steps) traces that call instead. Draws from the xla RNG
 inside `fn` advance the RNG state exactly as the traced step does (its state
 is an input and output of the graph). Deferred device-side checks
 (_checks.py) of the recorded graph are read after each replay as after a
-sync. Returned tensors come back detached (no grad_fn)."""
+sync. Returned tensors come back detached (no grad_fn).
+
+Not guarded (keep them fixed, or pass them as arguments): Python values read
+by functions that `fn` calls (their globals), attributes of objects other
+than modules and optimizers, and anything else outside the list above; a
+compiled function is not meant to be called from several threads at once."""
 import functools
 import gc
 import os
