@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # compile times are measured: no persistent cache
 ROOT = Path(__file__).resolve().parent.parent
 
 import torch  # noqa: E402

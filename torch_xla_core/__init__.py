@@ -105,4 +105,5 @@ def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None):
         sync()
     return r
 from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
+from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
 from . import data, profiler  # noqa: E402

@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _dtypes, executor, runtime, serialization
+from . import _C, _checks, _dtypes, executor, runtime, serialization
 
 DEVICE = None  # torch.device("xla", 0), set by configure()
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs)
@@ -147,6 +147,8 @@ def materialize(t: XlaTensor):
     """The device buffer holding t's current value (computing it if pending)."""
     lt = t._lt
     if lt.is_data:
+        if _checks._computed:  # a value is read: checks computed with it raise now (as a sync would)
+            _checks.verify()
         return lt.data
     if lt.is_view:
         lt = _make(OP.alias, (lt,), ())  # a storage of its own holding the view's value

@@ -11,7 +11,9 @@ assigns the results back to the tensors' storages. It owns:
   the memory kinds of host-resident parameters and outputs (offload.py);
 - the compile cache: key -> loaded executable, least recently used
   evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
-  "cache_hit", "cache_miss", "cache_evict", "compile");
+  "cache_hit", "cache_miss", "cache_evict", "compile"); a miss first looks
+  in the persistent cache on disk (torch_xla_core/compile_cache.py,
+  TXC_COMPILE_CACHE) and writes what it compiles there;
 - compiles in flight: a compile runs on a worker thread while the caller
   waits, so Ctrl-C returns at once; the compile finishes in the background
   and a re-run of the same graph (or another thread's sync of it) waits for
@@ -26,6 +28,8 @@ assigns the results back to the tensors' storages. It owns:
   retry);
 - TXC_COMPILE_PROGRESS=S: a compile longer than S seconds (default 2) shows a
   progress line on stderr (graph, ops, elapsed); 0 turns it off.
+- recompiles: each compile is attributed to the user's frame that synced
+  and explained on request (torch_xla_core/recompiles.py, TXC_DEBUG=recompiles);
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
   (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
   running it. TXC_DONATE=0 turns donation off.
@@ -48,7 +52,7 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, metrics, runtime
+from . import _C, _checks, _random, compile_cache, metrics, recompiles, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory")):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -72,6 +76,7 @@ _inflight = {}                       # graph hash -> Future of a compile under w
 _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
+_recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay.py records)
 
 _STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
                 "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
@@ -106,8 +111,10 @@ def cached_count() -> int:
 
 
 def clear_cache() -> None:
+    """Empties the in-memory compile cache (and the recompile history of call sites)."""
     with _cache_lock:
         _cache.clear()
+    recompiles.clear()
 
 
 class GraphError(RuntimeError):
@@ -124,9 +131,12 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
-        with metrics.timed("compile"):
-            exe = runtime.compile_text(text, key.device)
-        metrics.counter_add("compile")
+        exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
+        if exe is None:
+            with metrics.timed("compile"):
+                exe = runtime.compile_text(text, key.device)
+            metrics.counter_add("compile")
+            compile_cache.store(key, text, exe)
         with _cache_lock:
             _cache[key] = exe
             limit = cache_size()
@@ -176,6 +186,7 @@ def executable(p: Plan):
         return exe
     if fut is None:
         metrics.counter_add("cache_miss")
+        recompiles.on_compile(p)  # counts and explains it (TXC_DEBUG=recompiles); may raise past a limit
         with metrics.timed("lower"):
             text = p.stablehlo()
         with _cache_lock:
@@ -242,14 +253,30 @@ def sync(lts=None, wait=False) -> None:
                 exe = executable(p)
                 params = [runtime.scalar(*a) if type(a) is tuple else a for a in cut.params()]
                 outs = runtime.execute(exe, params, wait=wait)
+            except recompiles.RecompileLimitError:
+                raise
             except Exception as e:
                 raise _failure(cut, e) from None
             _last = exe
             cut.assign(outs)
             _checks.computed(p.checks)
             metrics.counter_add("execute")
+            if _recorder is not None:  # txc.compile records this step (torch_xla_core/replay.py)
+                _recorder(p, exe, params, outs)
         if wait:
             _checks.verify()
+
+
+def run_recorded(exe, params, wait=False):
+    """Executes an executable recorded from an earlier sync on new parameters
+    (torch_xla_core/replay.py): the execute timers and counter as a sync's."""
+    global _last
+    with _lock:
+        _checks.verify()
+        outs = runtime.execute(exe, params, wait=wait)
+        _last = exe
+        metrics.counter_add("execute")
+    return outs
 
 
 # --- failures ---------------------------------------------------------------

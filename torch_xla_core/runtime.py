@@ -71,11 +71,41 @@ def device_count() -> int:
     return len(devices())
 
 
+COMPILE_OPTIONS = "xla_client.CompileOptions() defaults"  # what compile_text passes; part of the disk cache key
+
+
 def compile_text(text: str, device_index: int = 0):
     from jax._src.lib import xla_client as xc
 
     be = backend()
     return be.compile_and_load(text, xc.DeviceList((_devices[device_index],)), xc.CompileOptions())
+
+
+def serialize(exe) -> bytes:
+    """A loaded executable as bytes (PJRT's serialized executable)."""
+    return exe.serialize()
+
+
+def deserialize(data: bytes, device_index: int = 0):
+    """The executable that serialize() wrote, loaded onto device `device_index`
+    (compiled with compile_text's options). Only for bytes this program wrote:
+    PJRT does not validate them."""
+    from jax._src.lib import xla_client as xc
+
+    be = backend()
+    return be.deserialize_executable(data, xc.DeviceList((_devices[device_index],)), xc.CompileOptions())
+
+
+def fingerprint(device_index: int = 0) -> str:
+    """Everything besides the program that decides what an executable is:
+    jaxlib's version, the platform and its version, the device kind and the
+    compile options (the persistent compile cache keys on it)."""
+    import jaxlib
+
+    be = backend()
+    d = devices()[device_index]
+    return (f"jaxlib={jaxlib.__version__};platform={platform()};platform_version={be.platform_version};"
+            f"device_kind={d.device_kind};options={COMPILE_OPTIONS}")
 
 
 def scalar(value, dtype_code: int):
