@@ -39,8 +39,9 @@ _out = {}        # Spmd + output count -> output shardings of its executable
 
 
 class Spmd(collections.namedtuple("Spmd", "device_ids params")):
-    """Key.spmd: the mesh's device assignment (device indices, in the mesh's
-    order) and each parameter's sharding (HloSharding text)."""
+    """Key.spmd: the mesh's device assignment (PJRT device ids, in the mesh's
+    order; with several processes they span all of them) and each
+    parameter's sharding (HloSharding text)."""
 
 
 def activate(jmesh) -> None:
@@ -94,9 +95,26 @@ def _jmesh(spmd: Spmd):
     m = _meshes.get(spmd.device_ids)
     if m is None:  # a sharded value whose mesh we did not make (a positional sharding)
         import jax
-        m = jax.sharding.Mesh(np.array([runtime.devices()[i] for i in spmd.device_ids]), ("devices",))
+        m = jax.sharding.Mesh(np.array(_devices(spmd.device_ids), dtype=object), ("devices",))
         _meshes[spmd.device_ids] = m
     return m
+
+
+def _devices(ids) -> list:
+    by_id = {d.id: d for d in runtime.global_devices()}
+    return [by_id[i] for i in ids]
+
+
+def lay_out(buf, sharding):
+    """A buffer (on one device, or laid out otherwise) laid out as `sharding`,
+    which may span other processes' devices: each process then supplies its
+    own devices' pieces of its copy of the value."""
+    import jax
+    with jax.enable_x64(True):
+        if sharding.is_fully_addressable:
+            return jax.device_put(buf, sharding)
+        host = np.asarray(buf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def compile(text: str, key):
@@ -111,8 +129,7 @@ def compile(text: str, key):
     build.use_shardy_partitioner = False  # the text carries GSPMD's mhlo.sharding
     build.allow_spmd_sharding_propagation_to_output = [True]
     opts.device_assignment = xc.DeviceAssignment.create(np.array(ids, dtype=np.int64).reshape(1, len(ids)))
-    devs = runtime.devices()
-    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(devs[i] for i in ids)), opts)
+    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(ids))), opts)
 
 
 def bind(spmd: Spmd, params: list) -> list:
@@ -131,8 +148,7 @@ def bind(spmd: Spmd, params: list) -> list:
             else:
                 if rep is None:
                     rep = NamedSharding(_jmesh(spmd), PartitionSpec())
-                with jax.enable_x64(True):
-                    r = jax.device_put(p, rep)
+                r = lay_out(p, rep)
                 metrics.counter_add("spmd_replicate_input")
                 if p.ndim == 0:  # Python numbers (runtime.scalar's cached buffers)
                     if len(_replicated) > 4096:

@@ -46,11 +46,27 @@ def _cpu_device_count():
                            f"--xla_force_host_platform_device_count={n}).") from None
 
 
+def _distributed():
+    """Joins jax's distributed runtime when started by torch_xla_core.launch
+    (TXC_COORDINATOR=host:port, TXC_NUM_PROCESSES, TXC_PROCESS_ID): one
+    global device list over the processes, CPU collectives through gloo."""
+    n = os.environ.get("TXC_NUM_PROCESSES")
+    if not n or int(n) <= 1:
+        return
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeout = int(os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60"))
+    jax.distributed.initialize(os.environ["TXC_COORDINATOR"], num_processes=int(n),
+                               process_id=int(os.environ["TXC_PROCESS_ID"]), initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=timeout)
+
+
 def _select_backend():
     import jax
     from jax.extend.backend import get_backend
 
     _cpu_device_count()
+    _distributed()
 
     want = os.environ.get("PJRT_DEVICE")
     if want:
@@ -93,6 +109,12 @@ def devices():
 
 def device_count() -> int:
     return len(devices())
+
+
+def global_devices():
+    """Every process's devices (jax's distributed runtime; with one process,
+    devices()): what a sharding mesh may span."""
+    return backend().devices()
 
 
 def compile_text(text: str, device_index: int = 0):
@@ -179,6 +201,9 @@ def move(buf, device_index: int):
 def to_host(buf) -> torch.Tensor:
     """Copies a device buffer to a new CPU tensor."""
     with metrics.timed("transfer_to_host"):
+        if not buf.is_fully_addressable and not buf.is_fully_replicated:  # pieces in other processes
+            from jax.experimental import multihost_utils
+            buf = multihost_utils.process_allgather(buf, tiled=True)
         a = np.asarray(buf)
         if a.dtype == _dtypes.NUMPY[_dtypes.BF16]:
             t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)

@@ -32,8 +32,9 @@ __all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shard
 
 
 class Mesh:
-    """A logical mesh of xla devices: device_ids (xla device indices, each
-    once) laid out in mesh_shape, with one name per axis (default
+    """A logical mesh of xla devices: device_ids (global device ordinals,
+    each once: with one process the xla device indices; with several, all
+    processes' devices in process order) laid out in mesh_shape, with one name per axis (default
     "axis0", "axis1", ...). A mesh may use a subset of the devices."""
 
     def __init__(self, device_ids, mesh_shape, axis_names=None):
@@ -42,7 +43,8 @@ class Mesh:
         if len(ids) != math.prod(shape):
             raise ValueError(f"Mesh: {len(ids)} device ids do not fill mesh_shape {shape} "
                              f"({math.prod(shape)} devices); give exactly prod(mesh_shape) ids")
-        n = runtime.device_count()
+        devs = runtime.global_devices()
+        n = len(devs)
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
             raise ValueError(f"Mesh: device ids {bad} are not devices: this process has {n} xla devices "
@@ -53,7 +55,6 @@ class Mesh:
         if len(names) != len(shape) or len(set(names)) != len(names) or not all(isinstance(a, str) for a in names):
             raise ValueError(f"Mesh: axis_names {names} must be {len(shape)} distinct strings, one per mesh axis")
         import jax
-        devs = runtime.devices()
         self.device_ids = tuple(ids)
         self.mesh_shape = shape
         self.axis_names = names
@@ -149,9 +150,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
     ns = NamedSharding(mesh._jax, PartitionSpec(*names))
     _spmd.activate(mesh._jax)
     if lt.is_data:
-        import jax
-        with jax.enable_x64(True):
-            buf = jax.device_put(lt.data, ns)
+        buf = _spmd.lay_out(lt.data, ns)
         lt.assign(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), 0))
     else:
         hlo = _spmd.hlo_sharding(ns, t.dim())
@@ -196,7 +195,8 @@ def get_sharding(t: torch.Tensor):
 
 def _mesh_of(jm) -> Mesh:
     m = Mesh.__new__(Mesh)
-    m.device_ids = tuple(runtime.devices().index(d) for d in jm.devices.flat)
+    devs = runtime.global_devices()
+    m.device_ids = tuple(devs.index(d) for d in jm.devices.flat)
     m.mesh_shape = tuple(jm.devices.shape)
     m.axis_names = tuple(jm.axis_names)
     m._jax = jm
@@ -204,9 +204,10 @@ def _mesh_of(jm) -> Mesh:
 
 
 def local_shards(t: torch.Tensor) -> list:
-    """t's pieces as they lie on this process's devices: Shard(device, index, shape)."""
+    """t's pieces as they lie on this process's devices: Shard(device (its
+    global ordinal), index, shape)."""
     buf = _buffer(t)
-    devs = runtime.devices()
+    devs = runtime.global_devices()
     return sorted((Shard(devs.index(s.device), s.index, tuple(s.data.shape)) for s in buf.addressable_shards),
                   key=lambda s: s.device)
 
