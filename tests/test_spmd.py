@@ -165,6 +165,7 @@ def test_mlp_training_step_matches_cpu(layout):
     compiles.append(metrics.counters().get("compile", 0))
     # step 1 (no optimizer state yet) and step 2 (with it) compile; later steps reuse step 2's
     assert compiles == [0, 1, 2, 2, 2]
+    assert executor.last_memory_stats()["alias_size_in_bytes"] > 0  # the old parameters were donated
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6, msg=name)

@@ -22,8 +22,9 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
   NamedSharding of the graph's mesh where it is one), so a tensor stays one
   logical value and .cpu() gathers it.
 
-Donation is off for partitioned graphs (an input and the output it would
-alias may be laid out differently)."""
+Donation works as on one device: a donated parameter's output aliases its
+buffer on every device (the alias bytes of the compiled statistics are
+per device)."""
 import collections
 
 import numpy as np

@@ -176,7 +176,7 @@ def plan(lts=None, device=-2) -> Plan:
         lts = list(lts) + [c[0] for c in checks] + _random.roots()
     cut = _C.GraphCut(lts, device)
     spmd = _spmd.key_field(cut) if _spmd.active and cut.num_outputs else None
-    aliases = tuple(cut.donations()) if _donating() and cut.num_outputs and spmd is None else ()
+    aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
     key = Key(cut.hash, torch.get_float32_matmul_precision(), cut.device, runtime.platform(), aliases,
               cut.memory_kinds(), spmd)
     return Plan(cut, key, checks)
