@@ -27,7 +27,7 @@ def _child_results(path: str, n: int) -> dict:
         with tempfile.TemporaryDirectory() as d:
             xml = os.path.join(d, "r.xml")
             env = dict(os.environ, TXC_NUM_CPU_DEVICES=str(n), TXC_TEST_WORKERS="0", PJRT_DEVICE="CPU")
-            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 path, f"--junitxml={xml}"], env=env, cwd=os.path.dirname(os.path.dirname(path)),
                                capture_output=True, text=True, timeout=900)
             out = {}

@@ -9,6 +9,8 @@ import torch_xla_core as txc
 from torch_xla_core import _tensor, executor, metrics, runtime
 from multidevice import on_devices
 
+pytestmark = pytest.mark.xdist_group("devices4")  # one child process per module
+
 MISMATCH = "Expected all tensors to be on the same device, but found at least two devices"
 
 

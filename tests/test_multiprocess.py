@@ -10,6 +10,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.xdist_group("processes2")  # the two launches one after the other
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "dp_train.py")
 
 

@@ -12,6 +12,8 @@ import torch_xla_core.sharding as xs
 from torch_xla_core import executor, metrics
 from multidevice import on_devices
 
+pytestmark = pytest.mark.xdist_group("devices8")  # one child process per module
+
 
 def _mesh():
     return xs.Mesh(range(8), (4, 2), ("data", "model"))
