@@ -22,6 +22,8 @@
     nox -s bench                  both flavors side by side (bench/flavors.py):
                                   table, bench/results/flavors.{json,png}
     nox -s bench -- --peer /work/venvs/peer/bin/python   + a torch-xla column
+    nox -s bench_spmd             decoder step at 1/2/4/8 devices and 2 processes
+                                  (bench/spmd.py): table, bench/results/spmd.json
 
 The flavor matrix is build/flavors.toml; the wheel pipeline is
 build/wheels.py (plain Python: usable without nox). torch is pinned to the
@@ -217,6 +219,17 @@ def _newer_sources(f: "flavors.Flavor") -> list[str]:
     files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml",
              *(ROOT / "csrc").rglob("*.[ch]*"), *(ROOT / "torch_xla_core").rglob("*.py")]
     return [str(p.relative_to(ROOT)) for p in files if p.is_file() and p.stat().st_mtime > built]
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def bench_spmd(session: nox.Session) -> None:
+    """bench/spmd.py: a decoder AdamW step at 1, 2, 4, 8 CPU devices and 2
+    processes x 2 devices (loss, collectives, per-device bytes, step time), a
+    table and bench/results/spmd.json. Options after --: bench/spmd.py's
+    (--devices 1 8, --no-procs, --steps)."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    session.run("python", "bench/spmd.py", *session.posargs)
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

@@ -129,20 +129,20 @@ def test_device_index_that_is_no_device_is_refused(path, dev):
     assert torch.ones(1, device="xla").device == torch.device("xla", 0)
 
 
-def test_second_real_device_is_refused_not_silently_xla0():
-    # two CPU devices in a fresh process: xla:1 exists, but tensors live on xla:0 only (for now)
+def test_second_real_device_holds_tensors_and_third_is_refused():
+    # two CPU devices in a fresh process (XLA's own flag): every path puts its
+    # tensor on xla:1 for real (its buffer lies there); xla:2 is no device
     code = textwrap.dedent("""
         import torch, torch_xla_core as txc
+        from torch_xla_core import _tensor, runtime
         assert txc.device_count() == 2, txc.device_count()
         paths = {PATHS}
         for name, f in paths.items():
-            try:
-                t = f("xla:1")
-            except RuntimeError as e:
-                assert "xla:1 is not supported yet: only xla:0" in str(e), (name, str(e))
-                assert "multi-device support is tracked in the sharding work" in str(e), (name, str(e))
-            else:
-                raise AssertionError(f"{name}: xla:1 gave {t}")
+            t = f("xla:1")
+            if isinstance(t, torch.nn.Module):
+                t = next(t.parameters())
+            assert t.device == torch.device("xla", 1), (name, t.device)
+            assert runtime.device_index(_tensor.materialize(t)) == 1, name
             try:
                 f("xla:2")
             except RuntimeError as e:

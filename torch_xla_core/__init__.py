@@ -77,6 +77,25 @@ def device_count() -> int:
     return runtime.device_count()
 
 
+def world_size() -> int:
+    """The number of processes (torch_xla_core.launch; 1 when run alone)."""
+    import jax
+    runtime.backend()
+    return jax.process_count()
+
+
+def global_ordinal() -> int:
+    """This process's rank among all processes (0 when run alone)."""
+    import jax
+    runtime.backend()
+    return jax.process_index()
+
+
+def local_ordinal() -> int:
+    """This process's rank among the processes on this machine."""
+    return int(os.environ.get("TXC_LOCAL_RANK", "0"))
+
+
 def sync(wait: bool = False) -> None:
     """Compiles (once per graph) and runs everything traced so far; with
     wait=True, also blocks until the device has finished."""

@@ -64,23 +64,29 @@ class _DeviceModule:
         return True
 
 
-def check(device) -> None:
-    """Refuses a device argument naming an xla index other than 0: tensors
-    live on xla:0 only (an index that is no device at all says how many
-    there are). None, other device types and "xla" pass."""
+def index(device):
+    """The xla device index a device argument names: None for None, other
+    device types and a bare "xla" (the default device, xla:0); an index that
+    is no device raises, naming it and the count (TXC_NUM_CPU_DEVICES sets
+    how many CPU devices there are)."""
     if device is None:
-        return
+        return None
     d = device if isinstance(device, torch.device) else torch.device(device)
-    if d.type != "xla" or not d.index:
-        return
+    if d.type != "xla" or d.index is None:
+        return None
     from . import runtime
     n = runtime.device_count()
     if not 0 <= d.index < n:
+        hint = (" (set TXC_NUM_CPU_DEVICES=N before the first xla op for N CPU devices)"
+                if runtime.platform() == "cpu" else "")
         raise RuntimeError(f"xla:{d.index} is not a device: this process has {n} xla device{'s' if n != 1 else ''} "
-                           f"({runtime.platform()}); use device 'xla' (xla:0)")
-    raise RuntimeError(f"xla:{d.index} is not supported yet: only xla:0 holds tensors ({n} {runtime.platform()} "
-                       f"devices found; multi-device support is tracked in the sharding work). Use device 'xla' "
-                       f"(xla:0), and torch_xla_core.sharding to spread a computation over devices.")
+                           f"({runtime.platform()}), xla:0 to xla:{n - 1}{hint}")
+    return d.index
+
+
+def check(device) -> None:
+    """Refuses a device argument naming an xla index that is no device."""
+    index(device)
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):

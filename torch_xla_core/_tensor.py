@@ -130,10 +130,41 @@ def op(name: str, *operands, attrs=()) -> XlaTensor:
     return _op(getattr(OP, name), operands, attrs)
 
 
-def from_cpu(t: torch.Tensor) -> XlaTensor:
-    """Uploads a CPU tensor; the result is device data (a graph parameter)."""
+def from_cpu(t: torch.Tensor, device_index: int = 0) -> XlaTensor:
+    """Uploads a CPU tensor to xla device `device_index` (-1: device 0, as a
+    value that may join a graph on any device, such as the RNG state); the
+    result is device data (a graph parameter)."""
     code = _dtypes.code(t.dtype)
-    return wrap(_C.from_data(runtime.to_device(t), code, list(t.shape)))
+    if device_index > 0:
+        executor.use_devices()
+    return wrap(_C.from_data(runtime.to_device(t, max(device_index, 0)), code, list(t.shape), device_index))
+
+
+def index_of(t: XlaTensor) -> int:
+    """The xla device index of an xla tensor."""
+    return t.device.index or 0
+
+
+def place_on(t: XlaTensor, device_index) -> XlaTensor:
+    """A factory's fresh result (made without a device) on xla device
+    `device_index` (None: left free to join any device's graph)."""
+    if device_index is None:
+        return t
+    _C.place_on(t._lt, device_index)
+    if not device_index:
+        return t  # its wrapper already says xla:0
+    executor.use_devices()
+    return wrap(t._lt)
+
+
+def move(t: XlaTensor, device_index: int) -> XlaTensor:
+    """A copy of t on xla device `device_index` (its value is computed first
+    if pending); t itself when it is there already."""
+    if index_of(t) == device_index:
+        return t
+    executor.use_devices()
+    buf = runtime.move(materialize(t), device_index)
+    return wrap(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), device_index))
 
 
 def sync_lazy(lts=None, wait=False) -> None:

@@ -30,6 +30,11 @@ assigns the results back to the tensors' storages. It owns:
   progress line on stderr (graph, ops, elapsed); 0 turns it off.
 - recompiles: each compile is attributed to the user's frame that synced
   and explained on request (torch_xla_core/recompiles.py, TXC_DEBUG=recompiles);
+- devices: a graph runs on the device its values are on (Key.device; a
+  sync of every live tensor runs one graph per device in use, see
+  use_devices()); a sharded graph runs on its mesh, partitioned by XLA's
+  SPMD partitioner (Key.spmd; torch_xla_core/_spmd.py does its lowering
+  options, compile options, input transfer and output assembly);
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
   (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
   running it. TXC_DONATE=0 turns donation off.
@@ -52,21 +57,26 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, compile_cache, metrics, recompiles, runtime
+from . import _C, _checks, _random, _spmd, compile_cache, metrics, recompiles, runtime
 
-class Key(collections.namedtuple("Key", "graph precision device platform aliases memory")):
+class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd", defaults=(None,))):
     """What identifies a compiled executable: the graph's hash, the float32
     matmul precision, the device index, the platform, the donated
-    (parameter, output) pairs, and the memory kinds of the parameters and
+    (parameter, output) pairs, the memory kinds of the parameters and
     outputs that live outside device memory (GraphCut.memory_kinds(): () when
-    all are on the device; see torch_xla_core/offload.py)."""
+    all are on the device; see torch_xla_core/offload.py), and for a graph
+    partitioned over a mesh its device assignment and parameter shardings
+    (_spmd.Spmd; None for one device)."""
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
     """A sync about to run: the cut, its cache key, the deferred checks it computes."""
 
     def stablehlo(self) -> str:
-        return self.cut.lower(self.key.precision, list(self.key.aliases))
+        k = self.key
+        if k.spmd is not None:
+            return self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
+        return self.cut.lower(k.precision, list(k.aliases))
 
 
 _lock = threading.RLock()     # one sync at a time
@@ -77,6 +87,14 @@ _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
 _recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay.py records)
+_multi = False                       # a device other than xla:0 has been used: syncs go device by device
+
+
+def use_devices() -> None:
+    """Notes that tensors on devices other than xla:0 exist: from now on a
+    sync runs one graph per device that has pending values."""
+    global _multi
+    _multi = True
 
 _STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
                 "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
@@ -131,12 +149,13 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
-        exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
+        exe = compile_cache.load(key, text) if key.spmd is None else None  # the persistent cache (TXC_COMPILE_CACHE)
         if exe is None:
             with metrics.timed("compile"):
-                exe = runtime.compile_text(text, key.device)
+                exe = _spmd.compile(text, key) if key.spmd is not None else runtime.compile_text(text, key.device)
             metrics.counter_add("compile")
-            compile_cache.store(key, text, exe)
+            if key.spmd is None:  # a mesh's executables are not kept across processes (yet)
+                compile_cache.store(key, text, exe)
         with _cache_lock:
             _cache[key] = exe
             limit = cache_size()
@@ -154,6 +173,8 @@ def _dump(key, text):
     if d:
         os.makedirs(d, exist_ok=True)
         name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "")
+        if key.spmd is not None:
+            name += f"-spmd{len(key.spmd.device_ids)}-{hash(key.spmd) & 0xffffffff:08x}"
         with open(os.path.join(d, name + ".mlir"), "w") as f:
             f.write(f"// {key}\n{text}")
 
@@ -162,15 +183,34 @@ def _donating() -> bool:
     return os.environ.get("TXC_DONATE", "1") != "0"
 
 
-def plan(lts=None) -> Plan:
-    """The cut a sync of these LazyTensors (default: all live) would run, and its key."""
+def plan(lts=None, device=-2) -> Plan:
+    """The cut a sync of these LazyTensors (default: all live) would run, and
+    its key; with device >= 0, only their values on that device."""
     checks = _checks.snapshot()
     if lts is not None:  # a partial sync: the checks and the RNG state move on too
         lts = list(lts) + [c[0] for c in checks] + _random.roots()
-    cut = _C.GraphCut(lts)
+    cut = _C.GraphCut(lts, device)
+    spmd = _spmd.key_field(cut) if _spmd.active and cut.num_outputs else None
     aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
-    key = Key(cut.hash, torch.get_float32_matmul_precision(), 0, runtime.platform(), aliases, cut.memory_kinds())
+    key = Key(cut.hash, torch.get_float32_matmul_precision(), cut.device, runtime.platform(), aliases,
+              cut.memory_kinds(), spmd)
     return Plan(cut, key, checks)
+
+
+def _bind(p: Plan) -> list:
+    """The parameters' device buffers for p's executable: Python numbers as
+    buffers on its device; with several devices in use, a value of no fixed
+    device (the RNG state) moved to the graph's device when it lies elsewhere;
+    for a partitioned graph, inputs laid out on the mesh (_spmd.bind)."""
+    cut, key = p.cut, p.key
+    params = [runtime.scalar(*a, key.device) if type(a) is tuple else a for a in cut.params()]
+    if key.spmd is not None:
+        return _spmd.bind(key.spmd, params)
+    if _multi:
+        for i, d in enumerate(cut.param_devices()):
+            if d < 0 and runtime.device_index(params[i]) != key.device:
+                params[i] = runtime.move(params[i], key.device)
+    return params
 
 
 def executable(p: Plan):
@@ -238,31 +278,16 @@ class _Progress:
 
 def sync(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
-    every live one) in one compiled graph; they then hold device data."""
-    global _last
+    every live one) in one compiled graph per device; they then hold device
+    data."""
     with _lock:
         _checks.verify()  # checks computed by an earlier sync that did not wait
         with metrics.timed("sync"):
-            p = plan(lts)
-            cut = p.cut
-            if cut.num_outputs == 0:
-                return
-            for listen in _sync_listeners:
-                listen(p)
-            try:
-                exe = executable(p)
-                params = [runtime.scalar(*a) if type(a) is tuple else a for a in cut.params()]
-                outs = runtime.execute(exe, params, wait=wait)
-            except recompiles.RecompileLimitError:
-                raise
-            except Exception as e:
-                raise _failure(cut, e) from None
-            _last = exe
-            cut.assign(outs)
-            _checks.computed(p.checks)
-            metrics.counter_add("execute")
-            if _recorder is not None:  # txc.compile records this step (torch_xla_core/replay.py)
-                _recorder(p, exe, params, outs)
+            if not _multi:
+                _run(plan(lts), wait)
+            else:
+                for d in _C.pending_devices():
+                    _run(plan(lts, d), wait)
         if wait:
             _checks.verify()
 
@@ -277,6 +302,33 @@ def run_recorded(exe, params, wait=False):
         _last = exe
         metrics.counter_add("execute")
     return outs
+
+
+def _run(p: Plan, wait: bool) -> None:
+    global _last
+    cut = p.cut
+    if cut.num_outputs == 0:
+        return
+    for listen in _sync_listeners:
+        listen(p)
+    try:
+        exe = executable(p)
+        params = _bind(p)
+        if p.key.spmd is not None:
+            outs = _spmd.execute(exe, p.key.spmd, params, cut.output_specs(), wait=wait)
+        else:
+            outs = runtime.execute(exe, params, wait=wait)
+    except recompiles.RecompileLimitError:
+        raise
+    except Exception as e:
+        raise _failure(cut, e) from None
+    _last = exe
+    cut.assign(outs)
+    # with several devices, a check made on another device waits for that device's graph
+    _checks.computed([c for c in p.checks if c[0].is_data] if _multi else p.checks)
+    metrics.counter_add("execute")
+    if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay.py)
+        _recorder(p, exe, params, outs)
 
 
 # --- failures ---------------------------------------------------------------

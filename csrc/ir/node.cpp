@@ -72,20 +72,37 @@ bool is_error(const Node& n) {
 }
 
 // A value that failed to compute cannot feed a new op: say why, once, here.
-static void check_operands(const std::vector<NodePtr>& operands) {
-  for (const auto& o : operands)
+// Returns the operands' device (-1: none has one); two devices are refused
+// with torch's own message.
+static int16_t check_operands(const std::vector<NodePtr>& operands) {
+  int16_t device = -1;
+  for (const auto& o : operands) {
     if (is_error(*o)) throw std::runtime_error(o->attr_str(0));
+    if (o->device >= 0 && o->device != device) {
+      if (device >= 0)
+        throw std::runtime_error("Expected all tensors to be on the same device, but found at least two devices, xla:" +
+                                 std::to_string(device) + " and xla:" + std::to_string(o->device) +
+                                 "! Move one with .to(other.device).");
+      device = o->device;
+    }
+  }
+  return device;
 }
+
+bool g_multi_device = false;
+
+int16_t operand_device(const std::vector<NodePtr>& operands) { return check_operands(operands); }
 
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
   const OpDef& def = op_def(op);
-  check_operands(operands);
+  int16_t device = check_operands(operands);
   if (def.arity >= 0 && int(operands.size()) != def.arity)
     throw std::runtime_error(def.name + ": expected " + std::to_string(def.arity) + " operands, got " +
                              std::to_string(operands.size()));
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   def.infer(*n);
@@ -94,10 +111,11 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
 }
 
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims) {
-  check_operands(operands);
+  int16_t device = check_operands(operands);
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   n->dtype = dtype;

@@ -39,6 +39,13 @@ struct Node {
   // ops/placement.h). Not hashed: the executor's cache key carries the
   // graph's input and output memory kinds.
   uint8_t memory = 0;
+  // The xla device index the value lives on, or -1 for "any" (Python
+  // numbers, constants and factories without a device, the RNG state): taken
+  // from the operands when built; operands on two different devices are
+  // refused with torch's device-mismatch error. A sharded value (SPMD) is on
+  // device 0, the mesh's virtual device, as in torch_xla. Not hashed: the
+  // executor's cache key carries the graph's device.
+  int16_t device = -1;
   // Where the node came from: the aten overload being dispatched when it was
   // built (an index into origin_names(); 0 = none). Not hashed: it only names
   // ops in errors (a failed compile, an out-of-memory).
@@ -85,6 +92,13 @@ uint64_t hash_attrs(uint64_t h, const Attrs& attrs);
 // Builds a node: runs the op's shape rule, then hashes. Throws
 // std::runtime_error naming the op when the operands don't fit.
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs);
+// The device of a new node over these operands (see Node::device); throws
+// torch's device-mismatch error when two differ, or an operand's failure.
+int16_t operand_device(const std::vector<NodePtr>& operands);
+// Set once a value is put on a device other than xla:0: from then on a
+// value of no device written in place into a tensor on xla:0 is pinned
+// there too (LazyTensor::assign), so that mixing devices is always caught.
+extern bool g_multi_device;
 // A node whose shape is given (used by ops whose rule needs the caller's shape).
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims);
 

@@ -246,6 +246,8 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
     std::string attrs;
     if (alias_of[i] >= 0) attrs = "tf.aliasing_output = " + std::to_string(alias_of[i]) + " : i32";
+    if (i < options.param_shardings.size() && !options.param_shardings[i].empty())
+      attrs += std::string(attrs.empty() ? "" : ", ") + "mhlo.sharding = \"" + options.param_shardings[i] + "\"";
     if (p->memory != kDevice) {
       // A buffer on the host: declared so, and brought to the device for its uses.
       attrs += std::string(attrs.empty() ? "" : ", ") + "mhlo.memory_kind = \"" + memory_kind_name(p->memory) + "\"";
@@ -296,7 +298,8 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   for (const Node* n : order) n->ssa = -1;
   std::string funcs;
   for (const auto& f : cx.funcs_) funcs += f.second;
-  return "module @txc attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+  return "module @txc attributes {mhlo.num_partitions = " + std::to_string(options.num_partitions) +
+         " : i32, mhlo.num_replicas = 1 : i32} {\n"
          "  func.func public @main(" + sig + ") -> (" + rsig + ") {\n" + cx.body_ +
          "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n" + funcs + "}\n";
 }

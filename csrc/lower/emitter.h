@@ -112,9 +112,16 @@ class LowerCtx {
 // How to lower one graph: the matmul precision (torch's name) and the
 // parameters donated to outputs of the same type (input/output aliasing:
 // pairs of parameter index, output index).
+// For SPMD (torch_xla_core/_spmd.py): the number of partitions (devices of
+// the mesh) and each parameter's sharding as XLA's HloSharding text
+// ("{devices=[4,1,2]<=[8] last_tile_dim_replicate}", "{replicated}"),
+// written as mhlo.sharding on @main's arguments; results carry none, so
+// XLA's SPMD partitioner chooses them (propagation).
 struct LowerOptions {
   std::string precision = "highest";
   std::vector<std::pair<int, int>> aliases;
+  int num_partitions = 1;
+  std::vector<std::string> param_shardings;  // empty: no SPMD
 };
 
 // line_node, when given, receives for each line of the text (index = line

@@ -104,6 +104,7 @@ std::shared_ptr<Body> build_body(const std::vector<NodePtr>& params, const std::
       c->scalar = n->scalar;
       c->scalar_imag = n->scalar_imag;
       c->wrapped = n->wrapped;
+      c->device = n->device;
       c->operands.reserve(n->operands.size());
       for (const auto& o : n->operands) c->operands.push_back(m.at(o.get()));
       rehash(*c);
@@ -337,6 +338,7 @@ void bind_scan(py::module_& m) {
           n->operands = values(operands);
           for (const auto& c : b->consts) n->operands.push_back(c);
           n->attrs = {n_carry, n_xs, length, int64_t(reverse)};
+          n->device = operand_device(n->operands);
           n->body = b;
           op_def(scan).infer(*n);
           rehash(*n);

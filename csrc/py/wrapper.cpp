@@ -16,12 +16,22 @@ struct Wrapper {
   PyObject* cls = nullptr;       // XlaTensor
   PyObject* factory = nullptr;   // torch.Tensor._make_wrapper_subclass
   PyObject* device = nullptr;    // torch.device("xla", 0)
+  std::vector<PyObject*> devices;  // torch.device("xla", i), made on first use
   PyObject* kwnames = nullptr;   // ("dtype", "device")
   PyObject* lt_name = nullptr;   // "_lt"
   Py_ssize_t lt_offset = 0;      // where the class's `_lt` slot sits in an instance (0: not a slot)
   PyObject* fallback = nullptr;  // Python: other operand -> core operand, or raise
   std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
 } g_wrap;
+
+// The torch.device of a value on core device d (-1, "any": xla:0).
+PyObject* device_object(int d) {
+  if (d <= 0) return g_wrap.device;
+  if (size_t(d) >= g_wrap.devices.size()) g_wrap.devices.resize(size_t(d) + 1, nullptr);
+  PyObject*& o = g_wrap.devices[size_t(d)];
+  if (!o) o = py::module_::import("torch").attr("device")("xla", d).release().ptr();  // lives for the process
+  return o;
+}
 
 NodePtr scalar_node(double v, DType t, bool wrapped, double imag = 0) {
   static const uint16_t scalar = op_id("scalar");
@@ -103,7 +113,7 @@ py::object make_view_wrapper(const LazyTensor& t, const Node& v, PyObject* shape
   py::tuple st = int_tuple(strides);
   py::object off = py::reinterpret_steal<py::object>(PyLong_FromLongLong(offset));
   // _make_wrapper_subclass(cls, size, strides, storage_offset, *, dtype, device)
-  PyObject* args[] = {g_wrap.cls, shape, st.ptr(), off.ptr(), g_wrap.dtypes[size_t(v.dtype)], g_wrap.device};
+  PyObject* args[] = {g_wrap.cls, shape, st.ptr(), off.ptr(), g_wrap.dtypes[size_t(v.dtype)], device_object(v.device)};
   py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 4, g_wrap.kwnames));
   if (!w) throw py::error_already_set();
   return w;
@@ -119,7 +129,7 @@ py::object wrap(LazyTensor&& t) {
   py::object w;
   if (!t.plain()) w = make_view_wrapper(t, *v, shape.ptr());
   if (!w) {
-    PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
+    PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], device_object(v->device)};
     w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
     if (!w) throw py::error_already_set();
   }

@@ -243,12 +243,14 @@ def _to_copy(x, dtype, device):
     from .. import _device, _tensor
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
-        _device.check(dev)
+        i = _device.index(dev)
         if isinstance(x, XlaTensor):
+            if i is not None and i != _tensor.index_of(x):  # another xla device: the data moves
+                x = _tensor.move(x, i)
             r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
             return r
         src = x if dtype is None else x.to(dtype)
-        return _tensor.from_cpu(src)
+        return _tensor.from_cpu(src, i or 0)
     cpu = _tensor.to_cpu(x)
     if dtype is not None:
         cpu = cpu.to(dtype)
@@ -266,6 +268,7 @@ def copy_(dst, src, non_blocking=False):
     from . import assign
     if isinstance(src, XlaTensor):
         if isinstance(dst, XlaTensor):
+            src = _tensor.move(src, _tensor.index_of(dst))  # copy_ may cross devices, as in torch
             assign(dst, src if src.dtype == dst.dtype else convert(src, dst.dtype))
             return dst
         dst.copy_(_tensor.to_cpu(src))
@@ -274,7 +277,7 @@ def copy_(dst, src, non_blocking=False):
         src = src.to(dst.dtype)
     if src.shape != dst.shape:
         src = src.expand(dst.shape)
-    assign(dst, _tensor.from_cpu(src))
+    assign(dst, _tensor.from_cpu(src, _tensor.index_of(dst)))
     return dst
 
 

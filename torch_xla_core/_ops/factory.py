@@ -112,14 +112,15 @@ def _named(op):
 
 
 def register(name, fn):
-    """Registers fn as the xla (PrivateUse1) kernel of factory `name`; a
-    device index other than xla:0 is refused first, and an unsupported dtype
+    """Registers fn as the xla (PrivateUse1) kernel of factory `name`: the
+    result lies on the device asked for (an index that is no device is
+    refused first), and an unsupported dtype
     (complex) is reported naming the factory."""
     named = _named("aten::" + name)(fn)
 
     def kernel(*args, **kwargs):
-        _device.check(kwargs.get("device"))
-        return named(*args, **kwargs)
+        i = _device.index(kwargs.get("device"))
+        return _tensor.place_on(named(*args, **kwargs), 0 if i is None else i)
     _lib.impl(name, kernel, "PrivateUse1")
 
 
@@ -138,52 +139,51 @@ for _name, _fn in [
 @impl(aten.empty_like.default, aten.zeros_like.default)
 @_named("aten::empty_like")
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _device.check(device)
     if device is not None and torch.device(device).type != "xla":
         return torch.zeros(x.shape, dtype=dtype or x.dtype, device=device)
-    return full(x.shape, 0, dtype or x.dtype)
+    return _like(full(x.shape, 0, dtype or x.dtype), x, device)
 
 
 @impl(aten.ones_like.default)
 @_named("aten::ones_like")
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _device.check(device)
-    return full(x.shape, 1, dtype or x.dtype)
+    return _like(full(x.shape, 1, dtype or x.dtype), x, device)
 
 
 @impl(aten.full_like.default)
 @_named("aten::full_like")
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _device.check(device)
-    return full(x.shape, fill_value, dtype or x.dtype)
+    return _like(full(x.shape, fill_value, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_empty.default, aten.new_zeros.default)
 @_named("aten::new_empty")
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, 0, dtype or x.dtype)
+    return _like(full(size, 0, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_ones.default)
 @_named("aten::new_ones")
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, 1, dtype or x.dtype)
+    return _like(full(size, 1, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_full.default)
 @_named("aten::new_full")
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, fill_value, dtype or x.dtype)
+    return _like(full(size, fill_value, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_empty_strided.default)
 @_named("aten::new_empty_strided")
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return strided(full(size, 0, dtype or x.dtype), size, stride)
+    return strided(_like(full(size, 0, dtype or x.dtype), x, device), size, stride)
+
+
+def _like(r, x, device):
+    """A *_like/new_* result on `device`, default x's device."""
+    i = _device.index(device)
+    return _tensor.place_on(r, _tensor.index_of(x) if i is None else i)
 
 
 def _copy_from(src, dst, non_blocking=False):

@@ -12,7 +12,7 @@ from .. import _random
 from .._dtypes import code
 from .._tensor import OP, _make, op, wrap
 from . import aten, assign, impl
-from .factory import register, sizes
+from .factory import _like, register, sizes
 
 _key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
@@ -264,24 +264,24 @@ for _name, _fn in [
 
 @impl(aten.randn_like.default, aten.randn_like.generator)
 def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _randn(x.shape, generator=generator, dtype=dtype or x.dtype)
+    return _like(_randn(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
 
 
 @impl(aten.rand_like.default, aten.rand_like.generator)
 def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _rand(x.shape, generator=generator, dtype=dtype or x.dtype)
+    return _like(_rand(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
 
 
 @impl(aten.randint_like.default, aten.randint_like.generator)
 def randint_like(x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                  memory_format=None):
-    return _ints(dtype or x.dtype, x.shape, 0, high, generator)
+    return _like(_ints(dtype or x.dtype, x.shape, 0, high, generator), x, device)
 
 
 @impl(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)
 def randint_like_low(x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                      memory_format=None):
-    return _ints(dtype or x.dtype, x.shape, low, high, generator)
+    return _like(_ints(dtype or x.dtype, x.shape, low, high, generator), x, device)
 
 
 # --- dropout ----------------------------------------------------------------
