@@ -107,7 +107,7 @@ def test_long_compile_shows_a_progress_line():
     import sys
     code = ("import torch, torch_xla_core as txc\n"
             "x = torch.ones(64, 64, device=txc.device())\n"
-            "for _ in range(30):\n"
+            "for _ in range(400):  # a graph that compiles for well over the 0.05 s wait slice\n"
             "    x = torch.tanh(x @ x) + x.sum(0)\n"
             "txc.sync()\n")
     run = lambda v: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,  # noqa: E731
