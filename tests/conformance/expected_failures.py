@@ -37,8 +37,9 @@ EXPECTED = [
     # --- errors and mismatches: bugs, unsupported dtypes, work in other branches ---
     X('chalf', 'fwd', 'error', 'unsupported: complex32 refused with a clear TypeError'),
     X('hash_tensor', 'fwd', 'error', 'unsupported: uint64 output refused with a clear TypeError'),
-    X('linalg.eig', 'bwd', 'fallback',
-      'fallback: no XLA lowering yet for the linalg.solve its backward calls (_linalg_solve_ex, _linalg_check_errors)'),
+    X('linalg.eig', 'bwd', 'error',
+      'unsupported: its backward solves a complex system, and linalg.solve refuses complex inputs with a clear '
+      'error naming the op (the LAPACK handlers are real-only so far)'),
     # --- data-dependent output shapes: a counted CPU fallback by design ---
     X('repeat_interleave', 'fwd', 'fallback',
       'fallback: data-dependent output shape, counted CPU fallback (repeat_interleave.Tensor)'),
@@ -65,8 +66,10 @@ EXPECTED = [
     X('matrix_exp', 'fwd', 'mismatch',
       'float32 rounding: jax\'s Pade-13 and the CPU\'s Taylor-18 expm differ by up to 2e-3 on entries of '
       'results of norm ~1e5 (sample 1); the exact (float64) result is outside the tolerance of the CPU\'s too'),
-    X('linalg.eigvals', 'bwd', 'fallback',
-      'fallback: no XLA lowering yet for the linalg.solve its backward calls (_linalg_solve_ex, _linalg_check_errors)'),
+    X('chalf', 'bwd', 'error', 'unsupported: complex32 refused with a clear TypeError (no XLA type)'),
+    X('linalg.eigvals', 'bwd', 'error',
+      'unsupported: its backward solves a complex system, and linalg.solve refuses complex inputs with a clear '
+      'error naming the op (the LAPACK handlers are real-only so far)'),
 ]
 
 
