@@ -213,6 +213,19 @@ def _new_fallbacks(before):
     return sorted(k for k, v in txc.metrics.fallbacks().items() if v != before.get(k, 0))
 
 
+def _message(e, context=""):
+    """An xla failure as one line: its type (and where it happened), then at
+    most 300 characters of its message."""
+    return f"{type(e).__name__}{context}: {' '.join(str(e).split())[:300]}"
+
+
+def _verdict(before):
+    """The outcome of a sample that ran: "fallback" if an op fell back to the
+    CPU since `before`, else "pass"."""
+    fb = _new_fallbacks(before)
+    return ("fallback", "CPU fallback: " + ", ".join(fb)) if fb else ("pass", "")
+
+
 def run_forward(op, s, dtype, random):
     """(outcome, message) for one sample, or None if CPU eager rejects it."""
     cpu = copy_sample(s)
@@ -226,7 +239,7 @@ def run_forward(op, s, dtype, random):
         actual = op(xla[0], *xla[1], **xla[2])
         txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
-        msg = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        msg = _message(e)
         del e
         _reset()
         return "error", msg
@@ -238,14 +251,11 @@ def run_forward(op, s, dtype, random):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001 - fetching the value failed
-        msg = f"{type(e).__name__} fetching the result: {' '.join(str(e).split())[:300]}"
+        msg = _message(e, " fetching the result")
         del e
         _reset()
         return "error", msg
-    fb = _new_fallbacks(before)
-    if fb:
-        return "fallback", "CPU fallback: " + ", ".join(fb)
-    return "pass", ""
+    return _verdict(before)
 
 
 def _grad_outputs(op, s, side):
@@ -284,7 +294,7 @@ def run_backward(op, s, dtype, random):
         grads_x = torch.autograd.grad(loss, leaves_x, allow_unused=True)
         txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        msg = _message(e)
         del e
         _reset()
         return "error", msg
@@ -299,14 +309,11 @@ def run_backward(op, s, dtype, random):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__} fetching the gradient: {' '.join(str(e).split())[:300]}"
+        msg = _message(e, " fetching the gradient")
         del e
         _reset()
         return "error", msg
-    fb = _new_fallbacks(before)
-    if fb:
-        return "fallback", "CPU fallback: " + ", ".join(fb)
-    return "pass", ""
+    return _verdict(before)
 
 
 def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
