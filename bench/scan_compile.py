@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # compile times are measured: no persistent cache
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 

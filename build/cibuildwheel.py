@@ -9,10 +9,12 @@ environment-pass) into wheelhouse/cibuildwheel/<flavor>/, then the same
 per-wheel checks as build/wheels.py. Routes, first that works:
 
   docker        a Docker daemon answers and the official manylinux_2_28
-                image is present or can be pulled: the real release route;
+                image is present or can be pulled: the real release route,
+                every Python of build/flavors.toml [python] (CIBW_BUILD);
   podman-local  podman with build/builder/containers.conf and the local
                 manylinux-like image from build/builder/make-image.sh (made
-                on demand): a local check, glibc 2.36, cp311 only.
+                on demand): a local check, glibc 2.36, and only the Pythons
+                that image holds (Debian's 3.11).
 
 It says which route and image it used. cibuildwheel runs on a clean copy of
 the tree (git's tracked and untracked-not-ignored files): it tars its
@@ -34,6 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import flavors as fl  # noqa: E402
+import release  # noqa: E402
 import wheels  # noqa: E402
 from engine import BUILDER, builder_env, command_ok, docker_answers, no_docker_reason  # noqa: E402
 
@@ -48,6 +51,10 @@ def log(msg: str) -> None:
     print(f"[cibuildwheel] {msg}", flush=True)
 
 
+# The Pythons the local builder image has (build/builder/Containerfile).
+LOCAL_IMAGE_PYTHONS = ("3.11",)
+
+
 def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
     """(route, extra env for cibuildwheel, why)."""
     if engine not in ("auto", "docker"):
@@ -55,8 +62,8 @@ def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
     elif docker_answers():
         if command_ok(["docker", "image", "inspect", REAL_IMAGE], timeout=20) or \
                 command_ok(["docker", "pull", REAL_IMAGE], timeout=300):
-            return "docker", {"CIBW_CONTAINER_ENGINE": "docker"}, \
-                f"docker daemon answers; official image {REAL_IMAGE}"
+            return "docker", {"CIBW_CONTAINER_ENGINE": "docker", "CIBW_BUILD": MATRIX.cibw_build()}, \
+                f"docker daemon answers; official image {REAL_IMAGE}, Pythons {MATRIX.cibw_build()}"
         why = f"docker answers but {REAL_IMAGE} cannot be pulled"
     else:
         why = no_docker_reason()
@@ -69,12 +76,15 @@ def pick_route(engine: str) -> tuple[str, dict[str, str], str]:
         log(f"{why}; making the local builder image {LOCAL_IMAGE} (build/builder/make-image.sh)")
         subprocess.run(["bash", str(BUILDER / "make-image.sh")], check=True,
                        env={**env, "IMAGE": LOCAL_IMAGE})
+    local = [v for v in MATRIX.pythons if v in LOCAL_IMAGE_PYTHONS]
     env.update({"CIBW_CONTAINER_ENGINE": "podman",
                 "CIBW_MANYLINUX_X86_64_IMAGE": LOCAL_IMAGE,
-                "CIBW_BUILD": "cp311-manylinux_x86_64"})
+                "CIBW_BUILD": " ".join(f"{fl.cp_tag(v)}-manylinux_x86_64" for v in local)})
+    skipped = [v for v in MATRIX.pythons if v not in local]
     return "podman-local", env, (f"{why}; podman with the local manylinux-like image "
-                                 f"{LOCAL_IMAGE} (glibc 2.36, cp311 only: a local check, "
-                                 "not a release build)")
+                                 f"{LOCAL_IMAGE} (glibc 2.36, Python {', '.join(local)} only; "
+                                 f"{', '.join(skipped)} need the real manylinux image: a local "
+                                 "check, not a release build)")
 
 
 def image_id(route: str, env: dict[str, str]) -> str:
@@ -87,6 +97,12 @@ def image_id(route: str, env: dict[str, str]) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return res.stdout.strip() if res.returncode == 0 else ""
+
+
+def _version_of(whl: Path) -> str:
+    """cp312 -> "3.12"."""
+    tag = wheels.parse_wheel_name(whl)["py"]
+    return f"{tag[2]}.{tag[3:]}"
 
 
 def export_tree(dest: Path) -> None:
@@ -130,11 +146,18 @@ def main(argv=None) -> int:
             secs = time.monotonic() - t0
             entry = {"seconds": round(secs, 1), "rc": rc}
             if rc == 0:
-                whl = wheels.one_wheel(out)
                 try:
-                    wheels.check_wheel(whl, f)
-                    entry.update(wheel=whl.name, bytes=whl.stat().st_size, check="ok")
-                    log(f"{name}: OK {whl.name} in {secs:.0f} s (checked: label, tags, nm -D, build_info)")
+                    whls = wheels.wheels_in(out)
+                    if not whls:
+                        raise wheels.CheckError(f"no wheel in {out}")
+                    for whl in whls:  # one per Python; build_info with that Python if here
+                        py = release.find_python(_version_of(whl))[0]
+                        wheels.check_wheel(whl, f, python=str(py) if py else None)
+                        log(f"{name}: OK {whl.name} (checked: label, tags, nm -D"
+                            + (f", build_info with {py})" if py else ")"))
+                    entry.update(wheel=" ".join(w.name for w in whls),
+                                 bytes=sum(w.stat().st_size for w in whls), check="ok")
+                    log(f"{name}: {len(whls)} wheel(s) in {secs:.0f} s")
                 except wheels.CheckError as e:
                     entry["check"] = str(e)
                     failed = True

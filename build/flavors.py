@@ -1,5 +1,6 @@
-"""Reads the C++-ABI flavor matrix (build/flavors.toml) for the scripts in
-build/, the noxfile and the packaging tests. Owns nothing else.
+"""Reads the release matrix (build/flavors.toml): the C++-ABI flavors and
+the CPython versions, for the scripts in build/, the noxfile and the
+packaging tests. Owns nothing else.
 
 Load it by path (`runpy`/`importlib`) or with build/ on sys.path: never as
 `build.flavors`, since a package named `build` would shadow pypa's build.
@@ -47,11 +48,26 @@ class Flavor:
                 "-f", self.wheelhouse]
 
 
+def cp_tag(version: str) -> str:
+    """"3.12" -> "cp312", the CPython tag of wheels and cibuildwheel ids."""
+    major, minor = version.split(".")
+    return f"cp{major}{minor}"
+
+
 @dataclass(frozen=True)
 class Matrix:
     default: str
     env_var: str
     flavors: dict[str, Flavor]
+    pythons: tuple[str, ...] = ()      # CPython versions of a release, "3.11", ...
+    default_python: str = ""
+
+    def cibw_build(self) -> str:
+        """cibuildwheel's `build` selector for the Python list."""
+        return " ".join(f"{cp_tag(v)}-*" for v in self.pythons)
+
+    def classifiers(self) -> list[str]:
+        return [f"Programming Language :: Python :: {v}" for v in self.pythons]
 
     def __iter__(self):
         return iter(self.flavors.values())
@@ -83,7 +99,14 @@ def load(path: Path = MATRIX) -> Matrix:
                          "and carry no local label (a PyPI release can't)")
     if len({f.cxx11_abi for f in flavors.values()}) != len(flavors):
         raise ValueError(f"{path}: two flavors share one ABI")
-    return Matrix(default=default, env_var=data["env"], flavors=flavors)
+    py = data["python"]
+    versions = tuple(py["versions"])
+    keys = [tuple(map(int, v.split("."))) for v in versions]
+    if keys != sorted(set(keys)) or py["default"] not in versions:
+        raise ValueError(f"{path}: [python] versions must be ascending and distinct "
+                         f"and hold the default {py['default']!r}; got {list(versions)}")
+    return Matrix(default=default, env_var=data["env"], flavors=flavors,
+                  pythons=versions, default_python=py["default"])
 
 
 def base_version(root: Path = ROOT) -> str:

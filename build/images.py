@@ -58,7 +58,10 @@ STAGE = ROOT / "docker" / "stage"       # git-ignored (docker/.gitignore)
 REPORT = STAGE / "report.json"
 REPO = "torch-xla-core"                  # image repository name
 LOCAL = f"localhost/{REPO}"
-PYTHON = "3.11"
+# The image's Python: the matrix's default (build/flavors.toml [python]);
+# the only one with a base image here (python:3.11-slim-bookworm or its
+# local stand-in) and a torch CPU wheel. Tags name any Python of the list.
+PYTHON = MATRIX.default_python
 # Platforms an image is made for. `cpu` is built here; `tpu` adds the tpu
 # extra (libtpu) to the same runtime stage, a tag of its own
 # (r<v>_<py>_tpu_<flavor>); it needs a TPU VM to be smoke-tested, so it is
@@ -74,6 +77,9 @@ def tag(version: str, flavor: fl.Flavor, platform: str = "cpu", python: str = PY
     The flavor is always named, the default one included."""
     if platform not in PLATFORMS:
         raise ValueError(f"unknown platform {platform!r}; known: {sorted(PLATFORMS)}")
+    if python not in MATRIX.pythons:
+        raise ValueError(f"Python {python!r} is not in build/flavors.toml [python] "
+                         f"{list(MATRIX.pythons)}")
     return f"r{version}_{python}_{platform}_{flavor.image_suffix}"
 
 

@@ -224,15 +224,19 @@ print(json.dumps(info))
 """
 
 
-def isolated_build_info(whl: Path, tmp: Path) -> dict | None:
-    """build_info() of the unpacked wheel, or None when this interpreter
-    can't load it (another CPython)."""
+def isolated_build_info(whl: Path, tmp: Path, python: str | None = None) -> dict | None:
+    """build_info() of the unpacked wheel, loaded by `python` (default: this
+    interpreter), or None when that interpreter can't load it (another
+    CPython)."""
     tag = parse_wheel_name(whl)["py"]
-    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    python = python or sys.executable
+    here = subprocess.run([python, "-S", "-c", "import sys; print(f'cp{sys.version_info[0]}"
+                           "{sys.version_info[1]}')"], capture_output=True, text=True,
+                          check=True).stdout.strip()
     if tag != here:
         log(f"  (skip import check: wheel is {tag}, this interpreter is {here})")
         return None
-    res = subprocess.run([sys.executable, "-S", "-c", _ISOLATED_PROBE, str(tmp)],
+    res = subprocess.run([python, "-S", "-c", _ISOLATED_PROBE, str(tmp)],
                          capture_output=True, text=True, cwd=tmp)
     if res.returncode:
         raise CheckError(f"{whl.name}: importing _C/build_info failed:\n{res.stderr}")
@@ -242,8 +246,10 @@ def isolated_build_info(whl: Path, tmp: Path) -> dict | None:
     return info
 
 
-def check_wheel(whl: Path, flavor: fl.Flavor, *, repaired: bool = True) -> dict:
-    """Every per-wheel fact the flavor promises; raises CheckError."""
+def check_wheel(whl: Path, flavor: fl.Flavor, *, repaired: bool = True,
+                python: str | None = None) -> dict:
+    """Every per-wheel fact the flavor promises; raises CheckError. The
+    import check loads the wheel's core with `python` (default: this one)."""
     base = fl.base_version()
     want = flavor.version(base)
     name = parse_wheel_name(whl)
@@ -282,7 +288,7 @@ def check_wheel(whl: Path, flavor: fl.Flavor, *, repaired: bool = True) -> dict:
         elif f'set(torch_xla_core_FLAVOR "{flavor.name}")' not in cfg.read_text():
             problems.append(f"{cfg.name} does not name flavor {flavor.name}")
         result["headers"] = len(headers)
-        info = isolated_build_info(whl, tmp)
+        info = isolated_build_info(whl, tmp, python)
     if info is not None:
         result["build_info"] = {k: info[k] for k in ("flavor", "cxx11_abi", "compiler",
                                                      "version", "flavor_consistent")}

@@ -37,7 +37,7 @@ const Ids& ids() {
   return i;
 }
 
-NodePtr leaf(const Dims& d) { return make_data(DType::F32, d, nullptr); }
+NodePtr leaf(const Dims& d) { return make_data(DType::F32, d, nullptr, 0); }
 
 // The graph's output after exactly n op nodes.
 NodePtr build_graph(int64_t n) {

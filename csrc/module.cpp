@@ -42,30 +42,63 @@ PYBIND11_MODULE(_C, m) {
   bind_wrapper(m);
   bind_dispatch(m);
   bind_mapping(m);
-  m.def("from_data", [](py::object data, int dtype, const Dims& dims) {
-          return LazyTensor(make_py_data(std::move(data), DType(dtype), dims));
+  m.def("from_data", [](py::object data, int dtype, const Dims& dims, int device) {
+          return LazyTensor(make_py_data(std::move(data), DType(dtype), dims, int16_t(device)));
         },
-        "A LazyTensor holding device data (a runtime buffer object).");
+        py::arg("data"), py::arg("dtype"), py::arg("dims"), py::arg("device") = 0,
+        "A LazyTensor holding device data (a runtime buffer object) on xla device `device` (-1: any).");
+  m.def("place_on", [](LazyTensor& t, int device) {
+          // a copy of the storage's value with the device (same hash); a view
+          // rebuilds its chain on it
+          Storage& st = *t.storage();
+          if (st.value->device >= 0 && st.value->device != device)
+            throw std::runtime_error("place_on: the value is on xla:" + std::to_string(st.value->device));
+          st.value = placed_on(st.value, int16_t(device));
+          if (t.is_view()) {
+            ++st.version;
+            t.value();
+          }
+        },
+        "Puts a fresh value made without a device (a factory's) on xla device `device`.");
+  m.def("pending_devices", [] {
+          static const uint16_t data = op_id("data");
+          std::vector<int> r;
+          for (Storage* s = live_storages_head(); s; s = s->next)
+            if (s->value->op != data && !is_error(*s->value)) {
+              int d = std::max<int>(s->value->device, 0);
+              if (std::find(r.begin(), r.end(), d) == r.end()) r.push_back(d);
+            }
+          std::sort(r.begin(), r.end());
+          return r;
+        },
+        "The devices (a value without one counts as 0) of the live storages a sync would compute.");
   m.def("live_count", &live_storage_count, "Number of live storages.");
 
   py::class_<GraphCut>(m, "GraphCut")
-      .def(py::init([](py::object tensors) {
-             if (tensors.is_none()) return GraphCut({}, true);
+      .def(py::init([](py::object tensors, int device) {
+             if (tensors.is_none()) return GraphCut({}, true, device);
              std::vector<std::shared_ptr<Storage>> roots;
              for (auto h : tensors) roots.push_back(lazy_arg(h).storage());
-             return GraphCut(std::move(roots), false);
+             return GraphCut(std::move(roots), false, device);
            }),
-           py::arg("tensors") = py::none(),
-           "Cuts the pending graph of `tensors` (default: every live tensor).")
+           py::arg("tensors") = py::none(), py::arg("device") = -2,
+           "Cuts the pending graph of `tensors` (default: every live tensor); with device >= 0, only the "
+           "values on that device (a value without one counts as 0).")
+      .def_property_readonly("device", &GraphCut::device)
+      .def("param_devices", &GraphCut::param_devices)
+      .def("annotations", &GraphCut::annotations)
       .def_property_readonly("hash", &GraphCut::hash)
       .def_property_readonly("num_outputs", &GraphCut::num_outputs)
       .def_property_readonly("num_nodes", &GraphCut::num_nodes)
       .def("lower",
-           [](const GraphCut& c, const std::string& precision, const std::vector<std::pair<int, int>>& aliases) {
-             return c.lower(LowerOptions{precision, aliases});
+           [](const GraphCut& c, const std::string& precision, const std::vector<std::pair<int, int>>& aliases,
+              int num_partitions, const std::vector<std::string>& param_shardings) {
+             return c.lower(LowerOptions{precision, aliases, num_partitions, param_shardings});
            },
            py::arg("precision") = "highest", py::arg("aliases") = std::vector<std::pair<int, int>>{},
-           "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs.")
+           py::arg("num_partitions") = 1, py::arg("param_shardings") = std::vector<std::string>{},
+           "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs, "
+           "and for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_spmd.py).")
       .def("text", &GraphCut::text, "The graph, one node per line, for people.")
       .def("donations", &GraphCut::donations)
       .def("params", &GraphCut::params)

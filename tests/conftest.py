@@ -2,6 +2,10 @@ import os
 import sys
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+# No state shared through a home directory, and compile counts mean compiles:
+# the persistent compile cache is off in tests (tests/test_compile_cache.py
+# turns it on in a temporary directory).
+os.environ["TXC_COMPILE_CACHE"] = "off"
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402

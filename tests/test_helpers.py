@@ -1,5 +1,7 @@
 """torch_xla-style helpers: mark_step, wait_device_ops, optimizer_step,
 metrics.short_report."""
+import os
+
 import torch
 
 import torch_xla_core as txc
@@ -52,3 +54,68 @@ def test_short_report():
     assert "1 hits, 1 misses" in lines[1]
     assert lines[2].startswith("executions: 2")
     assert "cpu fallbacks: 0" in lines[4]
+
+
+def test_timer_percentiles_and_torch_xla_metric_aliases():
+    from torch_xla_core import executor, metrics
+    executor.clear_cache()
+    metrics.clear()
+    x = torch.ones(3, device=txc.device())
+    keep = []  # a sync runs what live tensors need
+    for i in range(4):
+        keep.append((x * i).sum())
+        txc.sync()
+    keep.append(x.exp().amax())  # another graph
+    txc.sync()
+    cs = metrics.counters()
+    st = metrics.timer_stats("compile")
+    assert st["count"] == cs["compile"] >= 2
+    assert st["min"] <= st["p50"] <= st["p90"] <= st["p99"] <= st["max"]
+    assert abs(st["mean"] * st["count"] - st["total"]) < 1e-9
+    assert metrics.timer_stats("never-timed") == {}
+    # torch_xla's names read ours
+    n, total, samples = metrics.metric_data("CompileTime")
+    assert (n, total) == metrics.timers()["compile"] and len(samples) == cs["compile"]
+    assert metrics.metric_data("ExecuteTime")[0] == 5
+    assert metrics.counter_value("UncachedCompile") == cs["compile"]
+    assert metrics.counter_value("CachedCompile") == cs["cache_hit"] == 5 - cs["compile"] > 0
+    assert {"CompileTime", "ExecuteTime", "compile"} <= set(metrics.metric_names())
+    assert {"CachedCompile", "UncachedCompile", "cache_hit"} <= set(metrics.counter_names())
+    assert "p99=" in metrics.metrics_report()
+
+
+def test_torch_xla_dtype_flags_warn_and_are_ignored():
+    import subprocess
+    import sys
+    code = ("import torch, torch_xla_core as txc\n"
+            "x = torch.ones(2, device=txc.device())\n"
+            "print(x.dtype, (x * 1.5).dtype)\n")
+    env = dict(os.environ, XLA_USE_BF16="1", XLA_USE_32BIT_LONG="1")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["torch.float32", "torch.float32"]
+    assert "XLA_USE_BF16 is set but torch_xla_core ignores it" in p.stderr
+    assert "torch.autocast('xla', dtype=torch.bfloat16)" in p.stderr
+    assert "XLA_USE_32BIT_LONG is set" in p.stderr
+    env = dict(os.environ, XLA_USE_BF16="0")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "XLA_USE_BF16" not in p.stderr
+
+
+def test_long_compile_shows_a_progress_line():
+    import subprocess
+    import sys
+    code = ("import torch, torch_xla_core as txc\n"
+            "x = torch.ones(64, 64, device=txc.device())\n"
+            "for _ in range(400):  # a graph that compiles for well over the 0.05 s wait slice\n"
+            "    x = torch.tanh(x @ x) + x.sum(0)\n"
+            "txc.sync()\n")
+    run = lambda v: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,  # noqa: E731
+                                   env=dict(os.environ, TXC_COMPILE_PROGRESS=v))
+    p = run("0.001")
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("torch_xla_core: compil")]
+    assert lines[0].startswith("torch_xla_core: compiling graph ") and " ops, 1 outputs): " in lines[0]
+    assert lines[-1].startswith("torch_xla_core: compiled graph ") and lines[-1].endswith(" s")
+    p = run("0")
+    assert p.returncode == 0 and "torch_xla_core: compil" not in p.stderr

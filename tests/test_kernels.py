@@ -198,3 +198,59 @@ def test_flash_attention_pallas_kernel_lowers_for_tpu_on_cpu():
     for fn, calls in ((fwd, 1), (bwd, 3)):
         text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
         assert text.count("tpu_custom_call") >= calls
+
+
+# --- F.scaled_dot_product_attention routed to flash_attention -------------------------
+
+@pytest.fixture
+def sdpa_mode():
+    from torch_xla_core.kernels import attention
+    yield attention.set_sdpa_kernel
+    attention._sdpa_mode = None
+
+
+@pytest.mark.parametrize("causal,gqa,scale", [(False, False, None), (True, True, None), (True, False, 0.3)])
+def test_sdpa_routed_to_flash_matches_cpu(sdpa_mode, causal, gqa, scale):
+    import torch.nn.functional as F
+    from torch_xla_core import metrics
+    sdpa_mode("flash")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 8, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2 if gqa else 4, 8, 16, generator=g, requires_grad=True) for _ in range(2))
+    xs = [t.detach().to(txc.device()).requires_grad_() for t in (q, k, v)]
+    r = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+    metrics.clear()
+    xr = F.scaled_dot_product_attention(*xs, is_causal=causal, scale=scale, enable_gqa=gqa)
+    assert metrics.counters().get("sdpa_flash") == 1
+    assert "jax_call" in txc.debug.graph_text([xr]) or "func.call" in txc.debug.stablehlo([xr])
+    r.square().sum().backward()
+    xr.square().sum().backward()
+    torch.testing.assert_close(xr.cpu(), r.detach(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(xs, (q, k, v)):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_sdpa_routing_rules(sdpa_mode):
+    import torch.nn.functional as F
+    from torch_xla_core import metrics
+    from torch_xla_core.kernels.attention import sdpa_route
+    x = torch.randn(1, 2, 8, 16, device=txc.device())
+    long = torch.randn(1, 2, 1024, 128)
+    sdpa_mode("auto")  # default: the core sdpa op off TPU; on TPU from kv length 1024
+    assert not sdpa_route(x, x, x, None, 0.0, False)
+    assert sdpa_route(long, long, long, None, 0.0, False, platform="tpu")
+    assert not sdpa_route(long[:, :, :512], long[:, :, :512], long[:, :, :512], None, 0.0, False, platform="tpu")
+    odd = torch.randn(1, 2, 1024, 192)  # head_dim the Pallas kernel cannot take (>= 128, not a multiple)
+    assert not sdpa_route(odd, odd, odd, None, 0.0, False, platform="tpu")
+    sdpa_mode("flash")
+    assert sdpa_route(x, x, x, None, 0.0, False)
+    assert not sdpa_route(x, x, x, torch.ones(8, 8, dtype=torch.bool), 0.0, False)  # a mask: the core op
+    assert not sdpa_route(x, x, x, None, 0.1, False)  # dropout: the math path
+    assert not sdpa_route(x, x[:, :1], x[:, :1], None, 0.0, False)  # head counts differ without enable_gqa
+    metrics.clear()
+    y = F.scaled_dot_product_attention(x, x, x, attn_mask=torch.ones(8, 8, dtype=torch.bool, device=txc.device()))
+    assert "sdpa_flash" not in metrics.counters() and "sdpa" in txc.debug.graph_text([y])
+    sdpa_mode("xla")
+    assert not sdpa_route(long, long, long, None, 0.0, False, platform="tpu")
+    with pytest.raises(ValueError, match="set_sdpa_kernel: mode must be one of"):
+        sdpa_mode("fast")

@@ -14,10 +14,11 @@ def to_cpu(x):
     return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, x)
 
 
-def assert_matches_cpu(fn, *args, grad=None, atol=1e-5, rtol=1e-5, no_fallback=True, **kwargs):
+def assert_matches_cpu(fn, *args, grad=None, atol=1e-5, rtol=1e-5, no_fallback=True, equal_nan=False, **kwargs):
     """fn(*args) on CPU and on xla agree (values, dtypes, shapes); with
     floating-point inputs that require grad, so do the gradients of
-    sum(outputs * fixed random weights) w.r.t. those inputs."""
+    sum(outputs * fixed random weights) w.r.t. those inputs. equal_nan: NaNs
+    in the same places of the outputs count as equal."""
     before = dict(txc.metrics.fallbacks())
     cpu_args = pytree.tree_map(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
                                if isinstance(t, torch.Tensor) else t, args)
@@ -31,7 +32,7 @@ def assert_matches_cpu(fn, *args, grad=None, atol=1e-5, rtol=1e-5, no_fallback=T
     for c, x in zip(flat_c, flat_x):
         if isinstance(c, torch.Tensor):
             assert x.device.type == "xla", f"output on {x.device}"
-            torch.testing.assert_close(x.cpu(), c.detach(), atol=atol, rtol=rtol)
+            torch.testing.assert_close(x.cpu(), c.detach(), atol=atol, rtol=rtol, equal_nan=equal_nan)
         else:
             assert c == x
     leaves = [t for t in pytree.tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.requires_grad]

@@ -30,6 +30,22 @@ _tensor.configure(torch.device("xla", 0))
 # (bench/trace_overhead.py). This is per thread (torch's TLS): it applies to
 # the thread that imports torch_xla_core. TXC_AUTOGRAD_THREADS=1 keeps torch's
 # default.
+# torch_xla's global dtype flags (deprecated there in 2.6) change every
+# tensor's dtype behind the program's back; we do not honour them, and say so.
+_LEGACY_DTYPE_FLAGS = {
+    "XLA_USE_BF16": "convert the model and inputs with .to(torch.bfloat16), or use "
+                    "torch.autocast('xla', dtype=torch.bfloat16)",
+    "XLA_DOWNCAST_BF16": "convert with .to(torch.bfloat16), or use torch.autocast('xla', dtype=torch.bfloat16)",
+    "XLA_USE_FP16": "convert with .to(torch.float16), or use torch.autocast('xla', dtype=torch.float16) "
+                    "with torch.amp.GradScaler('xla')",
+    "XLA_USE_32BIT_LONG": "create index tensors as torch.int32 where 32 bits suffice",
+}
+for _flag, _instead in _LEGACY_DTYPE_FLAGS.items():
+    if os.environ.get(_flag, "0") not in ("", "0"):
+        import warnings
+        warnings.warn(f"{_flag} is set but torch_xla_core ignores it (torch_xla deprecated it in 2.6): tensors keep "
+                      f"their dtypes. Instead, {_instead}.", FutureWarning, stacklevel=2)
+
 if os.environ.get("TXC_AUTOGRAD_THREADS") != "1":
     torch._C._set_multithreading_enabled(False)
 _ops.load_all()
@@ -61,6 +77,25 @@ def device_count() -> int:
     return runtime.device_count()
 
 
+def world_size() -> int:
+    """The number of processes (torch_xla_core.launch; 1 when run alone)."""
+    import jax
+    runtime.backend()
+    return jax.process_count()
+
+
+def global_ordinal() -> int:
+    """This process's rank among all processes (0 when run alone)."""
+    import jax
+    runtime.backend()
+    return jax.process_index()
+
+
+def local_ordinal() -> int:
+    """This process's rank among the processes on this machine."""
+    return int(os.environ.get("TXC_LOCAL_RANK", "0"))
+
+
 def sync(wait: bool = False) -> None:
     """Compiles (once per graph) and runs everything traced so far; with
     wait=True, also blocks until the device has finished."""
@@ -89,4 +124,5 @@ def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None):
         sync()
     return r
 from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
+from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
 from . import data, profiler  # noqa: E402

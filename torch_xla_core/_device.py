@@ -64,23 +64,29 @@ class _DeviceModule:
         return True
 
 
-def check(device) -> None:
-    """Refuses a device argument naming an xla index other than 0: tensors
-    live on xla:0 only (an index that is no device at all says how many
-    there are). None, other device types and "xla" pass."""
+def index(device):
+    """The xla device index a device argument names: None for None, other
+    device types and a bare "xla" (the default device, xla:0); an index that
+    is no device raises, naming it and the count (TXC_NUM_CPU_DEVICES sets
+    how many CPU devices there are)."""
     if device is None:
-        return
+        return None
     d = device if isinstance(device, torch.device) else torch.device(device)
-    if d.type != "xla" or not d.index:
-        return
+    if d.type != "xla" or d.index is None:
+        return None
     from . import runtime
     n = runtime.device_count()
     if not 0 <= d.index < n:
+        hint = (" (set TXC_NUM_CPU_DEVICES=N before the first xla op for N CPU devices)"
+                if runtime.platform() == "cpu" else "")
         raise RuntimeError(f"xla:{d.index} is not a device: this process has {n} xla device{'s' if n != 1 else ''} "
-                           f"({runtime.platform()}); use device 'xla' (xla:0)")
-    raise RuntimeError(f"xla:{d.index} is not supported yet: only xla:0 holds tensors ({n} {runtime.platform()} "
-                       f"devices found; multi-device support is tracked in the sharding work). Use device 'xla' "
-                       f"(xla:0), and torch_xla_core.sharding to spread a computation over devices.")
+                           f"({runtime.platform()}), xla:0 to xla:{n - 1}{hint}")
+    return d.index
+
+
+def check(device) -> None:
+    """Refuses a device argument naming an xla index that is no device."""
+    index(device)
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -108,6 +114,30 @@ class _Guard(torch._C._acc.DeviceGuard):
         self.type_ = functools.partial(operator.itemgetter(0), (_PRIVATEUSE1,))
 
 
+class _Engine(torch._C._ImperativeEngine):
+    """The autograd engine's Python face (Variable._execution_engine), through
+    which Tensor.backward, torch.autograd.backward and torch.autograd.grad all
+    run. When an op handler raises inside a backward pass, torch's Python
+    device guard (every query of it calls type_ above) runs Python while the
+    engine unwinds and the pending exception is lost: the engine then raises
+    "SystemError: ... returned NULL without setting an exception". The
+    dispatcher keeps the handler's exception per thread
+    (csrc/py/dispatch.cpp): raise that one instead."""
+
+    def run_backward(self, *args, **kwargs):
+        from . import _C
+        _C.take_handler_error()
+        try:
+            return super().run_backward(*args, **kwargs)
+        except SystemError as e:
+            err = _C.take_handler_error()
+            if err is None or "without setting an exception" not in str(e):
+                raise
+            raise err from None
+        finally:
+            _C.take_handler_error()  # reported (or harmless): hold no traceback or tensors
+
+
 def register() -> None:
     global _done
     if _done:
@@ -117,4 +147,6 @@ def register() -> None:
     torch._register_device_module("xla", _DeviceModule())
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    from torch.autograd.variable import Variable
+    Variable._execution_engine = _Engine()
     _done = True

@@ -6,13 +6,13 @@ import torch
 
 # Order matches txc::DType.
 TORCH = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-         torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+         torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
 NUMPY = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
-         np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64]
+         np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64, np.complex128]
 CODE = {t: i for i, t in enumerate(TORCH)}
 NP_CODE = {np.dtype(t): i for i, t in enumerate(NUMPY)}
 
-BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64 = range(11)
+BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, C128 = range(12)
 
 
 class UnsupportedDtype(TypeError):
@@ -23,12 +23,12 @@ class UnsupportedDtype(TypeError):
     def __init__(self, dtype, op=None):
         self.dtype, self.op = dtype, op
         where = f" ({op})" if op else ""
-        if dtype.is_complex:
-            msg = (f"{str(dtype).replace('torch.', '')} is not supported on the xla device yet{where}; compute on "
-                   f"CPU (tensor.cpu()) and move real-valued results back with .to('xla')")
+        if dtype == torch.complex32:
+            msg = (f"complex32 (chalf) is not supported on the xla device{where}: XLA has no complex type with "
+                   f"16-bit parts; use complex64 (tensor.to(torch.complex64))")
         else:
             msg = (f"dtype {dtype} is not supported on the xla device{where}; supported: "
-                   f"{', '.join(str(t) for t in TORCH if not t.is_complex)}")
+                   f"{', '.join(str(t) for t in TORCH)}")
         super().__init__(msg)
 
     def at(self, op):
@@ -38,9 +38,9 @@ class UnsupportedDtype(TypeError):
 
 
 def code(dtype: torch.dtype) -> int:
-    """The core's code for dtype. Complex dtypes are refused here, where every
-    tensor or number enters the core (the core's C64 has no lowering yet)."""
+    """The core's code for dtype. Dtypes without one (complex32, the unsigned
+    and float8 types) are refused here, where every tensor enters the core."""
     c = CODE.get(dtype)
-    if c is None or c == C64:
+    if c is None:
         raise UnsupportedDtype(dtype)
     return c

@@ -55,7 +55,7 @@ def _upload(seed: int, counter: int = 0):
     s = seed & _MASK
     if s >= 1 << 63:
         s -= 1 << 64
-    return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64))._lt
+    return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), -1)._lt  # joins graphs on any device
 
 
 _I64 = None  # dtype code of int64 (an offset is the scalar operand (n, _I64))
@@ -158,4 +158,4 @@ def set_rng_state(new_state: torch.Tensor) -> None:
     if new_state.dtype != torch.int64 or tuple(new_state.shape) != (2,):
         raise RuntimeError(f"set_rng_state: expected an int64 tensor of shape [2], got {new_state.dtype} "
                            f"{list(new_state.shape)}")
-    _state = _tensor.from_cpu(new_state.detach().cpu().clone())._lt
+    _state = _tensor.from_cpu(new_state.detach().cpu().clone(), -1)._lt

@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _dtypes, _trace_context, executor, runtime, serialization
+from . import _C, _checks, _dtypes, _trace_context, executor, runtime, serialization
 
 DEVICE = None  # torch.device("xla", 0), set by configure() (torch_xla_core/_device.py)
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs): a _C.Mapping or a function
@@ -51,21 +51,6 @@ class XlaTensor(torch.Tensor):
     # __torch_dispatch__(func, types, args, kwargs): HANDLERS[func](*args, **kwargs)
     # (a Mapping runs in C++); a builtin, so no Python frame per op.
     __torch_dispatch__ = staticmethod(_C.torch_dispatch)
-
-    def backward(self, *args, **kwargs):
-        # An op handler that raises inside autograd's backward loses its
-        # exception to torch's Python device guard (the engine then says
-        # "returned NULL without setting an exception"): raise the handler's.
-        _C.take_handler_error()
-        try:
-            r = super().backward(*args, **kwargs)
-        except SystemError as e:
-            err = _C.take_handler_error()
-            if err is None or "without setting an exception" not in str(e):
-                raise
-            raise err from None
-        _C.take_handler_error()  # reported (or harmless): hold no traceback or tensors
-        return r
 
     def __repr__(self, *, tensor_contents=None):
         cpu = to_cpu(self)
@@ -114,7 +99,7 @@ def v(x):
             try:
                 return (x.item(), _dtypes.code(x.dtype))
             except _dtypes.UnsupportedDtype as e:  # RuntimeError: torch's operators swallow TypeError
-                raise RuntimeError(str(e.at("a complex 0-d CPU tensor operand"))) from None
+                raise RuntimeError(str(e.at("a 0-d CPU tensor operand"))) from None
         raise device_error(x)
     return x
 
@@ -138,8 +123,6 @@ def device_mismatch(args, kwargs):
 def _operand_fallback(x):
     """Core operand for what the core does not take directly (called from C++)."""
     r = v(x)
-    if isinstance(x, complex):  # RuntimeError: torch's operators swallow TypeError
-        raise RuntimeError(str(_dtypes.UnsupportedDtype(torch.complex64, "a complex Python number operand")))
     if r is x:
         raise TypeError(f"unsupported operand of type {type(x).__name__} for an xla op")
     return r
@@ -157,10 +140,41 @@ def op(name: str, *operands, attrs=()) -> XlaTensor:
     return _op(getattr(OP, name), operands, attrs)
 
 
-def from_cpu(t: torch.Tensor) -> XlaTensor:
-    """Uploads a CPU tensor; the result is device data (a graph parameter)."""
+def from_cpu(t: torch.Tensor, device_index: int = 0) -> XlaTensor:
+    """Uploads a CPU tensor to xla device `device_index` (-1: device 0, as a
+    value that may join a graph on any device, such as the RNG state); the
+    result is device data (a graph parameter)."""
     code = _dtypes.code(t.dtype)
-    return wrap(_C.from_data(runtime.to_device(t), code, list(t.shape)))
+    if device_index > 0:
+        executor.use_devices()
+    return wrap(_C.from_data(runtime.to_device(t, max(device_index, 0)), code, list(t.shape), device_index))
+
+
+def index_of(t: XlaTensor) -> int:
+    """The xla device index of an xla tensor."""
+    return t.device.index or 0
+
+
+def place_on(t: XlaTensor, device_index) -> XlaTensor:
+    """A factory's fresh result (made without a device) on xla device
+    `device_index` (None: left free to join any device's graph)."""
+    if device_index is None:
+        return t
+    _C.place_on(t._lt, device_index)
+    if not device_index:
+        return t  # its wrapper already says xla:0
+    executor.use_devices()
+    return wrap(t._lt)
+
+
+def move(t: XlaTensor, device_index: int) -> XlaTensor:
+    """A copy of t on xla device `device_index` (its value is computed first
+    if pending); t itself when it is there already."""
+    if index_of(t) == device_index:
+        return t
+    executor.use_devices()
+    buf = runtime.move(materialize(t), device_index)
+    return wrap(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), device_index))
 
 
 def sync_lazy(lts=None, wait=False) -> None:
@@ -175,6 +189,8 @@ def materialize(t: XlaTensor):
     """The device buffer holding t's current value (computing it if pending)."""
     lt = t._lt
     if lt.is_data:
+        if _checks._computed:  # a value is read: checks computed with it raise now (as a sync would)
+            _checks.verify()
         return lt.data
     if lt.is_view:
         lt = _make(OP.alias, (lt,), ())  # a storage of its own holding the view's value

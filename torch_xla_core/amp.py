@@ -212,8 +212,10 @@ def policy(name: str) -> str:
 
 # --- GradScaler's ops on xla tensors ------------------------------------------
 # torch.amp.GradScaler("xla") calls these two; lowered here from ordinary ops,
-# so the inf check and the scale update stay on the device (the stock scaler
-# still reads found_inf with .item() once per optimizer step).
+# so the inf check and the scale update stay on the device. With a fused
+# optimizer (Adam/AdamW/SGD(fused=True), lowered in _ops/foreach.py) the
+# scaler hands found_inf to the step and nothing reads it on the host; with
+# a non-fused one torch's scaler reads found_inf with .item() once per step.
 
 def _unscale_(grads, found_inf, inv_scale):
     """aten::_amp_foreach_non_finite_check_and_unscale_: found_inf = 1 if any

@@ -8,7 +8,7 @@ import torch
 from . import executor
 from ._tensor import XlaTensor
 
-__all__ = ["graph_text", "stablehlo", "cache_key"]
+__all__ = ["graph_text", "stablehlo", "cache_key", "explain_recompiles"]
 
 
 def _lts(tensors):
@@ -38,3 +38,13 @@ def stablehlo(tensors=None) -> str:
 def cache_key(tensors=None) -> executor.Key:
     """The compile-cache key of that sync (graph hash, precision, device, platform, donations)."""
     return executor.plan(_lts(tensors)).key
+
+
+def explain_recompiles(enable: bool = True) -> list:
+    """The recompiles explained so far (torch_xla_core.recompiles.Explanation:
+    graph hash, call site, nearest earlier graph, what differs). With
+    enable=True (the default) also turns explaining on from now on, as
+    TXC_DEBUG=recompiles does."""
+    if enable:
+        recompiles.enable()
+    return recompiles.explanations()

@@ -11,7 +11,9 @@ assigns the results back to the tensors' storages. It owns:
   the memory kinds of host-resident parameters and outputs (offload.py);
 - the compile cache: key -> loaded executable, least recently used
   evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
-  "cache_hit", "cache_miss", "cache_evict", "compile");
+  "cache_hit", "cache_miss", "cache_evict", "compile"); a miss first looks
+  in the persistent cache on disk (torch_xla_core/compile_cache.py,
+  TXC_COMPILE_CACHE) and writes what it compiles there;
 - compiles in flight: a compile runs on a worker thread while the caller
   waits, so Ctrl-C returns at once; the compile finishes in the background
   and a re-run of the same graph (or another thread's sync of it) waits for
@@ -24,6 +26,15 @@ assigns the results back to the tensors' storages. It owns:
 - out of memory: torch.OutOfMemoryError naming the graph's largest buffers
   and the aten ops that made them (nothing is marked failed: free memory and
   retry);
+- TXC_COMPILE_PROGRESS=S: a compile longer than S seconds (default 2) shows a
+  progress line on stderr (graph, ops, elapsed); 0 turns it off.
+- recompiles: each compile is attributed to the user's frame that synced
+  and explained on request (torch_xla_core/recompiles.py, TXC_DEBUG=recompiles);
+- devices: a graph runs on the device its values are on (Key.device; a
+  sync of every live tensor runs one graph per device in use, see
+  use_devices()); a sharded graph runs on its mesh, partitioned by XLA's
+  SPMD partitioner (Key.spmd; torch_xla_core/_spmd.py does its lowering
+  options, compile options, input transfer and output assembly);
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
   (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
   running it. TXC_DONATE=0 turns donation off.
@@ -40,25 +51,32 @@ import collections
 import concurrent.futures
 import os
 import re
+import sys
 import threading
+import time
 
 import torch
 
-from . import _C, _checks, _random, metrics, runtime
+from . import _C, _checks, _random, _spmd, compile_cache, metrics, recompiles, runtime
 
-class Key(collections.namedtuple("Key", "graph precision device platform aliases memory")):
+class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd", defaults=(None,))):
     """What identifies a compiled executable: the graph's hash, the float32
     matmul precision, the device index, the platform, the donated
-    (parameter, output) pairs, and the memory kinds of the parameters and
+    (parameter, output) pairs, the memory kinds of the parameters and
     outputs that live outside device memory (GraphCut.memory_kinds(): () when
-    all are on the device; see torch_xla_core/offload.py)."""
+    all are on the device; see torch_xla_core/offload.py), and for a graph
+    partitioned over a mesh its device assignment and parameter shardings
+    (_spmd.Spmd; None for one device)."""
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
     """A sync about to run: the cut, its cache key, the deferred checks it computes."""
 
     def stablehlo(self) -> str:
-        return self.cut.lower(self.key.precision, list(self.key.aliases))
+        k = self.key
+        if k.spmd is not None:
+            return self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
+        return self.cut.lower(k.precision, list(k.aliases))
 
 
 _lock = threading.RLock()     # one sync at a time
@@ -68,6 +86,15 @@ _inflight = {}                       # graph hash -> Future of a compile under w
 _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
+_recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay.py records)
+_multi = False                       # a device other than xla:0 has been used: syncs go device by device
+
+
+def use_devices() -> None:
+    """Notes that tensors on devices other than xla:0 exist: from now on a
+    sync runs one graph per device that has pending values."""
+    global _multi
+    _multi = True
 
 _STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
                 "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
@@ -102,8 +129,10 @@ def cached_count() -> int:
 
 
 def clear_cache() -> None:
+    """Empties the in-memory compile cache (and the recompile history of call sites)."""
     with _cache_lock:
         _cache.clear()
+    recompiles.clear()
 
 
 class GraphError(RuntimeError):
@@ -120,9 +149,13 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
-        with metrics.timed("compile"):
-            exe = runtime.compile_text(text, key.device)
-        metrics.counter_add("compile")
+        exe = compile_cache.load(key, text) if key.spmd is None else None  # the persistent cache (TXC_COMPILE_CACHE)
+        if exe is None:
+            with metrics.timed("compile"):
+                exe = _spmd.compile(text, key) if key.spmd is not None else runtime.compile_text(text, key.device)
+            metrics.counter_add("compile")
+            if key.spmd is None:  # a mesh's executables are not kept across processes (yet)
+                compile_cache.store(key, text, exe)
         with _cache_lock:
             _cache[key] = exe
             limit = cache_size()
@@ -140,6 +173,8 @@ def _dump(key, text):
     if d:
         os.makedirs(d, exist_ok=True)
         name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "")
+        if key.spmd is not None:
+            name += f"-spmd{len(key.spmd.device_ids)}-{hash(key.spmd) & 0xffffffff:08x}"
         with open(os.path.join(d, name + ".mlir"), "w") as f:
             f.write(f"// {key}\n{text}")
 
@@ -148,15 +183,34 @@ def _donating() -> bool:
     return os.environ.get("TXC_DONATE", "1") != "0"
 
 
-def plan(lts=None) -> Plan:
-    """The cut a sync of these LazyTensors (default: all live) would run, and its key."""
+def plan(lts=None, device=-2) -> Plan:
+    """The cut a sync of these LazyTensors (default: all live) would run, and
+    its key; with device >= 0, only their values on that device."""
     checks = _checks.snapshot()
     if lts is not None:  # a partial sync: the checks and the RNG state move on too
         lts = list(lts) + [c[0] for c in checks] + _random.roots()
-    cut = _C.GraphCut(lts)
+    cut = _C.GraphCut(lts, device)
+    spmd = _spmd.key_field(cut) if _spmd.active and cut.num_outputs else None
     aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
-    key = Key(cut.hash, torch.get_float32_matmul_precision(), 0, runtime.platform(), aliases, cut.memory_kinds())
+    key = Key(cut.hash, torch.get_float32_matmul_precision(), cut.device, runtime.platform(), aliases,
+              cut.memory_kinds(), spmd)
     return Plan(cut, key, checks)
+
+
+def _bind(p: Plan) -> list:
+    """The parameters' device buffers for p's executable: Python numbers as
+    buffers on its device; with several devices in use, a value of no fixed
+    device (the RNG state) moved to the graph's device when it lies elsewhere;
+    for a partitioned graph, inputs laid out on the mesh (_spmd.bind)."""
+    cut, key = p.cut, p.key
+    params = [runtime.scalar(*a, key.device) if type(a) is tuple else a for a in cut.params()]
+    if key.spmd is not None:
+        return _spmd.bind(key.spmd, params)
+    if _multi:
+        for i, d in enumerate(cut.param_devices()):
+            if d < 0 and runtime.device_index(params[i]) != key.device:
+                params[i] = runtime.move(params[i], key.device)
+    return params
 
 
 def executable(p: Plan):
@@ -172,6 +226,7 @@ def executable(p: Plan):
         return exe
     if fut is None:
         metrics.counter_add("cache_miss")
+        recompiles.on_compile(p)  # counts and explains it (TXC_DEBUG=recompiles); may raise past a limit
         with metrics.timed("lower"):
             text = p.stablehlo()
         with _cache_lock:
@@ -180,38 +235,100 @@ def executable(p: Plan):
                 fut = _inflight[key] = _workers().submit(_compile, key, text)
     else:
         metrics.counter_add("compile_reused")
+    progress = _Progress(p)
     while True:  # waits in short slices so that Ctrl-C gets through; the compile goes on
         try:
-            return fut.result(timeout=0.05)
+            exe = fut.result(timeout=0.05)
+            progress.done()
+            return exe
         except concurrent.futures.TimeoutError:
+            progress.tick()
             continue
+
+
+class _Progress:
+    """A line on stderr while a compile runs longer than TXC_COMPILE_PROGRESS
+    seconds (default 2; 0 turns it off): which graph, how many ops, elapsed
+    time; rewritten in place on a terminal, every 10 s otherwise."""
+
+    def __init__(self, p: Plan):
+        self.p, self.t0, self.shown = p, time.perf_counter(), None
+        self.after = float(os.environ.get("TXC_COMPILE_PROGRESS", "2"))
+
+    def _line(self, elapsed, state):
+        return (f"torch_xla_core: {state} graph {self.p.key.graph:016x} ({self.p.cut.num_nodes} ops, "
+                f"{self.p.cut.num_outputs} outputs): {elapsed:.1f} s")
+
+    def tick(self):
+        elapsed = time.perf_counter() - self.t0
+        if self.after <= 0 or elapsed < self.after:
+            return
+        tty = sys.stderr.isatty()
+        if self.shown is None or (tty and elapsed - self.shown >= 0.5) or elapsed - self.shown >= 10:
+            sys.stderr.write(("\r" if tty else "") + self._line(elapsed, "compiling") + ("" if tty else "\n"))
+            sys.stderr.flush()
+            self.shown = elapsed
+
+    def done(self):
+        if self.shown is not None:
+            elapsed = time.perf_counter() - self.t0
+            sys.stderr.write(("\r" if sys.stderr.isatty() else "") + self._line(elapsed, "compiled") + "\n")
+            sys.stderr.flush()
 
 
 def sync(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
-    every live one) in one compiled graph; they then hold device data."""
-    global _last
+    every live one) in one compiled graph per device; they then hold device
+    data."""
     with _lock:
         _checks.verify()  # checks computed by an earlier sync that did not wait
         with metrics.timed("sync"):
-            p = plan(lts)
-            cut = p.cut
-            if cut.num_outputs == 0:
-                return
-            for listen in _sync_listeners:
-                listen(p)
-            try:
-                exe = executable(p)
-                params = [runtime.scalar(*a) if type(a) is tuple else a for a in cut.params()]
-                outs = runtime.execute(exe, params, wait=wait)
-            except Exception as e:
-                raise _failure(cut, e) from None
-            _last = exe
-            cut.assign(outs)
-            _checks.computed(p.checks)
-            metrics.counter_add("execute")
+            if not _multi:
+                _run(plan(lts), wait)
+            else:
+                for d in _C.pending_devices():
+                    _run(plan(lts, d), wait)
         if wait:
             _checks.verify()
+
+
+def run_recorded(exe, params, wait=False):
+    """Executes an executable recorded from an earlier sync on new parameters
+    (torch_xla_core/replay.py): the execute timers and counter as a sync's."""
+    global _last
+    with _lock:
+        _checks.verify()
+        outs = runtime.execute(exe, params, wait=wait)
+        _last = exe
+        metrics.counter_add("execute")
+    return outs
+
+
+def _run(p: Plan, wait: bool) -> None:
+    global _last
+    cut = p.cut
+    if cut.num_outputs == 0:
+        return
+    for listen in _sync_listeners:
+        listen(p)
+    try:
+        exe = executable(p)
+        params = _bind(p)
+        if p.key.spmd is not None:
+            outs = _spmd.execute(exe, p.key.spmd, params, cut.output_specs(), wait=wait)
+        else:
+            outs = runtime.execute(exe, params, wait=wait)
+    except recompiles.RecompileLimitError:
+        raise
+    except Exception as e:
+        raise _failure(cut, e) from None
+    _last = exe
+    cut.assign(outs)
+    # with several devices, a check made on another device waits for that device's graph
+    _checks.computed([c for c in p.checks if c[0].is_data] if _multi else p.checks)
+    metrics.counter_add("execute")
+    if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay.py)
+        _recorder(p, exe, params, outs)
 
 
 # --- failures ---------------------------------------------------------------

@@ -2,7 +2,11 @@
 lowering/compile/execute/transfer times, and per-op CPU fallbacks.
 `report()` renders them as text (with a memory section from
 torch_xla_core/memory.py), `short_report()` as a few key lines; `clear()`
-resets them. Listeners (add_listener) see every timed span as it ends: the
+resets them. Timers keep their last samples for percentiles
+(timer_stats). torch_xla's metric API reads the same data under torch_xla's
+names (metric_data, counter_value, metric_names, counter_names; e.g.
+CompileTime = our "compile" timer, CachedCompile = our "cache_hit" counter):
+aliases only, our own names stay. Listeners (add_listener) see every timed span as it ends: the
 profiler (torch_xla_core/profiler.py) is one; with none installed a timer
 costs one list test more."""
 import collections
@@ -11,7 +15,8 @@ import time
 from contextlib import contextmanager
 
 _counters = collections.Counter()
-_timers = {}  # name -> [count, total seconds]
+_timers = {}  # name -> [count, total seconds, deque of the last SAMPLES (unix time, seconds)]
+SAMPLES = 1024  # samples kept per timer for percentiles
 _lock = threading.Lock()  # threads (and the compile workers) update these
 _listeners = []  # fn(name, start, end): perf_counter seconds, called on the timing thread
 
@@ -25,10 +30,11 @@ def timer_add(name: str, seconds: float) -> None:
     with _lock:
         t = _timers.get(name)
         if t is None:
-            _timers[name] = [1, seconds]
+            _timers[name] = [1, seconds, collections.deque(((time.time(), seconds),), maxlen=SAMPLES)]
         else:
             t[0] += 1
             t[1] += seconds
+            t[2].append((time.time(), seconds))
     if _listeners:
         end = time.perf_counter()
         for fn in tuple(_listeners):
@@ -69,6 +75,62 @@ def timers() -> dict:
         return {k: (v[0], v[1]) for k, v in _timers.items()}
 
 
+def timer_stats(name: str) -> dict:
+    """count, total, mean, min, max and the 50/90/99th percentiles (over the
+    last SAMPLES samples) of a timer, in seconds; {} for a timer never timed."""
+    with _lock:
+        t = _timers.get(name)
+        if t is None:
+            return {}
+        n, total, samples = t[0], t[1], sorted(s for _, s in t[2])
+
+    def pct(q):  # nearest rank
+        return samples[min(len(samples) - 1, max(0, -(-q * len(samples) // 100) - 1))]
+    return {"count": n, "total": total, "mean": total / n, "min": samples[0], "max": samples[-1],
+            "p50": pct(50), "p90": pct(90), "p99": pct(99)}
+
+
+# torch_xla's metric names -> ours (torch_xla.debug.metrics reads these).
+# ExecuteTime: "execute" when syncs wait for results, "execute_launch" when they only launch.
+TIMER_ALIASES = {"CompileTime": ("compile",), "ExecuteTime": ("execute", "execute_launch"),
+                 "TransferToDeviceTime": ("transfer_to_device",), "TransferFromDeviceTime": ("transfer_to_host",),
+                 "LoweringTime": ("lower",)}
+COUNTER_ALIASES = {"UncachedCompile": "compile", "CachedCompile": "cache_hit", "ExecuteCount": "execute"}
+
+
+def metric_data(name: str):
+    """torch_xla's metric_data: (count, total seconds, [(unix time, seconds) of the
+    kept samples]) of a timer, by our name or torch_xla's; None if never
+    timed. (torch_xla reports nanoseconds; we keep seconds as timers() does.)"""
+    with _lock:
+        t = next((_timers[n] for n in TIMER_ALIASES.get(name, (name,)) if n in _timers), None)
+        if t is None:
+            return None
+        return t[0], t[1], list(t[2])
+
+
+def counter_value(name: str):
+    """torch_xla's counter_value: a counter by our name or torch_xla's
+    (fallbacks also as "aten::<op>"); None if it never counted."""
+    if name.startswith("aten::"):
+        name = "fallback::" + name[len("aten::"):]
+    with _lock:
+        return _counters.get(COUNTER_ALIASES.get(name, name))
+
+
+def metric_names() -> list:
+    """Timer names that have samples, ours and torch_xla's aliases of them."""
+    with _lock:
+        names = set(_timers)
+    return sorted(names | {a for a, ours in TIMER_ALIASES.items() if names.intersection(ours)})
+
+
+def counter_names() -> list:
+    with _lock:
+        names = set(_counters)
+    return sorted(names | {a for a, ours in COUNTER_ALIASES.items() if ours in names})
+
+
 def fallbacks() -> dict:
     """aten op name -> number of times it ran on the CPU as a fallback."""
     p = "fallback::"
@@ -88,8 +150,11 @@ def report() -> str:
         lines.append(f"  {k}: {cs[k]}")
     lines.append("timers:")
     for k in sorted(ts):
-        n, total = ts[k]
-        lines.append(f"  {k}: count={n} total={total * 1e3:.3f}ms mean={total / n * 1e3:.3f}ms")
+        st = timer_stats(k)
+        if not st:
+            continue
+        lines.append(f"  {k}: count={st['count']} total={st['total'] * 1e3:.3f}ms mean={st['mean'] * 1e3:.3f}ms "
+                     f"p50={st['p50'] * 1e3:.3f}ms p90={st['p90'] * 1e3:.3f}ms p99={st['p99'] * 1e3:.3f}ms")
     from . import memory  # here: memory reads the executor, which imports this module
     lines += memory.report_lines()
     return "\n".join(lines)
@@ -119,3 +184,6 @@ def short_report() -> str:
         f"cpu fallbacks: {sum(fb.values())}" + (f" ({top})" if top else ""),
     ]
     return "\n".join(lines)
+
+
+metrics_report = report  # torch_xla's name

@@ -1,5 +1,7 @@
 """The PJRT runtime, through jaxlib: picks the platform (PJRT_DEVICE =
-CPU | CUDA | TPU, default the best available), compiles StableHLO text into
+CPU | CUDA | TPU, default the best available; TXC_NUM_CPU_DEVICES=N gives
+the CPU platform N devices, xla:0 .. xla:N-1, read when the runtime starts,
+i.e. at the first xla op), compiles StableHLO text into
 executables cached by graph hash, executes them on device buffers, and moves
 data between host and device. jaxlib's compile entry points are
 semi-private; this module is the only place that touches them. The
@@ -24,9 +26,47 @@ _devices = None
 _scalars = {}        # (value, dtype code) -> device buffer
 
 
+def _cpu_device_count():
+    """Applies TXC_NUM_CPU_DEVICES (jax's jax_num_cpu_devices) before jax's CPU client starts."""
+    v = os.environ.get("TXC_NUM_CPU_DEVICES")
+    if not v:
+        return
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise RuntimeError(f"TXC_NUM_CPU_DEVICES={v!r} must be a positive integer: the number of CPU xla devices")
+    import jax
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError as e:  # jax's backends already started (jax was used before torch_xla_core)
+        raise RuntimeError(f"TXC_NUM_CPU_DEVICES={n} could not be applied: {e}. Set it before jax or "
+                           f"torch_xla_core starts a device (or use XLA_FLAGS="
+                           f"--xla_force_host_platform_device_count={n}).") from None
+
+
+def _distributed():
+    """Joins jax's distributed runtime when started by torch_xla_core.launch
+    (TXC_COORDINATOR=host:port, TXC_NUM_PROCESSES, TXC_PROCESS_ID): one
+    global device list over the processes, CPU collectives through gloo."""
+    n = os.environ.get("TXC_NUM_PROCESSES")
+    if not n or int(n) <= 1:
+        return
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeout = int(os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60"))
+    jax.distributed.initialize(os.environ["TXC_COORDINATOR"], num_processes=int(n),
+                               process_id=int(os.environ["TXC_PROCESS_ID"]), initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=timeout)
+
+
 def _select_backend():
     import jax
     from jax.extend.backend import get_backend
+
+    _cpu_device_count()
+    _distributed()
 
     want = os.environ.get("PJRT_DEVICE")
     if want:
@@ -71,22 +111,68 @@ def device_count() -> int:
     return len(devices())
 
 
+COMPILE_OPTIONS = "xla_client.CompileOptions() defaults"  # what compile_text passes; part of the disk cache key
+
+
+def global_devices():
+    """Every process's devices (jax's distributed runtime; with one process,
+    devices()): what a sharding mesh may span."""
+    return backend().devices()
+
+
 def compile_text(text: str, device_index: int = 0):
     from jax._src.lib import xla_client as xc
 
+    return backend().compile_and_load(text, xc.DeviceList((_devices[device_index],)), _options(device_index))
+
+
+def _options(device_index: int):
+    from jax._src.lib import xla_client as xc
+
+    opts = xc.CompileOptions()
+    if device_index:  # the executable's one replica runs there (the default assignment is device 0)
+        opts.device_assignment = xc.DeviceAssignment.create(np.array([[_devices[device_index].id]]))
+    return opts
+
+
+def serialize(exe) -> bytes:
+    """A loaded executable as bytes (PJRT's serialized executable)."""
+    return exe.serialize()
+
+
+def deserialize(data: bytes, device_index: int = 0):
+    """The executable that serialize() wrote, loaded onto device `device_index`
+    (compiled with compile_text's options). Only for bytes this program wrote:
+    PJRT does not validate them."""
+    from jax._src.lib import xla_client as xc
+
     be = backend()
-    return be.compile_and_load(text, xc.DeviceList((_devices[device_index],)), xc.CompileOptions())
+    return be.deserialize_executable(data, xc.DeviceList((_devices[device_index],)), _options(device_index))
 
 
-def scalar(value, dtype_code: int):
+def fingerprint(device_index: int = 0) -> str:
+    """Everything besides the program that decides what an executable is:
+    jaxlib's version, the platform and its version, the device kind and the
+    compile options (the persistent compile cache keys on it)."""
+    import jaxlib
+
+    be = backend()
+    d = devices()[device_index]
+    return (f"jaxlib={jaxlib.__version__};platform={platform()};platform_version={be.platform_version};"
+            f"device_kind={d.device_kind};options={COMPILE_OPTIONS}")
+
+
+def scalar(value, dtype_code: int, device_index: int = 0):
     """A device buffer holding a Python number, cached per dtype and value.
     A float is keyed by its bits: 0.0 and -0.0 (or NaNs with different
     payloads) compare equal but are different values. The number is cast as
     torch casts a scalar: integers wrap (-1 -> 255 in uint8), floats truncate."""
-    key = (_F64.pack(value) if type(value) is float else value, dtype_code)
+    tv = type(value)
+    key = (_F64.pack(value) if tv is float else
+           _F64.pack(value.real) + _F64.pack(value.imag) if tv is complex else value, dtype_code, device_index)
     buf = _scalars.get(key)
     if buf is None:
-        buf = _put(np.asarray(value).astype(_dtypes.NUMPY[dtype_code]), devices()[0])
+        buf = _put(np.asarray(value).astype(_dtypes.NUMPY[dtype_code]), devices()[device_index])
         if len(_scalars) > 4096:
             _scalars.clear()
         _scalars[key] = buf
@@ -123,7 +209,7 @@ def _put(a: np.ndarray, device):
 def to_device(t: torch.Tensor, device_index: int = 0):
     """Copies a CPU tensor to the device; returns the device buffer."""
     with metrics.timed("transfer_to_device"):
-        t = t.detach().contiguous()
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
         if t.dtype == torch.bfloat16:
             a = t.view(torch.int16).numpy().view(_dtypes.NUMPY[_dtypes.BF16])
         else:
@@ -133,9 +219,28 @@ def to_device(t: torch.Tensor, device_index: int = 0):
     return buf
 
 
+def device_index(buf) -> int:
+    """The device a single-device buffer lies on (-1: several, a sharded buffer)."""
+    ds = buf.devices()
+    return devices().index(next(iter(ds))) if len(ds) == 1 else -1
+
+
+def move(buf, device_index: int):
+    """The buffer's data on device `device_index` (a device-to-device copy;
+    a sharded buffer is gathered there)."""
+    import jax
+    with metrics.timed("transfer_between_devices"), jax.enable_x64(True):
+        r = jax.device_put(buf, devices()[device_index])
+    metrics.counter_add("transfer_between_devices")
+    return r
+
+
 def to_host(buf) -> torch.Tensor:
     """Copies a device buffer to a new CPU tensor."""
     with metrics.timed("transfer_to_host"):
+        if not buf.is_fully_addressable and not buf.is_fully_replicated:  # pieces in other processes
+            from jax.experimental import multihost_utils
+            buf = multihost_utils.process_allgather(buf, tiled=True)
         a = np.asarray(buf)
         if a.dtype == _dtypes.NUMPY[_dtypes.BF16]:
             t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)

@@ -74,24 +74,41 @@ bool is_error(const Node& n) {
 
 
 // A value that failed to compute cannot feed a new op: say why, once, here.
-static void check_operands(const std::vector<NodePtr>& operands) {
-  for (const auto& o : operands)
+// Returns the operands' device (-1: none has one); two devices are refused
+// with torch's own message.
+static int16_t check_operands(const std::vector<NodePtr>& operands) {
+  int16_t device = -1;
+  for (const auto& o : operands) {
     if (is_error(*o)) throw std::runtime_error(o->attr_str(0));
+    if (o->device >= 0 && o->device != device) {
+      if (device >= 0)
+        throw std::runtime_error("Expected all tensors to be on the same device, but found at least two devices, xla:" +
+                                 std::to_string(device) + " and xla:" + std::to_string(o->device) +
+                                 "! Move one with .to(other.device).");
+      device = o->device;
+    }
+  }
+  return device;
 }
 
-NodePtr make_scalar(double value, DType dtype, bool wrapped) {
+bool g_multi_device = false;
+
+int16_t operand_device(const std::vector<NodePtr>& operands) { return check_operands(operands); }
+
+NodePtr make_scalar(double value, DType dtype, bool wrapped, double imag) {
   static const uint16_t scalar = op_id("scalar");
   auto n = std::make_shared<Node>();
   n->op = scalar;
   n->origin = t_origin;
   n->dtype = dtype;
   n->scalar = value;
+  n->scalar_imag = imag;
   n->wrapped = wrapped;
   n->hash = node_hash(*n);
   return n;
 }
 
-NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, uint8_t memory) {
+NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, int16_t device, uint8_t memory) {
   static const uint16_t op = op_id("data");
   auto n = std::make_shared<Node>();
   n->op = op;
@@ -99,27 +116,30 @@ NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, 
   n->dtype = dtype;
   n->dims = std::move(dims);
   n->data = std::move(data);
+  n->device = device;
   n->memory = memory;
   n->hash = node_hash(*n);
+  if (device > 0) g_multi_device = true;
   return n;
 }
 
 NodePtr copy_node(const Node& from, std::vector<NodePtr> operands) {
   check_operands(operands);
-  auto n = std::make_shared<Node>();
-  n->op = from.op;
-  n->origin = from.origin;
-  n->dtype = from.dtype;
-  n->dims = from.dims;
+  auto n = std::make_shared<Node>(from);
   n->operands = std::move(operands);
-  n->attrs = from.attrs;
-  n->data = from.data;
-  n->scalar = from.scalar;
-  n->wrapped = from.wrapped;
-  n->memory = from.memory;
-  n->body = from.body;
   n->hash = node_hash(*n);
   return n;
+}
+
+NodePtr placed_on(const NodePtr& n, int16_t device) {
+  if (n->device == device) return n;
+  if (n->device >= 0)
+    throw std::runtime_error("cannot place a value of xla:" + std::to_string(n->device) + " on xla:" +
+                             std::to_string(device));
+  auto c = std::make_shared<Node>(*n);
+  c->device = device;  // not hashed: c->hash stays n's
+  if (device > 0) g_multi_device = true;
+  return c;
 }
 
 // Python numbers that only this new node uses (just made from the caller's
@@ -131,12 +151,12 @@ static void settle_numbers(const OpDef& def, std::vector<NodePtr>& operands) {
   if (!fresh) return;
   DType t = def.number_dtype ? def.number_dtype(operands) : promoted_dtype(operands);
   for (auto& o : operands)
-    if (o->wrapped && o.use_count() == 1 && o->dtype != t) o = make_scalar(o->scalar, t, true);
+    if (o->wrapped && o.use_count() == 1 && o->dtype != t) o = make_scalar(o->scalar, t, true, o->scalar_imag);
 }
 
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::shared_ptr<const Body> body) {
   const OpDef& def = op_def(op);
-  check_operands(operands);
+  int16_t device = check_operands(operands);
   settle_numbers(def, operands);
   if (def.arity >= 0 && int(operands.size()) != def.arity)
     throw std::runtime_error(def.name + ": expected " + std::to_string(def.arity) + " operands, got " +
@@ -144,6 +164,7 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   n->body = std::move(body);
@@ -153,10 +174,11 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::
 }
 
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims) {
-  check_operands(operands);
+  int16_t device = check_operands(operands);
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   n->dtype = dtype;

@@ -42,11 +42,19 @@ struct Node {
   // Payload of parameter nodes (not hashed): device data, or a number.
   std::shared_ptr<const LeafData> data;
   double scalar = 0;
+  double scalar_imag = 0;  // a complex Python number's imaginary part
   bool wrapped = false;  // a Python number: weakly typed in promotion
   // Data nodes: the memory space their buffer lives in (MemoryKind, see
   // ops/placement.h). Not hashed: the executor's cache key carries the
   // graph's input and output memory kinds.
   uint8_t memory = 0;
+  // The xla device index the value lives on, or -1 for "any" (Python
+  // numbers, constants and factories without a device, the RNG state): taken
+  // from the operands when built; operands on two different devices are
+  // refused with torch's device-mismatch error. A sharded value (SPMD) is on
+  // device 0, the mesh's virtual device, as in torch_xla. Not hashed: the
+  // executor's cache key carries the graph's device.
+  int16_t device = -1;
   // Where the node came from: the aten overload being dispatched when it was
   // built (an index into origin_names(); 0 = none). Not hashed: it only names
   // ops in errors (a failed compile, an out-of-memory).
@@ -94,13 +102,27 @@ uint64_t hash_attrs(uint64_t h, const Attrs& attrs);
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::shared_ptr<const Body> body = nullptr);
 // n with other operands (same op, attributes, shape, body, payload), built
 // and hashed anew: how a graph is copied (scan bodies).
+// The copy keeps n's device.
 NodePtr copy_node(const Node& n, std::vector<NodePtr> operands);
-// A device data leaf (core op "data"): a graph parameter holding `data` in
-// memory space `memory` (ops/placement.h).
-NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, uint8_t memory = 0);
-// A scalar leaf (core op "scalar"): a number passed as a graph parameter;
-// `wrapped`: a Python number, weakly typed in promotion.
-NodePtr make_scalar(double value, DType dtype, bool wrapped);
+// n on xla device `device` (n's device must be -1 "any" or `device`): a copy
+// with the same hash, so a value made without a device (a factory's, a
+// constant written into a tensor on xla:N) is placed without changing a
+// built node.
+NodePtr placed_on(const NodePtr& n, int16_t device);
+// A device data leaf (core op "data"): a graph parameter holding `data` on
+// xla device `device` (-1: any) in memory space `memory` (ops/placement.h).
+NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, int16_t device, uint8_t memory = 0);
+// A scalar leaf (core op "scalar"): a number `value` + `imag` i passed as a
+// graph parameter (on no device); `wrapped`: a Python number, weakly typed
+// in promotion.
+NodePtr make_scalar(double value, DType dtype, bool wrapped, double imag = 0);
+// The device of a new node over these operands (see Node::device); throws
+// torch's device-mismatch error when two differ, or an operand's failure.
+int16_t operand_device(const std::vector<NodePtr>& operands);
+// Set once a value is put on a device other than xla:0: from then on a
+// value of no device written in place into a tensor on xla:0 is pinned
+// there too (LazyTensor::assign), so that mixing devices is always caught.
+extern bool g_multi_device;
 // A leaf whose shape is given (placeholders of a body, failed values; the
 // extension API's ops whose rule needs the caller's shape).
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims);

@@ -83,6 +83,11 @@ std::string LowerCtx::convert(const std::string& v, DType from, DType to, const 
   if (from == to) return v;
   // torch: nonzero -> true; stablehlo.convert agrees, but be explicit
   if (to == DType::Bool) return compare(v, constant(0, from, d), from, d, "NE");
+  if (is_complex(from) && !is_complex(to)) {  // torch keeps the real part
+    DType part = real_part_dtype(from);
+    std::string re = op("stablehlo.real", {v}, {type(from, d)}, type(part, d));
+    return convert(re, part, to, d);
+  }
   return op("stablehlo.convert", {v}, {type(from, d)}, type(to, d));
 }
 
@@ -107,6 +112,8 @@ std::string LowerCtx::reshape(const std::string& v, DType t, const Dims& from, c
 }
 
 std::string LowerCtx::literal(double v, DType t) {
+  // A complex element is "(re, im)" (MLIR's dense complex literal).
+  if (is_complex(t)) return complex_literal(v, 0, t);
   char buf[64];
   if (t == DType::Bool) return v != 0 ? "true" : "false";
   if (is_integral(t)) {
@@ -129,6 +136,17 @@ std::string LowerCtx::literal(double v, DType t) {
   }
   std::snprintf(buf, sizeof buf, "%.17e", v);
   return buf;
+}
+
+std::string LowerCtx::complex_literal(double re, double im, DType t) {
+  DType part = real_part_dtype(t);
+  return "(" + literal(re, part) + ", " + literal(im, part) + ")";
+}
+
+std::string LowerCtx::complex_constant(double re, double im, DType t, const Dims& d) {
+  std::string c = op("stablehlo.constant", {}, {}, type(t, {}),
+                     "value = dense<" + complex_literal(re, im, t) + "> : " + type(t, {}));
+  return broadcast(c, t, {}, d);
 }
 
 std::string LowerCtx::constant(double v, DType t, const Dims& d) {
@@ -217,6 +235,8 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     sig += (i ? ", " : "") + cx.names_.back() + ": " + LowerCtx::type(*p);
     std::string attrs;
     if (alias_of[i] >= 0) attrs = "tf.aliasing_output = " + std::to_string(alias_of[i]) + " : i32";
+    if (i < options.param_shardings.size() && !options.param_shardings[i].empty())
+      attrs += std::string(attrs.empty() ? "" : ", ") + "mhlo.sharding = \"" + options.param_shardings[i] + "\"";
     if (p->memory != kDevice) {
       // A buffer on the host: declared so, and brought to the device for its uses.
       attrs += std::string(attrs.empty() ? "" : ", ") + "mhlo.memory_kind = \"" + memory_kind_name(p->memory) + "\"";
@@ -256,7 +276,8 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   }
   std::string funcs;
   for (const auto& f : cx.funcs_) funcs += f.second;
-  return "module @txc attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+  return "module @txc attributes {mhlo.num_partitions = " + std::to_string(options.num_partitions) +
+         " : i32, mhlo.num_replicas = 1 : i32} {\n"
          "  func.func public @main(" + sig + ") -> (" + rsig + ") {\n" + cx.body_ +
          "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n" + funcs + "}\n";
 }

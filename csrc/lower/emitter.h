@@ -64,6 +64,8 @@ class LowerCtx {
                           const std::function<void()>& emit);
   static std::string i64_array(const Dims& d);  // "array<i64: 1, 2>"
   static std::string literal(double v, DType t);  // constant element text
+  static std::string complex_literal(double re, double im, DType t);  // "(re, im)" for a complex t
+  std::string complex_constant(double re, double im, DType t, const Dims& d = {});
 
   // ---- building blocks: made of the calls above and defined inline below,
   // so extensions (ext/extension.h) get them with no entry of their own.
@@ -120,9 +122,16 @@ class LowerCtx {
 // How to lower one graph: the matmul precision (torch's name) and the
 // parameters donated to outputs of the same type (input/output aliasing:
 // pairs of parameter index, output index).
+// For SPMD (torch_xla_core/_spmd.py): the number of partitions (devices of
+// the mesh) and each parameter's sharding as XLA's HloSharding text
+// ("{devices=[4,1,2]<=[8] last_tile_dim_replicate}", "{replicated}"),
+// written as mhlo.sharding on @main's arguments; results carry none, so
+// XLA's SPMD partitioner chooses them (propagation).
 struct LowerOptions {
   std::string precision = "highest";
   std::vector<std::pair<int, int>> aliases;
+  int num_partitions = 1;
+  std::vector<std::string> param_shardings;  // empty: no SPMD
 };
 
 // line_node, when given, receives for each line of the text (index = line
@@ -133,7 +142,7 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
                         std::vector<int>* line_node = nullptr);
 
 inline const char* LowerCtx::comparison_type(DType t) {
-  return is_floating(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
+  return is_floating(t) || is_complex(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
 }
 
 inline std::string LowerCtx::compare_props(DType t, const char* direction, const char* as) {

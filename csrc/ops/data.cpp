@@ -17,13 +17,18 @@ TXC_OP("scalar", 0, no_infer, nullptr);
 // message; shape as the value it replaces. Never lowered: no graph uses it.
 TXC_OP("error", 0, no_infer, nullptr);
 
-// full(value: float, dtype: int, dims): a constant tensor.
+// full(value: float, dtype: int, dims[, imag: float]): a constant tensor
+// (imag: the imaginary part of a complex fill value).
 TXC_OP("full", 0,
        [](Node& n) {
          n.dtype = DType(n.attr_int(1));
          n.dims = n.attr_dims(2);
        },
-       [](LowerCtx& cx, const Node& n) { return cx.constant(n.attr_float(0), n.dtype, n.dims); });
+       [](LowerCtx& cx, const Node& n) {
+         if (n.attrs.size() > 3 && is_complex(n.dtype))
+           return cx.complex_constant(n.attr_float(0), n.attr_float(3), n.dtype, n.dims);
+         return cx.constant(n.attr_float(0), n.dtype, n.dims);
+       });
 
 // iota(dtype, dims, dim): counts along `dim`.
 TXC_OP("iota", 0,

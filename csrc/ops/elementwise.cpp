@@ -1,7 +1,8 @@
 // Elementwise ops with PyTorch's broadcasting and type promotion. Operands
 // may be wrapped Python numbers (weakly typed). Each op is one row below:
 // its name, how its result dtype follows from the promoted dtype, and the
-// StableHLO op (or a short emitter) that computes it.
+// StableHLO op (or a short emitter) that computes it. Special functions
+// use CHLO ops where XLA has them (legalized by PJRT's compile).
 #include <cmath>
 #include "lower/emitter.h"
 #include "ops/registry.h"
@@ -15,7 +16,20 @@ enum class Kind {
   Compare,  // computed in the promoted dtype, result bool
   Logical,  // operands as bool, result bool
   Integral, // integers and bools only
+  ToReal,   // result = the real counterpart of the promoted dtype (abs of complex64 is float32)
 };
+
+// Ops defined on complex operands (StableHLO and torch agree on their complex
+// meaning); the others refuse complex tensors at trace time, as torch does.
+bool complex_ok(const std::string& op) {
+  static const char* ok[] = {"neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sigmoid",
+                             "sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "reciprocal", "isnan",
+                             "logical_not", "add", "sub", "mul", "div", "pow", "logical_and", "logical_or",
+                             "logical_xor", "eq", "ne", "conj", "real", "imag", "angle"};
+  for (const char* o : ok)
+    if (op == o) return true;
+  return false;
+}
 
 DType promoted(const Node& n) { return promoted_dtype(n.operands); }
 
@@ -30,10 +44,12 @@ void infer(Node& n, Kind k) {
   Dims d = n.operands[0]->dims;
   for (size_t i = 1; i < n.operands.size(); ++i) d = broadcast_dims(n, d, n.operands[i]->dims);
   DType c = compute_dtype(n, k);
-  if (k == Kind::Integral && is_floating(c))
-    op_error(n, std::string("not defined for floating-point tensors (got ") + dtype_name(c) + ")");
+  if (k == Kind::Integral && (is_floating(c) || is_complex(c)))
+    op_error(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
+  if (is_complex(c) && !complex_ok(op_def(n.op).name))
+    op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
   n.dims = std::move(d);
-  n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : c;
+  n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : k == Kind::ToReal ? real_part_dtype(c) : c;
 }
 
 std::vector<std::string> coerced(LowerCtx& cx, const Node& n, DType c) {
@@ -51,7 +67,7 @@ uint16_t simple(const char* name, int arity, Kind k, const char* hlo) {
         DType c = compute_dtype(n, k);
         auto args = coerced(cx, n, c);
         std::vector<std::string> types(args.size(), LowerCtx::type(c, n.dims));
-        return cx.op(hlo_s, args, types, LowerCtx::type(c, n.dims));
+        return cx.op(hlo_s, args, types, LowerCtx::type(n.dtype, n.dims));
       }});
 }
 
@@ -69,6 +85,22 @@ uint16_t comparison(const char* name, const char* dir) {
     return cx.compare(a[0], a[1], c, n.dims, dir);
   });
 }
+
+// complex(real, imag): both real, promoted; the result is the complex dtype
+// of their promoted type (float64 -> complex128, others -> complex64).
+const uint16_t reg_complex = register_op(OpDef{
+    "complex", 2,
+    [](Node& n) {
+      infer(n, Kind::Float);
+      if (is_complex(n.dtype)) op_error(n, "expects real (floating-point) parts, got complex ones");
+      n.dtype = complex_dtype_of(n.dtype);
+    },
+    [](LowerCtx& cx, const Node& n) {
+      DType part = real_part_dtype(n.dtype);
+      auto re = cx.coerce(n, 0, part, n.dims), im = cx.coerce(n, 1, part, n.dims);
+      auto pty = LowerCtx::type(part, n.dims);
+      return cx.op("stablehlo.complex", {re, im}, {pty, pty}, LowerCtx::type(n));
+    }});
 
 // Rounds floats toward zero: sign(v) * floor(|v|).
 std::string round_toward_zero(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
@@ -101,11 +133,62 @@ Emit unless_bool(const char* hlo) {
     return is_bool(c) ? a[0] : cx.unary(h, a[0], c, n.dims);
   };
 }
+// The signed integer type as wide as float type t (to read t's sign bit).
+DType same_width_int(DType t) {
+  return t == DType::F64 ? DType::I64 : t == DType::F32 ? DType::I32 : DType::I16;
+}
+
+// Whether v's sign bit is set: -0.0 and NaNs with the bit set count, as
+// std::signbit; integers: v < 0; bools never.
+std::string sign_bit(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
+  if (is_bool(t)) return cx.constant(0, DType::Bool, d);
+  if (!is_floating(t)) return cx.compare(v, cx.constant(0, t, d), t, d, "LT");
+  DType it = same_width_int(t);
+  auto bits = cx.op("stablehlo.bitcast_convert", {v}, {LowerCtx::type(t, d)}, LowerCtx::type(it, d));
+  return cx.compare(bits, cx.constant(0, it, d), it, d, "LT");
+}
+
+std::string is_inf(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
+  return cx.compare(cx.unary("stablehlo.abs", v, t, d), cx.constant(INFINITY, t, d), t, d, "EQ");
+}
+
+std::string is_nan(LowerCtx& cx, const std::string& v, DType t, const Dims& d) { return cx.compare(v, v, t, d, "NE"); }
+
+// log(v) / log(base), as jnp.log2/log10 (within an ulp or two of ATen's).
+Emit log_base(double base) {
+  return [base](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+    return cx.binary("stablehlo.divide", cx.unary("stablehlo.log", a[0], c, n.dims), cx.constant(std::log(base), c, n.dims),
+                     c, n.dims);
+  };
+}
+
+// fmax/fmin: maximum/minimum that ignores a NaN operand (NaN only if both are).
+Emit nan_ignoring(const char* hlo) {
+  return [hlo](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+    auto m = cx.binary(hlo, a[0], a[1], c, n.dims);
+    if (!is_floating(c)) return m;
+    return cx.select(is_nan(cx, a[0], c, n.dims), a[1], cx.select(is_nan(cx, a[1], c, n.dims), a[0], m, c, n.dims), c,
+                     n.dims);
+  };
+}
+}  // namespace
+
+// The complex conjugate of v (dtype t); v itself for real t (also used by ops/complex.cpp).
+std::string complex_conj(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
+  if (!is_complex(t)) return v;
+  DType part = real_part_dtype(t);
+  auto ty = LowerCtx::type(t, d), pty = LowerCtx::type(part, d);
+  auto re = cx.op("stablehlo.real", {v}, {ty}, pty);
+  auto im = cx.unary("stablehlo.negate", cx.op("stablehlo.imag", {v}, {ty}, pty), part, d);
+  return cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty);
+}
+
+namespace {
 
 // -- unary --------------------------------------------------------------
 [[maybe_unused]] const uint16_t reg_unary[] = {
     simple("neg", 1, Kind::Same, "stablehlo.negate"),
-    simple("abs", 1, Kind::Same, "stablehlo.abs"),
+    simple("abs", 1, Kind::ToReal, "stablehlo.abs"),
     custom("sign", 1, Kind::Same, unless_bool("stablehlo.sign")),
     simple("exp", 1, Kind::Float, "stablehlo.exponential"),
     simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one"),
@@ -138,6 +221,33 @@ Emit unless_bool(const char* hlo) {
     custom("trunc", 1, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
              return is_floating(c) ? round_toward_zero(cx, a[0], c, n.dims) : a[0];
+           }),
+    // Complex parts and conjugate; on real tensors real/conj are the identity.
+    custom("real", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return is_complex(c) ? cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
+                                  : a[0];
+           }),
+    custom("imag", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return is_complex(c) ? cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
+                                  : cx.constant(0, c, n.dims);
+           }),
+    custom("conj", 1, Kind::Same,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return complex_conj(cx, a[0], c, n.dims); }),
+    // angle: atan2(imag, real); for real x, pi where x < 0, else 0 (NaN stays NaN), as torch.
+    custom("angle", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             DType r = n.dtype;
+             if (is_complex(c)) {
+               auto re = cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+               auto im = cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+               return cx.binary("stablehlo.atan2", im, re, r, n.dims);
+             }
+             auto x = cx.convert(a[0], c, r, n.dims);
+             auto neg = cx.compare(x, cx.constant(0, r, n.dims), r, n.dims, "LT");
+             auto v = cx.select(neg, cx.constant(M_PI, r, n.dims), cx.constant(0, r, n.dims), r, n.dims);
+             return cx.select(cx.compare(x, x, r, n.dims, "NE"), x, v, r, n.dims);
            }),
     custom("isnan", 1, Kind::Compare,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return cx.compare(a[0], a[0], c, n.dims, "NE"); }),
@@ -189,6 +299,77 @@ Emit unless_bool(const char* hlo) {
              return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), r_plus_b, r, c, n.dims);
            }),
     simple("fmod", 2, Kind::Same, "stablehlo.remainder"),
+};
+
+// -- special functions (aten ops that torch's decompositions turn into
+// prims; the Python side is torch_xla_core/_ops/special.py) --------------
+[[maybe_unused]] const uint16_t reg_special[] = {
+    simple("acosh", 1, Kind::Float, "chlo.acosh"),
+    simple("asinh", 1, Kind::Float, "chlo.asinh"),
+    simple("atanh", 1, Kind::Float, "chlo.atanh"),
+    simple("erfc", 1, Kind::Float, "chlo.erfc"),
+    simple("lgamma", 1, Kind::Float, "chlo.lgamma"),
+    // digamma(+-0) = -+inf, as ATen (chlo.digamma gives NaN there)
+    custom("digamma", 1, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             const Dims& d = n.dims;
+             auto pole = cx.select(sign_bit(cx, a[0], c, d), cx.constant(INFINITY, c, d), cx.constant(-INFINITY, c, d), c, d);
+             return cx.select(cx.compare(a[0], cx.constant(0, c, d), c, d, "EQ"), pole, cx.unary("chlo.digamma", a[0], c, d),
+                              c, d);
+           }),
+    simple("bessel_i1e", 1, Kind::Float, "chlo.bessel_i1e"),
+    custom("log2", 1, Kind::Float, log_base(2.0)),
+    custom("log10", 1, Kind::Float, log_base(10.0)),
+    // 2^x through power, exact at integer x (exp(x ln 2) is not)
+    custom("exp2", 1, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
+           }),
+    custom("signbit", 1, Kind::Compare,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return sign_bit(cx, a[0], c, n.dims); }),
+    // i1(x) = exp(|x|) i1e(x) (NaN at +-inf, as ATen's)
+    custom("bessel_i1", 1, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             auto e = cx.unary("stablehlo.exponential", cx.unary("stablehlo.abs", a[0], c, n.dims), c, n.dims);
+             return cx.binary("stablehlo.multiply", e, cx.unary("chlo.bessel_i1e", a[0], c, n.dims), c, n.dims);
+           }),
+    // sin(x)/x; its Taylor series 1 - x^2/3! + x^4/5! - x^6/7! + x^8/9! near 0; 0 at +-inf
+    custom("spherical_bessel_j0", 1, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             const Dims& d = n.dims;
+             auto mul = [&](const std::string& x, const std::string& y) { return cx.binary("stablehlo.multiply", x, y, c, d); };
+             auto add = [&](const std::string& x, double k) { return cx.binary("stablehlo.add", x, cx.constant(k, c, d), c, d); };
+             auto x2 = mul(a[0], a[0]);
+             auto s = cx.constant(1.0 / 362880, c, d);
+             for (double k : {-1.0 / 5040, 1.0 / 120, -1.0 / 6, 1.0}) s = add(mul(x2, s), k);
+             auto q = cx.binary("stablehlo.divide", cx.unary("stablehlo.sine", a[0], c, d), a[0], c, d);
+             auto small = cx.compare(cx.unary("stablehlo.abs", a[0], c, d), cx.constant(0.5, c, d), c, d, "LT");
+             return cx.select(is_inf(cx, a[0], c, d), cx.constant(0, c, d), cx.select(small, s, q, c, d), c, d);
+           }),
+    custom("fmax", 2, Kind::Same, nan_ignoring("stablehlo.maximum")),
+    custom("fmin", 2, Kind::Same, nan_ignoring("stablehlo.minimum")),
+    // |a| with b's sign bit
+    custom("copysign", 2, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             auto m = cx.unary("stablehlo.abs", a[0], c, n.dims);
+             return cx.select(sign_bit(cx, a[1], c, n.dims), cx.unary("stablehlo.negate", m, c, n.dims), m, c, n.dims);
+           }),
+    // sqrt(a^2 + b^2) without overflow: m sqrt(1 + (s/m)^2), m = max(|a|,|b|),
+    // s = min; 0 when both are 0; inf when either is inf (even with a NaN)
+    custom("hypot", 2, Kind::Float,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             const Dims& d = n.dims;
+             auto x = cx.unary("stablehlo.abs", a[0], c, d), y = cx.unary("stablehlo.abs", a[1], c, d);
+             auto m = cx.binary("stablehlo.maximum", x, y, c, d), s = cx.binary("stablehlo.minimum", x, y, c, d);
+             auto r = cx.binary("stablehlo.divide", s, m, c, d);
+             auto one_plus = cx.binary("stablehlo.add", cx.constant(1, c, d), cx.binary("stablehlo.multiply", r, r, c, d), c, d);
+             auto h = cx.binary("stablehlo.multiply", m, cx.unary("stablehlo.sqrt", one_plus, c, d), c, d);
+             auto zero = cx.constant(0, c, d);
+             h = cx.select(cx.compare(m, zero, c, d, "EQ"), zero, h, c, d);
+             auto inf = cx.binary("stablehlo.or", is_inf(cx, x, c, d), is_inf(cx, y, c, d), DType::Bool, d);
+             return cx.select(inf, cx.constant(INFINITY, c, d), h, c, d);
+           }),
+    simple("nextafter", 2, Kind::Float, "chlo.next_after"),
 };
 
 // where(cond, x, y): x and y promote; cond is bool (so are Python numbers

@@ -60,3 +60,30 @@ static const uint16_t kPlace = register_op(OpDef{
 static const uint16_t& place_op() { return kPlace; }
 
 }  // namespace txc
+
+namespace txc {
+
+// SPMD: the core op "sharding"(x; hlo, device_ids, mesh_shape, axis_names)
+// asks XLA's SPMD partitioner to lay x out as `hlo` (HloSharding text over
+// the mesh's devices, torch_xla_core/sharding.py); x's value is unchanged.
+// The attributes are part of the hash. Lowered as jax lowers
+// with_sharding_constraint without Shardy:
+//   stablehlo.custom_call @Sharding(%x) {mhlo.sharding = "{devices=[4,1,2]<=[8] ...}"}
+// The mesh attributes are read by the executor (GraphCut::annotations) for
+// the device assignment.
+TXC_OP("sharding", 1,
+    [](Node& n) {
+      if (n.attrs.size() != 4) op_error(n, "expected (hlo sharding, device ids, mesh shape, axis names)");
+      n.dtype = n.operands[0]->dtype;
+      n.dims = n.operands[0]->dims;
+    },
+    [](LowerCtx& cx, const Node& n) {
+      std::string r = cx.fresh(), ty = LowerCtx::type(n);
+      cx.body_.append(size_t(cx.indent_), ' ');
+      cx.body_ += r + " = \"stablehlo.custom_call\"(" + cx.in(n, 0) +
+                  ") <{call_target_name = \"Sharding\", api_version = 1 : i32}> {mhlo.sharding = \"" +
+                  n.attr_str(0) + "\"} : (" + ty + ") -> " + ty + "\n";
+      return r;
+    });
+
+}  // namespace txc

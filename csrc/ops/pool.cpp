@@ -285,8 +285,7 @@ TXC_OP("avg_pool", 1,
          const Node& x = *n.operands[0];
          if (!is_floating(x.dtype)) op_error(n, std::string("expected a floating point input, got ") + dtype_name(x.dtype));
          n.dtype = x.dtype;
-         n.dims = pool_dims(n, x.dims, avg_pool_params(n));
-         if (n.attr_int(5) < 0) op_error(n, "divisor must be not zero");
+         n.dims = pool_dims(n, x.dims, avg_pool_params(n));  // a negative divisor_override divides, as on CPU
        },
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[0];

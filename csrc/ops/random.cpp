@@ -12,11 +12,11 @@
 // kernel of its own per draw, and the chain duplicated into each kernel,
 // so compile time grew superlinearly with the number of draws.)
 //
-// The bits are counter-based, a few fused elementwise ops per draw: one
-// SplitMix64 sequence per graph, key = mix(seed + counter * G), where the
-// draw at offset c takes positions c * 2^40 + 1, + 2, ...: element i is
-// mix(key + (c * 2^40 + i + 1) * G) (G the 64-bit golden ratio, mix
-// SplitMix64's finalizer), on every backend the same bits.
+// The bits are counter-based: one Philox stream per graph, keyed by
+// mix(seed + counter * G) (G the 64-bit golden ratio, mix SplitMix64's
+// finalizer), where the draw at offset c starts at block c * 2^40: one
+// stablehlo.rng_bit_generator (PHILOX) per draw, the same bits on every
+// backend (see draw_bits).
 //
 // Ops (operands; attributes after ';'):
 //   rng_advance(state, count)                          -> state + [0, count]
@@ -66,12 +66,16 @@ std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
   return bin("stablehlo.xor", z, ushift(cx, z, d, "ui64", 31));
 }
 
-// The bits of one draw: tensor<dims x elem> (elem "ui32": the high halves,
-// or "ui64") from operands 0 (the state, i64[2] = [seed, counter]) and 1
-// (the offset, an i64 scalar): element i of the draw at offset c is
-// mix(key + (c * 2^40 + i + 1) * G), key = mix(seed + counter * G). The key
-// is the same for every draw of a graph (XLA computes it once); a draw's
-// own ops are the index and the hash.
+// The bits of one draw: tensor<dims x elem> (elem "ui32" or "ui64") from
+// operands 0 (the state, i64[2] = [seed, counter]) and 1 (the offset, an
+// i64 scalar): one stablehlo.rng_bit_generator with the PHILOX algorithm
+// (named, so every backend gives the same bits), whose initial state is
+// [c * 2^40, key]: key = mix(seed + counter * G) + G is the same for every
+// draw of a graph (XLA computes it once), and the draw at offset c starts
+// its Philox counter at c * 2^40, so draws never share a block. One op per
+// draw: XLA expands it into one shared Philox computation per shape, so a
+// graph of many draws compiles about as fast as the same graph with its
+// random tensors given as inputs (bench/rng_compile.py).
 constexpr int kOffsetShift = 40;  // a draw has fewer than 2^40 elements
 
 std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* elem) {
@@ -88,21 +92,19 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
   };
   std::string g = ucon(cx, kGolden, {});
   std::string key = mix64(cx, bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), g, s0), s0), {});
-  key = bin("stablehlo.add", key, g, s0);  // + 1 * G
+  key = bin("stablehlo.add", key, g, s0);
   int64_t numel = 1;
   for (auto x : d) numel *= x;
   if (numel >= (int64_t(1) << kOffsetShift))
     op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
-  std::string ty = tstr(d, "ui64");
   std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
   off = cx.op("stablehlo.shift_left", {off, ucon(cx, std::to_string(kOffsetShift), {})}, {s0, s0}, s0);
-  std::string base = bin("stablehlo.add", key, bin("stablehlo.multiply", off, g, s0), s0);
-  std::string i = cx.op("stablehlo.iota", {}, {}, tstr({numel}, "ui64"), "iota_dimension = 0 : i64");
-  if (d != Dims{numel}) i = cx.op("stablehlo.reshape", {i}, {tstr({numel}, "ui64")}, ty);
-  if (!d.empty()) base = cx.op("stablehlo.broadcast_in_dim", {base}, {s0}, ty, "broadcast_dimensions = array<i64>");
-  std::string z = mix64(cx, bin("stablehlo.add", base, bin("stablehlo.multiply", i, ucon(cx, kGolden, d), ty), ty), d);
-  if (std::string(elem) == "ui64") return z;
-  return cx.op("stablehlo.convert", {ushift(cx, z, d, "ui64", 32)}, {ty}, tstr(d, elem));
+  std::string state = cx.op("stablehlo.concatenate",
+                            {cx.op("stablehlo.reshape", {off}, {s0}, u1), cx.op("stablehlo.reshape", {key}, {s0}, u1)},
+                            {u1, u1}, u2, "dimension = 0 : i64");
+  std::string r = cx.op_multi("stablehlo.rng_bit_generator", {state}, {u2}, {u2, tstr(d, elem)},
+                              "rng_algorithm = #stablehlo<rng_algorithm PHILOX>");
+  return r + "#1";
 }
 
 // Uniform floats of type c (F32 or F64) from m random bits k (m <= 24 for

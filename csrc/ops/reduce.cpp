@@ -42,9 +42,13 @@ DType result_dtype(const Node& n, RK k) {
     case RK::Prod: return (is_integral(x) || is_bool(x)) ? DType::I64 : x;
     case RK::Mean:
     case RK::Var:
-      if (!is_floating(x))
+      if (!is_floating(x) && !is_complex(x))
         op_error(n, std::string("could not infer output dtype: input dtype must be floating point, got ") +
                         dtype_name(x));
+      return k == RK::Var ? real_part_dtype(x) : x;  // the variance of complex values is real
+    case RK::Max:
+    case RK::Min:
+      if (is_complex(x)) op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(x) + "), as in torch");
       return x;
     case RK::Any:
     case RK::All: return DType::Bool;
@@ -101,6 +105,7 @@ void reg(const char* name, RK k) {
         const Dims& axes = n.attr_dims(0);
         DType t = n.dtype;
         Dims flat = reduced_dims(n, x.dims, axes, false);
+        if (k == RK::Var && is_complex(x.dtype)) t = x.dtype;  // computed in complex, |x - mean|^2 is real
         std::string v = cx.convert(cx.in(n, 0), x.dtype, t, x.dims);
         std::string r;
         switch (k) {
@@ -125,6 +130,10 @@ void reg(const char* name, RK k) {
             Dims keep = reduced_dims(n, x.dims, axes, true);
             std::string mk = cx.broadcast(cx.reshape(m, t, flat, keep), t, keep, x.dims);
             std::string d = cx.binary("stablehlo.subtract", v, mk, t, x.dims);
+            if (is_complex(t)) {  // |d|^2
+              t = n.dtype;
+              d = cx.op("stablehlo.abs", {d}, {LowerCtx::type(x.dtype, x.dims)}, LowerCtx::type(t, x.dims));
+            }
             std::string d2 = cx.binary("stablehlo.multiply", d, d, t, x.dims);
             std::string ss = cx.reduce(d2, t, x.dims, axes, "stablehlo.add", 0);
             double denom = std::max(N - n.attr_float(2), 0.0);
@@ -155,6 +164,7 @@ void reg_arg(const char* name, bool is_max) {
       name, 1,
       [name](Node& n) {
         const Node& x = *n.operands[0];
+        if (is_complex(x.dtype)) op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(x.dtype) + ")");
         n.dtype = DType::I64;
         n.dims = reduced_dims(n, x.dims, {n.attr_int(0)}, n.attr_int(1) != 0);
         if (x.dims[n.attr_int(0)] == 0)  // no index to return; torch raises IndexError

@@ -460,7 +460,11 @@ TXC_OP("pad", 1,
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[0];
          Dims in(x.rank(), 0);
-         return cx.op("stablehlo.pad", {cx.in(n, 0), cx.constant(n.attr_float(2), x.dtype)},
+         // attribute 3, when present: the imaginary part of a complex padding value
+         std::string value = n.attrs.size() > 3 && is_complex(x.dtype)
+                                 ? cx.complex_constant(n.attr_float(2), n.attr_float(3), x.dtype)
+                                 : cx.constant(n.attr_float(2), x.dtype);
+         return cx.op("stablehlo.pad", {cx.in(n, 0), value},
                       {LowerCtx::type(x), LowerCtx::type(x.dtype, {})}, LowerCtx::type(n),
                       "edge_padding_high = " + LowerCtx::i64_array(n.attr_dims(1)) +
                           ", edge_padding_low = " + LowerCtx::i64_array(n.attr_dims(0)) +

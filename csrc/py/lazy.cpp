@@ -71,9 +71,22 @@ void bind_lazy(py::module_& m) {
          return v->op == data_op ? py_data(*v) : py::none();
        }));
   prop("op", py::cpp_function([](LazyTensor& t) { return op_def(t.value()->op).name; }));
+  // For replay (torch_xla_core/replay.py): may this tensor's buffer be donated
+  // (overwritten in place)? Device data held by its storage alone: no view,
+  // no other storage or view chain holding the node, no other Python
+  // reference to the buffer (GraphCut::donations() asks the same of a cut).
+  prop("data_exclusive", py::cpp_function([](LazyTensor& t) {
+         if (t.is_view()) return false;
+         const NodePtr& v = t.storage()->value;
+         if (v->op != data_op || v.use_count() != 1) return false;
+         py::object buffer = py_data(*v);
+         return !buffer.is_none() && Py_REFCNT(buffer.ptr()) == 2;  // ours and the node's
+       }));
   prop("memory_kind", py::cpp_function([](LazyTensor& t) { return memory_kind_name(memory_kind_of(*t.value())); }));
   prop("hash", py::cpp_function([](LazyTensor& t) { return t.value()->hash; }));
   prop("storage_id", py::cpp_function([](LazyTensor& t) { return uintptr_t(t.storage().get()); }));
+  // LazyTensors sharing this one's storage (itself included): 1 when no other tensor aliases it.
+  prop("storage_refs", py::cpp_function([](LazyTensor& t) { return long(t.storage().use_count()); }));
   cls.attr("assign") = py::cpp_function([](LazyTensor& t, LazyTensor& v) { t.assign(v.value()); },
                                         py::is_method(cls), py::name("assign"),
                                         "In-place write: this tensor (and its storage, through its views) now holds "

@@ -14,12 +14,22 @@ struct Wrapper {
   PyObject* cls = nullptr;       // XlaTensor
   PyObject* factory = nullptr;   // torch.Tensor._make_wrapper_subclass
   PyObject* device = nullptr;    // torch.device("xla", 0)
+  std::vector<PyObject*> devices;  // torch.device("xla", i), made on first use
   PyObject* kwnames = nullptr;   // ("dtype", "device")
   PyObject* lt_name = nullptr;   // "_lt"
   Py_ssize_t lt_offset = 0;      // where the class's `_lt` slot sits in an instance (0: not a slot)
   PyObject* fallback = nullptr;  // Python: other operand -> core operand, or raise
   std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
 } g_wrap;
+
+// The torch.device of a value on core device d (-1, "any": xla:0).
+PyObject* device_object(int d) {
+  if (d <= 0) return g_wrap.device;
+  if (size_t(d) >= g_wrap.devices.size()) g_wrap.devices.resize(size_t(d) + 1, nullptr);
+  PyObject*& o = g_wrap.devices[size_t(d)];
+  if (!o) o = py::module_::import("torch").attr("device")("xla", d).release().ptr();  // lives for the process
+  return o;
+}
 
 }  // namespace
 
@@ -92,7 +102,7 @@ py::object make_view_wrapper(const LazyTensor& t, const Node& v, PyObject* shape
   py::tuple st = int_tuple(strides);
   py::object off = py::reinterpret_steal<py::object>(PyLong_FromLongLong(offset));
   // _make_wrapper_subclass(cls, size, strides, storage_offset, *, dtype, device)
-  PyObject* args[] = {g_wrap.cls, shape, st.ptr(), off.ptr(), g_wrap.dtypes[size_t(v.dtype)], g_wrap.device};
+  PyObject* args[] = {g_wrap.cls, shape, st.ptr(), off.ptr(), g_wrap.dtypes[size_t(v.dtype)], device_object(v.device)};
   py::object w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 4, g_wrap.kwnames));
   if (!w) throw py::error_already_set();
   return w;
@@ -108,7 +118,7 @@ py::object wrap(LazyTensor&& t) {
   py::object w;
   if (!t.plain()) w = make_view_wrapper(t, *v, shape.ptr());
   if (!w) {
-    PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], g_wrap.device};
+    PyObject* args[] = {g_wrap.cls, shape.ptr(), g_wrap.dtypes[size_t(v->dtype)], device_object(v->device)};
     w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
     if (!w) throw py::error_already_set();
   }
@@ -137,8 +147,15 @@ NodePtr operand(py::handle h, bool& has_wrapped) {
     has_wrapped = true;
     return make_scalar(PyFloat_AS_DOUBLE(h.ptr()), DType::F64, true);
   }
+  if (PyComplex_Check(h.ptr())) {
+    has_wrapped = true;
+    return make_scalar(PyComplex_RealAsDouble(h.ptr()), DType::C64, true, PyComplex_ImagAsDouble(h.ptr()));
+  }
   if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) {  // (number, dtype): a 0-d host tensor
     auto t = h.cast<py::tuple>();
+    PyObject* num = t[0].ptr();
+    if (PyComplex_Check(num))
+      return make_scalar(PyComplex_RealAsDouble(num), DType(t[1].cast<int>()), false, PyComplex_ImagAsDouble(num));
     return make_scalar(t[0].cast<double>(), DType(t[1].cast<int>()), false);
   }
   if (g_wrap.fallback) {  // e.g. a 0-d CPU tensor -> (number, dtype); raises for others

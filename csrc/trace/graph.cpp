@@ -17,11 +17,16 @@ static bool is_param(const Node& n) {
   return n.op == data || n.op == scalar;
 }
 
-GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live) : all_live_(all_live) {
+GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, int device) : all_live_(all_live) {
   static const uint16_t data = op_id("data");
   if (all_live) {
     for (Storage* s = live_storages_head(); s; s = s->next)
-      if (s->value->op != data) roots.push_back(s->shared_from_this());
+      if (s->value->op != data && (device < -1 || std::max<int>(s->value->device, 0) == device))
+        roots.push_back(s->shared_from_this());
+  } else if (device >= -1) {
+    roots.erase(std::remove_if(roots.begin(), roots.end(),
+                               [&](const auto& r) { return std::max<int>(r->value->device, 0) != device; }),
+                roots.end());
   }
   std::unordered_map<const Node*, int> seen;
   for (auto& r : roots) {
@@ -71,6 +76,34 @@ void GraphCut::walk() {
   }
   for (const auto& out : outputs_) h = hash_mix(h, uint64_t(pos[out.get()]));
   hash_ = hash_mix(h, outputs_.size());
+}
+
+int GraphCut::device() const {
+  int d = -1;
+  for (const auto& o : outputs_)
+    if (o->device >= 0 && o->device != d) {
+      if (d >= 0)
+        throw std::runtime_error("Expected all tensors to be on the same device, but found at least two devices, "
+                                 "xla:" + std::to_string(d) + " and xla:" + std::to_string(o->device) +
+                                 "! Sync the tensors of each device separately.");
+      d = o->device;
+    }
+  return std::max(d, 0);
+}
+
+std::vector<int> GraphCut::param_devices() const {
+  std::vector<int> r;
+  r.reserve(params_.size());
+  for (const Node* p : params_) r.push_back(p->device);
+  return r;
+}
+
+py::list GraphCut::annotations() const {
+  static const uint16_t sharding = op_id("sharding");
+  py::list r;
+  for (const Node* n : order_)
+    if (n->op == sharding) r.append(py::make_tuple(n->attr_str(0), n->attr_dims(1), n->attr_dims(2), n->attr_str(3)));
+  return r;
 }
 
 std::string GraphCut::lower(const LowerOptions& options) const {
@@ -219,6 +252,9 @@ py::list GraphCut::params() const {
   for (const Node* p : params_) {
     if (p->op == data) {
       l.append(py_data(*p));
+    } else if (is_complex(p->dtype)) {
+      l.append(py::make_tuple(py::reinterpret_steal<py::object>(PyComplex_FromDoubles(p->scalar, p->scalar_imag)),
+                              int(p->dtype)));
     } else if (is_floating(p->dtype)) {
       l.append(py::make_tuple(p->scalar, int(p->dtype)));
     } else {
@@ -251,8 +287,9 @@ void GraphCut::assign(const py::list& outs) {
   if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.assign: wrong number of outputs");
   std::vector<NodePtr> nodes;
   for (size_t k = 0; k < outputs_.size(); ++k) {
-    // a result placed on the host stays there
-    nodes.push_back(make_py_data(outs[k], outputs_[k]->dtype, outputs_[k]->dims, uint8_t(memory_kind_of(*outputs_[k]))));
+    // a result placed on the host stays there; "any" stays any (the RNG state)
+    nodes.push_back(make_py_data(outs[k], outputs_[k]->dtype, outputs_[k]->dims, outputs_[k]->device,
+                                 uint8_t(memory_kind_of(*outputs_[k]))));
   }
   for (size_t i = 0; i < roots_.size(); ++i) {
     Storage& s = *roots_[i];

@@ -18,12 +18,24 @@ namespace txc {
 class GraphCut {
  public:
   // roots: storages to compute; empty means every live storage.
-  explicit GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live);
+  // device >= 0: only the roots whose value is on that device (-1, "any",
+  // counts as 0); -2: all.
+  explicit GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, int device = -2);
 
   uint64_t hash() const { return hash_; }
   size_t num_outputs() const { return outputs_.size(); }
   size_t num_nodes() const { return order_.size(); }
   size_t num_roots() const { return roots_.size(); }
+  // The device the outputs are on (0 when none has one); throws torch's
+  // device-mismatch error when they are on several (a partial sync of
+  // tensors on different devices: sync them one device at a time).
+  int device() const;
+  // Each parameter's device (-1: any, e.g. the RNG state; the executor moves
+  // such a buffer to the graph's device when it lies elsewhere).
+  std::vector<int> param_devices() const;
+  // The attributes of the SPMD sharding annotations in the cut (core op
+  // "sharding": hlo sharding text, mesh device ids, mesh shape, axis names).
+  pybind11::list annotations() const;
   // StableHLO text of the cut (see LowerOptions: precision, donation).
   std::string lower(const LowerOptions& options) const;
   // One line per node ("%3 = add(%1, %2) : float32[2, 3]  # aten.add.Tensor"):

@@ -104,6 +104,13 @@ void LazyTensor::assign(NodePtr v) {
     NodePtr parent = i == 0 ? st_->value : chain_[i - 1];
     v = def.scatter(view, parent, v);
   }
+  if (v->device < 0 && st_->value->device >= (g_multi_device ? 0 : 1)) {
+    // A value of no device (a constant, fill_) written into a tensor on
+    // xla:N keeps the tensor there: an alias node on that device.
+    static const uint16_t alias = op_id("alias");
+    int16_t d = st_->value->device;
+    v = placed_on(make_node(alias, {std::move(v)}, {}), d);
+  }
   st_->value = std::move(v);
   ++st_->version;
   if (!chain_.empty()) value();

@@ -11,7 +11,8 @@ runs each on a CPU copy and on an xla copy of the inputs and classifies it:
 
 Forward compares outputs and every input tensor after the call (in-place
 ops); backward compares the gradients of sum(outputs * fixed random weights)
-w.r.t. the inputs that require grad. Random ops (RANDOM) are compared by
+w.r.t. the inputs that require grad (a complex output enters the sum as its
+view_as_real). Random ops (RANDOM) are compared by
 shape, dtype and device only. Tolerances: the OpInfo's own CPU overrides for
 the dtype where it declares any, else FLOOR_TOL; never below FLOOR_TOL.
 
@@ -48,7 +49,8 @@ DTYPES = {"ci": (torch.float32,), "full": (torch.float32, torch.bfloat16, torch.
 # (atol, rtol): XLA:CPU's transcendental approximations and summation order
 # differ from ATen's by a few ulps, and convolutions accumulate in another
 # order (conv2d, conv_transpose3d: up to 5e-5 apart on values of order 10).
-FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2)}
+FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2), torch.complex64: (1e-4, 1e-5),
+             torch.complex128: (1e-7, 1e-7)}
 
 # Ops whose values depend on a random stream (or are uninitialized memory):
 # compared by shape/dtype/device only. test_opinfo checks every name exists.
@@ -211,6 +213,19 @@ def _new_fallbacks(before):
     return sorted(k for k, v in txc.metrics.fallbacks().items() if v != before.get(k, 0))
 
 
+def _message(e, context=""):
+    """An xla failure as one line: its type (and where it happened), then at
+    most 300 characters of its message."""
+    return f"{type(e).__name__}{context}: {' '.join(str(e).split())[:300]}"
+
+
+def _verdict(before):
+    """The outcome of a sample that ran: "fallback" if an op fell back to the
+    CPU since `before`, else "pass"."""
+    fb = _new_fallbacks(before)
+    return ("fallback", "CPU fallback: " + ", ".join(fb)) if fb else ("pass", "")
+
+
 def run_forward(op, s, dtype, random):
     """(outcome, message) for one sample, or None if CPU eager rejects it."""
     cpu = copy_sample(s)
@@ -224,7 +239,7 @@ def run_forward(op, s, dtype, random):
         actual = op(xla[0], *xla[1], **xla[2])
         txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
-        msg = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        msg = _message(e)
         del e
         _reset()
         return "error", msg
@@ -236,20 +251,19 @@ def run_forward(op, s, dtype, random):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001 - fetching the value failed
-        msg = f"{type(e).__name__} fetching the result: {' '.join(str(e).split())[:300]}"
+        msg = _message(e, " fetching the result")
         del e
         _reset()
         return "error", msg
-    fb = _new_fallbacks(before)
-    if fb:
-        return "fallback", "CPU fallback: " + ", ".join(fb)
-    return "pass", ""
+    return _verdict(before)
 
 
 def _grad_outputs(op, s, side):
+    """The differentiable outputs, complex ones as their real view (so the
+    loss is real and the gradient flows through the complex path)."""
     out = s.output_process_fn_grad(op(side[0], *side[1], **side[2]))
-    return [t for t in pytree.tree_leaves(out)
-            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    return [torch.view_as_real(t.resolve_conj()) if t.is_complex() else t for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
 
 
 def run_backward(op, s, dtype, random):
@@ -280,7 +294,7 @@ def run_backward(op, s, dtype, random):
         grads_x = torch.autograd.grad(loss, leaves_x, allow_unused=True)
         txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        msg = _message(e)
         del e
         _reset()
         return "error", msg
@@ -295,14 +309,11 @@ def run_backward(op, s, dtype, random):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001
-        msg = f"{type(e).__name__} fetching the gradient: {' '.join(str(e).split())[:300]}"
+        msg = _message(e, " fetching the gradient")
         del e
         _reset()
         return "error", msg
-    fb = _new_fallbacks(before)
-    if fb:
-        return "fallback", "CPU fallback: " + ", ".join(fb)
-    return "pass", ""
+    return _verdict(before)
 
 
 def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):

@@ -49,7 +49,8 @@ def pytest_cmdline_main(config):
     if n > 1:
         config.option.numprocesses = n
         if config.option.dist == "no":
-            config.option.dist = "load"
+            # "load", keeping tests marked xdist_group together (tests/multidevice.py)
+            config.option.dist = "loadgroup"
 
 
 def pytest_runtest_logreport(report):

@@ -107,18 +107,11 @@ def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, che
     return first
 
 
-def direct(op, nargs=None, *, operands=None, ranks=None, attrs=(), view=False):
-    """Older spelling of a mapping, for impl(..., direct=direct(...)): the
-    decorated function becomes the mapping's @impl handler (`nargs` is read
-    from the schema now)."""
-    return dict(op=op, operands=operands, ranks=ranks, attrs=attrs, view=view)
-
-
-def impl(*overloads, direct=None):
+def impl(*overloads):
     """Registers the decorated function as the handler of the given overloads
     (OpOverloads, or OpOverloadPackets meaning all of their overloads). For an
     overload declared with mapping(), it handles the calls the mapping does
-    not fit. `direct` (older spelling): also declare mapping(**direct)."""
+    not fit."""
     def deco(fn):
         for o in overloads:
             for f in ([getattr(o, n) for n in o.overloads()] if isinstance(o, torch._ops.OpOverloadPacket) else [o]):
@@ -127,10 +120,6 @@ def impl(*overloads, direct=None):
                     h.rest = fn
                 else:
                     HANDLERS[f] = fn
-        if direct is not None:
-            assert not any(isinstance(o, torch._ops.OpOverloadPacket) for o in overloads), \
-                "a mapping needs single overloads"
-            mapping(*overloads, **direct)
         _C.dispatch_clear()
         return fn
     return deco
@@ -152,7 +141,11 @@ def _functional_of(func):
         overload = overload[: -len("_out")]
     else:
         return None
-    return getattr(getattr(aten, name, None), overload, None)
+    packet = getattr(aten, name, None)
+    fn = getattr(packet, overload, None)
+    if func._overloadname == "out" and fn is not None and str(fn._schema.arguments[0].type) != "Tensor":
+        fn = getattr(packet, "Tensor", None)  # mul.out, div.out: mul.Tensor (mul.default takes numbers)
+    return fn
 
 
 def _mutated_args(func):
@@ -277,13 +270,32 @@ def assign(self: XlaTensor, r) -> None:
 def _tname(dt):
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
             torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool"}.get(dt, str(dt))
+            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
 def full_like(x, value, dtype=None):
-    from .._dtypes import code
-    dtype = dtype or x.dtype
-    return _tensor.op("full", attrs=(float(value), code(dtype), list(x.shape)))
+    from .factory import full
+    return full(list(x.shape), value, dtype or x.dtype)
+
+
+_VIEW_KEYS = [torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative, torch._C.DispatchKey.ZeroTensor]
+
+
+class _cpu_view_keys:
+    """Inside __torch_dispatch__ torch excludes the dispatch keys above Python,
+    among them Conjugate/Negative/ZeroTensor: a CPU kernel that makes conj
+    views internally (linalg.pinv's mH) would then ignore the conjugate bit
+    and return wrong values. The fallback's CPU call re-enables them."""
+
+    def __enter__(self):
+        self.saved = [torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in _VIEW_KEYS]
+        for k in _VIEW_KEYS:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, False)
+
+    def __exit__(self, *exc):
+        for k, was in zip(_VIEW_KEYS, self.saved):
+            torch._C._dispatch_tls_set_dispatch_key_excluded(k, was)
 
 
 def _fallback(func):
@@ -306,15 +318,20 @@ def _fallback(func):
         cpu_flat = [to_cpu(x) for x in flat]
         cargs, ckwargs = torch.utils._pytree.tree_unflatten(cpu_flat, spec)
         try:
-            r = func(*cargs, **ckwargs)
+            with _cpu_view_keys():
+                r = func(*cargs, **ckwargs)
         except NotImplementedError as e:
             raise NotImplementedError(f"{func._schema.name} is not supported on the xla device: it has no XLA lowering "
                                       f"and no CPU fallback ({e})") from None
         try:
             # Write back mutated arguments.
-            for i in mutated:
+            for i in mutated:  # a Tensor or a Tensor[] (foreach, fused optimizers)
                 if i < len(args) and isinstance(args[i], XlaTensor):
                     assign(args[i], _tensor.from_cpu(cargs[i]))
+                elif i < len(args) and isinstance(args[i], (list, tuple)):
+                    for x, c in zip(args[i], cargs[i]):
+                        if isinstance(x, XlaTensor):
+                            assign(x, _tensor.from_cpu(c))
             if mutated and isinstance(r, torch.Tensor) and r is cargs[mutated[0]]:
                 return args[mutated[0]]
             return torch.utils._pytree.tree_map(to_xla, r)
@@ -327,3 +344,8 @@ def load_all():
     """Imports every op family (each registers its handlers). An import error
     surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
     from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
+    from . import foreach, einsum  # noqa: F401
+    from . import linalg_lapack  # noqa: F401
+    from . import special  # noqa: F401
+    from . import order, misc, nn_extra, nn_grads  # noqa: F401
+    from . import complex, fft  # noqa: F401

@@ -176,16 +176,22 @@ def silu_backward(grad, x):
     return _op(OP.silu_backward, (grad._lt, x._lt), ())
 
 
+def _conj_of(y):
+    return _op(OP.conj, (y._lt,), ()) if y.is_complex() else y
+
+
 @impl(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
-    # grad * y * (1 - y)
+    # grad * conj(y * (1 - y))
+    y = _conj_of(y)
     one_minus = _make(_OP_SUB, (1, y._lt), ())
     return _op(_OP_MUL, (grad._lt, _make(_OP_MUL, (y._lt, one_minus), ())), ())
 
 
 @impl(aten.tanh_backward.default)
 def tanh_backward(grad, y):
-    # grad * (1 - y^2)
+    # grad * conj(1 - y^2)
+    y = _conj_of(y)
     return _op(_OP_MUL, (grad._lt, _make(_OP_SUB, (1, _make(_OP_MUL, (y._lt, y._lt), ())), ())), ())
 
 
@@ -212,12 +218,14 @@ def _to_copy(x, dtype, device):
     from .. import _device, _tensor
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
-        _device.check(dev)
+        i = _device.index(dev)
         if isinstance(x, XlaTensor):
+            if i is not None and i != _tensor.index_of(x):  # another xla device: the data moves
+                x = _tensor.move(x, i)
             r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
             return r
         src = x if dtype is None else x.to(dtype)
-        return _tensor.from_cpu(src)
+        return _tensor.from_cpu(src, i or 0)
     cpu = _tensor.to_cpu(x)
     if dtype is not None:
         cpu = cpu.to(dtype)
@@ -235,6 +243,7 @@ def copy_(dst, src, non_blocking=False):
     from . import assign
     if isinstance(src, XlaTensor):
         if isinstance(dst, XlaTensor):
+            src = _tensor.move(src, _tensor.index_of(dst))  # copy_ may cross devices, as in torch
             assign(dst, src if src.dtype == dst.dtype else convert(src, dst.dtype))
             return dst
         dst.copy_(_tensor.to_cpu(src))
@@ -243,7 +252,7 @@ def copy_(dst, src, non_blocking=False):
         src = src.to(dst.dtype)
     if src.shape != dst.shape:
         src = src.expand(dst.shape)
-    assign(dst, _tensor.from_cpu(src))
+    assign(dst, _tensor.from_cpu(src, _tensor.index_of(dst)))
     return dst
 
 

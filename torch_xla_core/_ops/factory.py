@@ -27,6 +27,12 @@ def sizes(shape):
 
 
 def full(shape, value, dtype):
+    if isinstance(value, complex) or dtype.is_complex:  # the imaginary part rides as a 4th attribute
+        value = complex(value)
+        if not dtype.is_complex:
+            raise RuntimeError(f"value cannot be converted to type {dtype} without overflow: a complex fill value "
+                               f"{value} for a real tensor")
+        return _op(OP.full, (), (value.real, code(dtype), sizes(shape), value.imag))
     return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
 
 
@@ -41,13 +47,27 @@ def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memor
     return full(size, 0, _dt(dtype))
 
 
+def strided(t, size, stride):
+    """t (a fresh contiguous value) reporting the requested strides, as
+    torch's empty_strided does; the values are unspecified either way."""
+    stride = [int(s) for s in stride]
+    if len(stride) != len(size):
+        raise RuntimeError(f"mismatch in length of strides and shape: {len(stride)} strides for {len(size)} "
+                           f"dims")
+    if stride != list(t.stride()):
+        lt = t._lt
+        _tensor.set_meta(t, t.shape, stride)
+        t._lt = lt
+    return t
+
+
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return full(size, 0, _dt(dtype))
+    return strided(full(size, 0, _dt(dtype)), size, stride)
 
 
 def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    if isinstance(fill_value, complex) or (dtype is not None and dtype.is_complex):
-        raise UnsupportedDtype(dtype if dtype is not None else torch.complex64)
+    if dtype is None and isinstance(fill_value, complex):
+        dtype = torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
     if dtype is None:
         dtype = (torch.bool if isinstance(fill_value, bool) else torch.int64 if isinstance(fill_value, int)
                  else torch.get_default_dtype())
@@ -92,14 +112,15 @@ def _named(op):
 
 
 def register(name, fn):
-    """Registers fn as the xla (PrivateUse1) kernel of factory `name`; a
-    device index other than xla:0 is refused first, and an unsupported dtype
+    """Registers fn as the xla (PrivateUse1) kernel of factory `name`: the
+    result lies on the device asked for (an index that is no device is
+    refused first), and an unsupported dtype
     (complex) is reported naming the factory."""
     named = _named("aten::" + name)(fn)
 
     def kernel(*args, **kwargs):
-        _device.check(kwargs.get("device"))
-        return named(*args, **kwargs)
+        i = _device.index(kwargs.get("device"))
+        return _tensor.place_on(named(*args, **kwargs), 0 if i is None else i)
     _lib.impl(name, kernel, "PrivateUse1")
 
 
@@ -118,52 +139,51 @@ for _name, _fn in [
 @impl(aten.empty_like.default, aten.zeros_like.default)
 @_named("aten::empty_like")
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _device.check(device)
     if device is not None and torch.device(device).type != "xla":
         return torch.zeros(x.shape, dtype=dtype or x.dtype, device=device)
-    return full(x.shape, 0, dtype or x.dtype)
+    return _like(full(x.shape, 0, dtype or x.dtype), x, device)
 
 
 @impl(aten.ones_like.default)
 @_named("aten::ones_like")
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _device.check(device)
-    return full(x.shape, 1, dtype or x.dtype)
+    return _like(full(x.shape, 1, dtype or x.dtype), x, device)
 
 
 @impl(aten.full_like.default)
 @_named("aten::full_like")
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _device.check(device)
-    return full(x.shape, fill_value, dtype or x.dtype)
+    return _like(full(x.shape, fill_value, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_empty.default, aten.new_zeros.default)
 @_named("aten::new_empty")
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, 0, dtype or x.dtype)
+    return _like(full(size, 0, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_ones.default)
 @_named("aten::new_ones")
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, 1, dtype or x.dtype)
+    return _like(full(size, 1, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_full.default)
 @_named("aten::new_full")
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, fill_value, dtype or x.dtype)
+    return _like(full(size, fill_value, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_empty_strided.default)
 @_named("aten::new_empty_strided")
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _device.check(device)
-    return full(size, 0, dtype or x.dtype)
+    return strided(_like(full(size, 0, dtype or x.dtype), x, device), size, stride)
+
+
+def _like(r, x, device):
+    """A *_like/new_* result on `device`, default x's device."""
+    i = _device.index(device)
+    return _tensor.place_on(r, _tensor.index_of(x) if i is None else i)
 
 
 def _copy_from(src, dst, non_blocking=False):
@@ -176,9 +196,12 @@ def _copy_from(src, dst, non_blocking=False):
     return dst
 
 
+@impl(aten._copy_from_and_resize.default)
 def _copy_from_and_resize(src, dst):
     if tuple(dst.shape) != tuple(src.shape):
         _tensor.set_meta(dst, src.shape)
+        if isinstance(dst, _tensor.XlaTensor):  # a fresh value of the new shape, then the copy
+            dst._lt = full(src.shape, 0, dst.dtype)._lt
     return _copy_from(src, dst)
 
 

@@ -203,10 +203,16 @@ def index_copy(x, dim, index, source):
     return _put_along("index_copy", x, dim, index, source, False, exc=IndexError)
 
 
+def _full_scalar(value, dtype):
+    """A 0-d constant (complex values included) as a LazyTensor."""
+    from .factory import full
+    return full([], value, dtype)._lt
+
+
 @impl(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 @_checks.staged
 def index_fill(x, dim, index, value):
-    v = _make(OP.full, (), (float(value), code(x.dtype), [])) if not isinstance(value, torch.Tensor) \
+    v = _full_scalar(value, x.dtype) if not isinstance(value, torch.Tensor) \
         else _make(OP.convert, (_tensor.v(value),), (code(x.dtype),))
     return _put_along("index_fill", x, dim, index, wrap(v), False, low=None, exc=IndexError)  # negatives wrap
 
@@ -249,7 +255,7 @@ def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
         if src.dtype != x.dtype and isinstance(src, XlaTensor):
             raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype")
     else:
-        s = _make(OP.full, (), (float(src), code(x.dtype), []))
+        s = _full_scalar(src, x.dtype)
     if x.dim() == 0 or index.dim() == 0:
         one = lambda t, n: _make(OP.reshape, (t,), ([n],))  # noqa: E731
         r = _op(OP.scatter, (one(x._lt, 1), one(index._lt, index.numel()),
@@ -473,6 +479,8 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
 def kthvalue(x, k, dim=-1, keepdim=False):
     d = _dim(dim, x.dim())
     n = x.shape[d] if x.dim() else 1
+    if n == 0:
+        raise IndexError(f"kthvalue(): Expected reduction dim {d} to have non-zero size.")
     if not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
     v, i = _sort(x, d, False)

@@ -56,11 +56,19 @@ def baddbmm(c, a, b, *, beta=1, alpha=1):
     return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _BMM), beta, alpha)
 
 
-@impl(aten.dot.default, aten.vdot.default)
+@impl(aten.dot.default)
 def dot(a, b):
     if a.dim() != 1 or b.dim() != 1:
         raise RuntimeError(f"1D tensors expected, but got {a.dim()}D and {b.dim()}D tensors")
     return _op(_DOT, (a._lt, b._lt), ([], [], [0], [0]))
+
+
+@impl(aten.vdot.default)
+def vdot(a, b):
+    """sum(conj(a) * b): dot with a conjugated first operand (the same as dot for real a)."""
+    if a.is_complex():
+        a = _op(OP.conj, (a._lt,), ())
+    return dot(a, b)
 
 
 @impl(aten.mv.default)

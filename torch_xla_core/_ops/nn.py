@@ -8,7 +8,9 @@ decomposes them above it, into many small ops); they get xla kernels at the
 AutogradPrivateUse1 key instead:
 - `scaled_dot_product_attention` -> `_scaled_dot_product_fused_attention_overrideable`
   (torch's autograd formula calls its `_backward`); 2 ops traced forward+backward
-  instead of ~50 for the math path. dropout_p > 0 keeps the math path.
+  instead of ~50 for the math path. dropout_p > 0 keeps the math path; calls
+  the flash kernel takes may go to kernels.flash_attention instead
+  (kernels/attention.py: set_sdpa_kernel, TXC_SDPA_KERNEL).
 - `rms_norm` -> an autograd.Function over the fused `rms_norm` core ops
   (also the handlers of `_fused_rms_norm` and its backward)."""
 import math
@@ -198,6 +200,11 @@ def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=
     if q.dim() >= 3 and k.dim() == q.dim() and q.shape[-3] != k.shape[-3] and not enable_gqa:
         raise RuntimeError(f"scaled_dot_product_attention: query has {q.shape[-3]} heads and key/value "
                            f"{k.shape[-3]}: pass enable_gqa=True for grouped-query attention")
+    from ..kernels import attention as kernels
+    if kernels.sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa):
+        from .. import metrics
+        metrics.counter_add("sdpa_flash")
+        return kernels.flash_attention(q, k, v, causal=is_causal, sm_scale=_scale(q, scale))
     if dropout_p > 0:
         return aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
                                                        enable_gqa=enable_gqa)[0]

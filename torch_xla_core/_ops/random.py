@@ -1,7 +1,8 @@
 """Random ops on the xla device: normal_/uniform_/bernoulli/random_/
 exponential_/log_normal_/cauchy_, the factories randn/rand/randint/randperm/
 normal (PrivateUse1 kernels, as they have no tensor input), the *_like
-factories, and dropout (native_dropout and its backward). Each draw is one
+factories, dropout (native_dropout and its backward), multinomial and
+rrelu. Each draw is one
 core op whose first operands, a state and an offset, come from
 torch_xla_core._random.draw() (see csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
 device state from that generator instead of the device RNG."""
@@ -11,7 +12,7 @@ from .. import _random
 from .._dtypes import code
 from .._tensor import OP, _make, op, wrap
 from . import aten, assign, impl
-from .factory import register, sizes
+from .factory import _like, register, sizes
 
 _key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
@@ -263,24 +264,24 @@ for _name, _fn in [
 
 @impl(aten.randn_like.default, aten.randn_like.generator)
 def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _randn(x.shape, generator=generator, dtype=dtype or x.dtype)
+    return _like(_randn(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
 
 
 @impl(aten.rand_like.default, aten.rand_like.generator)
 def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _rand(x.shape, generator=generator, dtype=dtype or x.dtype)
+    return _like(_rand(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
 
 
 @impl(aten.randint_like.default, aten.randint_like.generator)
 def randint_like(x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                  memory_format=None):
-    return _ints(dtype or x.dtype, x.shape, 0, high, generator)
+    return _like(_ints(dtype or x.dtype, x.shape, 0, high, generator), x, device)
 
 
 @impl(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)
 def randint_like_low(x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                      memory_format=None):
-    return _ints(dtype or x.dtype, x.shape, low, high, generator)
+    return _like(_ints(dtype or x.dtype, x.shape, low, high, generator), x, device)
 
 
 # --- dropout ----------------------------------------------------------------
@@ -300,3 +301,63 @@ def native_dropout(x, p, train):
 @impl(aten.native_dropout_backward.default)
 def native_dropout_backward(grad, mask, scale):
     return wrap(_make(OP.masked_scale, (grad._lt, mask._lt), (float(scale),)))
+
+
+# --- multinomial, rrelu -----------------------------------------------------
+
+@impl(aten.multinomial.default)
+def multinomial(p, num_samples, replacement=False, *, generator=None):
+    """Without replacement: the top num_samples of p / Exp(1) noise (CPU
+    eager's algorithm); with replacement: inverse CDF of uniform draws."""
+    from .. import _checks
+    if p.dim() not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not p.is_floating_point():
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
+                           f"{_NAMES.get(p.dtype, p.dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    k = p.shape[-1]
+    if not replacement and num_samples > k:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    _checks.require(((p < 0) | ~torch.isfinite(p))._lt,
+                    "probability tensor contains either `inf`, `nan` or element < 0", RuntimeError)
+    _checks.require((p.sum(-1) <= 0)._lt, "invalid multinomial distribution (sum of probabilities <= 0)",
+                    RuntimeError)
+    if not replacement:
+        q = _draw(EXPONENTIAL, p.dtype, p.shape, 1.0, 0.0, generator)
+        return torch.topk(p / q, num_samples, -1)[1]
+    cdf = torch.cumsum(p, -1)
+    cdf = cdf / cdf[..., -1:]
+    u = _draw(UNIFORM, p.dtype, (*p.shape[:-1], num_samples), 0.0, 1.0, generator)
+    c = cdf if p.dim() == 1 else cdf.unsqueeze(-2)           # [(N,) 1, K]
+    idx = (c <= u.unsqueeze(-1)).sum(-1)                       # categories whose cdf is passed
+    return torch.clamp(idx, max=k - 1)
+
+
+def _rrelu(x, noise, lower, upper, training, generator):
+    if not training:
+        slope = (float(lower) + float(upper)) / 2
+        return torch.where(x > 0, x, x * slope), noise
+    r = _draw(UNIFORM, x.dtype, x.shape, lower, upper, generator)
+    neg = x <= 0
+    return torch.where(neg, x * r, x), torch.where(neg, r, 1.0).to(noise.dtype).reshape(noise.shape)
+
+
+@impl(aten.rrelu_with_noise_functional.default)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    return _rrelu(x, noise, lower, upper, training, generator)
+
+
+@impl(aten.rrelu_with_noise.default)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    out, n = _rrelu(x, noise, lower, upper, training, generator)
+    if training:
+        assign(noise, n)
+    return out
+
+
+@impl(aten.rrelu_with_noise_.default)
+def rrelu_with_noise_(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    assign(x, rrelu_with_noise(x, noise, lower, upper, training, generator))
+    return x

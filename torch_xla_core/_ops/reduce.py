@@ -7,8 +7,13 @@ from . import XLA, Arg, aten, impl, mapping
 
 
 def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
-    # The core normalizes dims (None/[] = all, negatives, order) and checks them.
+    # The core normalizes dims (None/[] = all, negatives, order); a dim out of
+    # range is torch's IndexError (norm(p=0, dim=3) sums over dim 3).
     axes = [] if dim is None else [dim] if isinstance(dim, int) else dim
+    r = max(x.dim(), 1)
+    for d in axes:
+        if not -r <= d < r:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
     if name in ("sum", "mean", "prod"):
         return _op(getattr(OP, name), (x,), (axes, bool(keepdim), code(dtype) if dtype is not None else -1))
     return _op(getattr(OP, name), (x,), (axes, bool(keepdim)) + extra)

@@ -213,6 +213,8 @@ def constant_pad_nd(x, pad, value=0):
     lo, hi = [0] * r, [0] * r
     for i in range(len(pad) // 2):
         lo[r - 1 - i], hi[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if isinstance(value, complex):  # the imaginary part rides as a 4th attribute
+        return _op(OP.pad, (x._lt,), (lo, hi, value.real, value.imag))
     return _op(OP.pad, (x._lt,), (lo, hi, float(value)))
 
 
@@ -247,7 +249,8 @@ def as_strided(x, size, stride, storage_offset=None):
         raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: "
                            f"{list(stride)}")
     # Over the whole storage (x may be a view into it), as CPU's as_strided.
-    return wrap(_view(OP.as_strided, x._lt.root(), (list(size), list(stride), off)))
+    from .complex import root_as  # the storage in x's dtype (x may be a view_as_real/complex view)
+    return wrap(_view(OP.as_strided, root_as(x._lt, x.dtype), (list(size), list(stride), off)))
 
 
 @impl(aten.as_strided_scatter.default)

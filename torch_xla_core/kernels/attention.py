@@ -26,6 +26,11 @@ multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices,
     every platform computes it with the jax implementation here (gather the
     pages, masked softmax): no Pallas kernel for it is written yet.
 
+F.scaled_dot_product_attention goes to flash_attention where set_sdpa_kernel /
+TXC_SDPA_KERNEL allow it (default "auto": on TPU, for calls the kernel takes,
+kv length >= 1024; "flash": every platform; "xla": never), counted as
+"sdpa_flash" in metrics; the rest keeps the fused core sdpa op.
+
 Bad input raises before anything compiles (shapes, dtypes, head ratios,
 block sizes); page indices out of range raise at the sync that computes
 them (a deferred check, as the index ops do)."""
@@ -35,7 +40,7 @@ from .. import _checks, runtime
 from .call_jax import call_jax
 from .reference import MASK_VALUE
 
-__all__ = ["flash_attention", "multi_queries_paged_attention"]
+__all__ = ["flash_attention", "multi_queries_paged_attention", "set_sdpa_kernel", "sdpa_kernel"]
 
 
 def _jax():
@@ -192,3 +197,59 @@ def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, ef
     return call_jax(_mqpa_jax, q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens,
                     soft_cap=None if attn_logits_soft_cap is None else float(attn_logits_soft_cap))
 
+
+
+# --- F.scaled_dot_product_attention routed to flash_attention ---------------------
+# TXC_SDPA_KERNEL (or set_sdpa_kernel): "auto" (default) routes SDPA calls the
+# flash kernel can take to it on TPU when the kv length is at least
+# _AUTO_MIN_KV (O(S) memory instead of the S x S logits; untimed here: no TPU);
+# "flash" routes them on every platform (CPU/GPU: the jax reference, for
+# comparison); "xla" never routes (the fused core sdpa op, csrc/ops/attention.cpp).
+_SDPA_MODES = ("auto", "flash", "xla")
+_AUTO_MIN_KV = 1024
+_sdpa_mode = None
+
+
+def set_sdpa_kernel(mode: str) -> None:
+    """Where F.scaled_dot_product_attention goes: "auto", "flash" or "xla"
+    (overrides TXC_SDPA_KERNEL)."""
+    global _sdpa_mode
+    if mode not in _SDPA_MODES:
+        raise ValueError(f"set_sdpa_kernel: mode must be one of {_SDPA_MODES}, got {mode!r}")
+    _sdpa_mode = mode
+
+
+def sdpa_kernel() -> str:
+    if _sdpa_mode is not None:
+        return _sdpa_mode
+    import os
+    mode = os.environ.get("TXC_SDPA_KERNEL", "auto")
+    if mode not in _SDPA_MODES:
+        raise ValueError(f"TXC_SDPA_KERNEL must be one of {_SDPA_MODES}, got {mode!r}")
+    return mode
+
+
+def sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa, platform=None) -> bool:
+    """Whether this SDPA call goes to flash_attention: the mode allows it and
+    the kernel takes it as is (4-D, no mask, no dropout, one float dtype,
+    heads equal or GQA asked for; on TPU the Pallas kernel's block and
+    head_dim limits)."""
+    mode = sdpa_kernel()
+    if mode == "xla":
+        return False
+    platform = platform or runtime.platform()
+    if mode == "auto" and platform != "tpu":
+        return False
+    if attn_mask is not None or dropout_p > 0 or q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        return False
+    if not (q.dtype == k.dtype == v.dtype and q.is_floating_point()) or q.shape[0] != k.shape[0]:
+        return False
+    h, hkv, d, t = q.shape[1], k.shape[1], q.shape[3], k.shape[2]
+    if q.shape[3] != k.shape[3] or h % hkv or (h != hkv and not enable_gqa):
+        return False
+    if platform == "tpu":
+        if not (d < 128 or d % 128 == 0) or t % min(512, t):
+            return False
+        if mode == "auto" and t < _AUTO_MIN_KV:
+            return False
+    return True

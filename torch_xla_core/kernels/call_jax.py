@@ -47,10 +47,10 @@ _lock = threading.Lock()
 _TORCH_TO_JAX = {
     torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
     torch.int64: "int64", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-    torch.float64: "float64",
+    torch.float64: "float64", torch.complex64: "complex64", torch.complex128: "complex128",
 }
 _JAX_TO_TORCH = {v: k for k, v in _TORCH_TO_JAX.items()}
-_WIDE = (torch.int64, torch.float64)
+_WIDE = (torch.int64, torch.float64, torch.complex128)
 _CALLBACK_MARKERS = ("xla_python_cpu_callback", "xla_ffi_python_cpu_callback", "xla_python_gpu_callback",
                      "xla_ffi_python_gpu_callback", "!stablehlo.token", "tpu_interpret", "callback")
 _SYMBOL = re.compile(r"^\s*(?:func\.func|sdy\.mesh)\s+(?:public\s+|private\s+|nested\s+)?@([\w$.\-]+)", re.M)
@@ -121,8 +121,11 @@ def _lower(fn, fname, args, static_kwargs, x64):
 
     shapes = [jax.ShapeDtypeStruct(args[i].shape, np.dtype(_TORCH_TO_JAX[args[i].dtype])
                                    if args[i].dtype != torch.bfloat16 else jax.numpy.bfloat16) for i in dyn]
+    from .. import runtime
     with jax.enable_x64(bool(x64)):
-        lowered = jax.jit(flat_fn, keep_unused=True).lower(*shapes)
+        # for the runtime's platform, which need not be jax's default backend (PJRT_DEVICE=CPU on a GPU host)
+        traced = jax.jit(flat_fn, keep_unused=True).trace(*shapes)
+        lowered = traced.lower(lowering_platforms=(runtime.platform(),))
         text = lowered.as_text()
         out_info = lowered.out_info
     leaves, tree = jax.tree_util.tree_flatten(out_info)
@@ -163,7 +166,7 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
     use_x64 = bool(x64) or wide
     precision = torch.get_float32_matmul_precision()
     try:
-        key = (fn, key_extra, tuple(s.key() if isinstance(s, _Spec) else ("static", s) for s in specs),
+        key = (fn, key_extra, _platform(), tuple(s.key() if isinstance(s, _Spec) else ("static", s) for s in specs),
                tuple(sorted(static_kwargs.items())), use_x64, precision)
         hash(key)
     except TypeError:
@@ -185,6 +188,11 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return low
+
+
+def _platform():
+    from .. import runtime
+    return runtime.platform()
 
 
 def _emit(low, tensors):

@@ -1,0 +1,126 @@
+"""The persistent compile cache (torch_xla_core/compile_cache.py): a second
+process loads what the first compiled, corrupt entries are recompiled and
+rewritten, the directory is size-bounded. Always a temporary directory."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_xla_core as txc
+from torch_xla_core import compile_cache, executor
+
+_PROGRAM = r"""
+import json, torch, torch_xla_core as txc
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("xla")
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(5, 8).to("xla")
+for _ in range(2):
+    loss = m(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    txc.sync()
+c = txc.metrics.counters()
+print(json.dumps({"loss": loss.item(), "compile": c.get("compile", 0),
+                  "hit": c.get("persistent_cache_hit", 0), "miss": c.get("persistent_cache_miss", 0),
+                  "corrupt": c.get("persistent_cache_corrupt", 0), "write": c.get("persistent_cache_write", 0)}))
+"""
+
+
+def _run(cache_dir):
+    env = dict(os.environ, TXC_COMPILE_CACHE=str(cache_dir), PJRT_DEVICE="CPU")
+    r = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def test_second_process_compiles_nothing_and_corrupt_entries_recompile(tmp_path):
+    cold, _ = _run(tmp_path)
+    assert cold["compile"] >= 1 and cold["hit"] == 0 and cold["miss"] == cold["compile"] == cold["write"]
+    entries = sorted(tmp_path.glob("*.xexe"))
+    assert len(entries) == cold["compile"]
+
+    warm, _ = _run(tmp_path)
+    assert warm["compile"] == 0 and warm["hit"] == cold["compile"] and warm["miss"] == 0
+    assert warm["loss"] == cold["loss"]
+
+    for e in entries:  # flip a byte in every payload
+        b = bytearray(e.read_bytes())
+        b[-10] ^= 0xFF
+        e.write_bytes(bytes(b))
+    bad, err = _run(tmp_path)
+    assert bad["compile"] == cold["compile"] and bad["corrupt"] == cold["compile"] and bad["hit"] == 0
+    assert "is unusable (checksum mismatch)" in err
+    assert bad["loss"] == cold["loss"]
+    again, _ = _run(tmp_path)  # rewritten: hits again
+    assert again["compile"] == 0 and again["hit"] == cold["compile"]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TXC_COMPILE_CACHE", str(tmp_path))
+    executor.clear_cache()
+    yield tmp_path
+    executor.clear_cache()
+
+
+def test_in_process_hit_after_clearing_the_memory_cache(dev, cache_dir):
+    x = torch.randn(6, 7)
+    y = (x.to(dev).sin() * 3).cpu()
+    c = txc.metrics.counters()
+    assert c["compile"] == 1 and c["persistent_cache_write"] == 1
+    executor.clear_cache()
+    y2 = (x.to(dev).sin() * 3).cpu()
+    c = txc.metrics.counters()
+    assert c["compile"] == 1 and c["persistent_cache_hit"] == 1
+    torch.testing.assert_close(y, x.sin() * 3)
+    torch.testing.assert_close(y2, y)
+    assert txc.metrics.timers()["persistent_cache_load"][0] >= 2
+
+
+def test_truncated_entry_is_ignored_with_a_warning(dev, cache_dir):
+    x = torch.randn(3)
+    (x.to(dev) + 1).cpu()
+    (entry,) = cache_dir.glob("*.xexe")
+    entry.write_bytes(b"TXC")
+    executor.clear_cache()
+    with pytest.warns(RuntimeWarning, match="bad header"):
+        y = (x.to(dev) + 1).cpu()
+    torch.testing.assert_close(y, x + 1)
+    assert txc.metrics.counters()["compile"] == 2
+    assert entry.stat().st_size > 100  # rewritten whole
+
+
+def test_size_bound_evicts_least_recently_used(dev, cache_dir, monkeypatch):
+    x = torch.randn(4)
+    (x.to(dev) + 1).cpu()
+    (first,) = cache_dir.glob("*.xexe")
+    monkeypatch.setenv("TXC_COMPILE_CACHE_MAX_BYTES", str(first.stat().st_size + 1))
+    os.utime(first, (1, 1))  # long unused
+    (x.to(dev) * 5).cpu()
+    left = list(cache_dir.glob("*.xexe"))
+    assert len(left) == 1 and left[0] != first
+    assert txc.metrics.counters()["persistent_cache_evict"] == 1
+
+
+def test_settings(monkeypatch):
+    monkeypatch.setenv("TXC_COMPILE_CACHE", "off")
+    assert compile_cache.directory() is None
+    monkeypatch.delenv("TXC_COMPILE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
+    assert compile_cache.directory() == "/x/cache/torch_xla_core"
+    monkeypatch.setenv("TXC_COMPILE_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="TXC_COMPILE_CACHE_MAX_BYTES='lots'"):
+        compile_cache.max_bytes()
+
+
+def test_key_covers_precision_and_runtime(dev, cache_dir):
+    key = executor.Key(1, "highest", 0, "cpu", (), ())
+    a = compile_cache.entry_name(key, "module {}")
+    assert a != compile_cache.entry_name(key._replace(precision="high"), "module {}")
+    assert a != compile_cache.entry_name(key, "module { }")
+    assert a == compile_cache.entry_name(key._replace(graph=2), "module {}")  # the text is the graph

@@ -1,0 +1,167 @@
+"""torch's multi-tensor ops (_foreach_*) and fused optimizer steps
+(Adam/AdamW/SGD with fused=True) on the device against CPU eager, without
+CPU fallbacks; GradScaler("xla") with a fused optimizer never reads a value
+on the host; and the CPU fallback writes back mutated tensor lists."""
+import pytest
+import torch
+
+import torch_xla_core as txc
+from torch_xla_core import metrics
+
+aten = torch.ops.aten
+DEV = txc.device()
+
+
+def _xla(ts):
+    return [t.to(DEV) for t in ts]
+
+
+def _close(xla, cpu, **kw):
+    if isinstance(cpu, (list, tuple)):
+        assert len(xla) == len(cpu)
+        for a, b in zip(xla, cpu):
+            _close(a, b, **kw)
+    else:
+        torch.testing.assert_close(xla.cpu(), cpu, **kw)
+
+
+def _lists(n=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(4,), (2, 3), (5, 1)]
+    return [torch.rand(shapes[i % 3], generator=g) + 0.5 for i in range(n)]
+
+
+FUNCTIONAL = [
+    ("add.Scalar", lambda a, b: torch._foreach_add(a, 2.5)),
+    ("add.List", lambda a, b: torch._foreach_add(a, b, alpha=-0.5)),
+    ("add.ScalarList", lambda a, b: torch._foreach_add(a, [1.0, 2.0, 3.0])),
+    ("mul.Tensor", lambda a, b: torch._foreach_mul(a, b[0].sum())),
+    ("div.List", lambda a, b: torch._foreach_div(a, b)),
+    ("addcmul.Scalar", lambda a, b: torch._foreach_addcmul(a, b, a, value=0.3)),
+    ("addcdiv.ScalarList", lambda a, b: torch._foreach_addcdiv(a, b, a, [0.1, 0.2, 0.3])),
+    ("lerp.Scalar", lambda a, b: torch._foreach_lerp(a, b, 0.25)),
+    ("pow.ScalarAndTensor", lambda a, b: torch._foreach_pow(2.0, a)),
+    ("maximum.List", lambda a, b: torch._foreach_maximum(a, b)),
+    ("clamp_min.Scalar", lambda a, b: torch._foreach_clamp_min(a, 0.9)),
+    ("norm.Scalar", lambda a, b: torch._foreach_norm(a, 3)),
+    ("max", lambda a, b: torch._foreach_max(a)),
+    ("sqrt", lambda a, b: torch._foreach_sqrt(a)),
+    ("sign", lambda a, b: torch._foreach_sign(torch._foreach_sub(a, 1.0))),
+]
+
+
+@pytest.mark.parametrize("name,fn", FUNCTIONAL, ids=[n for n, _ in FUNCTIONAL])
+def test_foreach_functional_matches_cpu(name, fn):
+    a, b = _lists(seed=1), _lists(seed=2)
+    metrics.clear()
+    out = fn(_xla(a), _xla(b))
+    _close(out, fn(a, b))
+    assert metrics.fallbacks() == {}
+
+
+INPLACE = [
+    ("add_.List", lambda a, b: torch._foreach_add_(a, b, alpha=2)),
+    ("mul_.Scalar", lambda a, b: torch._foreach_mul_(a, 0.5)),
+    ("addcmul_.Tensor", lambda a, b: torch._foreach_addcmul_(a, b, b, torch.tensor([0.1, 0.2, 0.3],
+                                                                                    device=a[0].device))),
+    ("zero_", lambda a, b: torch._foreach_zero_(a)),
+    ("copy_", lambda a, b: torch._foreach_copy_(a, b)),
+    ("exp_", lambda a, b: torch._foreach_exp_(a)),
+]
+
+
+@pytest.mark.parametrize("name,fn", INPLACE, ids=[n for n, _ in INPLACE])
+def test_foreach_inplace_matches_cpu(name, fn):
+    a, b = _lists(seed=3), _lists(seed=4)
+    xa, xb = _xla(a), _xla(b)
+    metrics.clear()
+    fn(xa, xb)
+    fn(a, b)
+    _close(xa, a)
+    assert metrics.fallbacks() == {}
+
+
+def test_foreach_length_mismatch_raises_as_cpu():
+    a = _lists(3)
+    with pytest.raises(RuntimeError) as cpu:
+        torch._foreach_add(a, a[:2])
+    xa = _xla(a)
+    with pytest.raises(RuntimeError) as xla:
+        torch._foreach_add(xa, xa[:2])
+    assert str(xla.value) == str(cpu.value)
+
+
+def test_functional_copy_leaves_its_input():
+    dst, src = torch.zeros(2, 3), torch.arange(3.0)
+    xdst = dst.to(DEV)
+    out = aten.copy(xdst, src.to(DEV).to(torch.int64))
+    _close(out, aten.copy(dst, src.to(torch.int64)))
+    assert out.dtype == torch.float32
+    _close(xdst, dst)
+
+
+def _train(opt_cls, device, fused, foreach, steps=3, scaler=None, inf_at=None, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+    opt = opt_cls(model.parameters(), fused=fused, foreach=foreach, **kw)
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        x = torch.randn(6, 8, generator=g).to(device)
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        if inf_at == i:
+            loss = loss * float("inf")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        if device != "cpu":
+            txc.sync()
+    return model, opt
+
+
+OPTIMIZERS = [
+    (torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)),
+    (torch.optim.Adam, dict(lr=0.05, weight_decay=0.1, amsgrad=True, maximize=True)),
+    (torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    (torch.optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1)),
+]
+
+
+@pytest.mark.parametrize("mode", ["fused", "foreach"])
+@pytest.mark.parametrize("opt_cls,kw", OPTIMIZERS, ids=["adamw", "adam-amsgrad-max", "sgd-nesterov", "sgd-damp"])
+def test_optimizer_step_matches_cpu(opt_cls, kw, mode):
+    fused, foreach = (True, None) if mode == "fused" else (None, True)
+    cpu, _ = _train(opt_cls, "cpu", fused, foreach, **kw)
+    metrics.clear()
+    xla, _ = _train(opt_cls, DEV, fused, foreach, **kw)
+    assert metrics.fallbacks() == {}
+    for p, q in zip(xla.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-5)
+
+
+def test_grad_scaler_with_fused_adamw_is_sync_free_and_matches_cpu():
+    kw = dict(lr=0.05, weight_decay=0.1)
+    cpu, cpu_opt = _train(torch.optim.AdamW, "cpu", True, None, steps=4, inf_at=2,
+                          scaler=torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2), **kw)
+    scaler = torch.amp.GradScaler("xla", init_scale=1024.0, growth_interval=2)
+    metrics.clear()
+    xla, _ = _train(torch.optim.AdamW, DEV, True, None, steps=4, inf_at=2, scaler=scaler, **kw)
+    # nothing came back to the host during the steps: no .item() on found_inf
+    assert metrics.counters().get("transfer_to_host", 0) == 0
+    assert metrics.fallbacks() == {}
+    for p, q in zip(xla.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-5)
+    # the inf step was skipped and backed the scale off, then it grew once: as on the CPU
+    assert scaler.get_scale() == 1024.0
+
+
+def test_cpu_fallback_writes_back_mutated_tensor_lists():
+    from torch_xla_core._ops import _fallback
+    a = _lists(2)
+    xa = _xla(a)
+    _fallback(aten._foreach_add_.Scalar)(xa, 1.5)
+    _close(xa, [t + 1.5 for t in a])

@@ -1,0 +1,57 @@
+"""Two processes x 2 CPU devices through torch_xla_core.launch (jax's
+distributed runtime on 127.0.0.1, gloo collectives): one global mesh, a
+data-parallel AdamW step equal to CPU eager in every process; a process
+that dies stops the others."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.xdist_group("processes2")  # the two launches one after the other
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "dp_train.py")
+
+
+def _launch(out, *extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    return subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2",
+                           SCRIPT, str(out), *extra], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _reference():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach() for p in model.parameters()]
+
+
+def test_two_processes_data_parallel_match_cpu(tmp_path):
+    r = _launch(tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ref_losses, ref_params = _reference()
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert (out["rank"], out["world"], out["local"], out["devices"]) == (rank, 2, rank, 4)
+        assert out["shards"] == [[2, 16], [2, 16]]  # this process's two devices hold a quarter each
+        assert out["losses"] == pytest.approx(ref_losses, rel=1e-5)
+        for p, q in zip(out["params"], ref_params):
+            torch.testing.assert_close(torch.tensor(p), q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_dead_process_stops_the_others(tmp_path):
+    r = _launch(tmp_path, "die")  # process 1 exits with status 3 before joining
+    assert r.returncode == 3
+    assert "process 1 of 2 exited with status 3; stopping the others" in r.stderr
+    assert not (tmp_path / "rank0.json").exists()

@@ -1,0 +1,302 @@
+"""Trace once, replay (torch_xla_core/replay.py): replayed steps equal traced
+ones (AdamW + LR scheduler, dropout RNG, in-place inputs, deferred checks),
+the function body runs only when the signature changes, and what cannot be
+replayed (host reads, unknown device data) is traced every call, visibly."""
+import copy
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xla_core as txc
+from torch_xla_core import executor
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.2),
+                               torch.nn.Linear(16, 4))
+
+
+_calls = {"n": 0}
+
+
+def _train_step(model, opt, x, y):
+    _calls["n"] += 1
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _train(dev, monkeypatch, replay, n=10):
+    monkeypatch.setenv("TXC_REPLAY", "1" if replay else "0")
+    m = _model().to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))  # a new lr every step
+    step = txc.compile(_train_step)
+    txc._random.manual_seed(7)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    _calls["n"] = 0
+    for _ in range(n):
+        x, y = torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
+        losses.append(step(m, opt, x.to(dev), y.to(dev)))
+        sched.step()
+        txc.sync()  # a step per graph, as a training loop runs
+    return [p.detach().cpu() for p in m.parameters()], [l.item() for l in losses], _calls["n"]
+
+
+def test_adamw_with_scheduler_replayed_equals_traced(dev, monkeypatch):
+    executor.clear_cache()
+    p_tr, l_tr, n_tr = _train(dev, monkeypatch, replay=False)
+    assert n_tr == 10
+    txc.metrics.clear()
+    p_re, l_re, n_re = _train(dev, monkeypatch, replay=True)
+    c = txc.metrics.counters()
+    # call 1 makes the optimizer state (transitional), call 2 records, 3..10 replay
+    assert n_re == 2 and c["replay"] == 8 and c["replay_record"] == 1, c
+    assert l_re == l_tr
+    for a, b in zip(p_re, p_tr):
+        assert torch.equal(a, b)
+
+
+def test_replay_matches_the_unlifted_optimizer(dev, monkeypatch):
+    """Against plain tracing with torch's default AdamW (step and lr on the
+    host): equal up to float32 rounding of the bias corrections."""
+    p_re, l_re, _ = _train(dev, monkeypatch, replay=True)
+    m = _model().to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    txc._random.manual_seed(7)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        x, y = torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
+        _train_step(m, opt, x.to(dev), y.to(dev))
+        sched.step()
+        txc.sync()
+    for a, b in zip(p_re, m.parameters()):
+        torch.testing.assert_close(a, b.detach().cpu(), rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_eager_reference(dev):
+    """A replayed step without randomness equals eager PyTorch on the CPU."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    xm = copy.deepcopy(cpu).to(dev)
+    oc = torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9)
+    ox = torch.optim.SGD(xm.parameters(), lr=0.1, momentum=0.9)
+    step = txc.compile(_train_step)
+    for i in range(6):
+        x, y = torch.randn(3, 8), torch.randn(3, 4)
+        lc = _train_step(cpu, oc, x, y)
+        lx = step(xm, ox, x.to(dev), y.to(dev))
+        torch.testing.assert_close(lx.cpu(), lc)
+    for a, b in zip(xm.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach())
+    assert txc.metrics.counters()["replay"] >= 3
+
+
+def test_signature_change_traces_again_and_old_one_still_replays(dev):
+    calls = []
+
+    def f(x, scale):
+        calls.append(x.shape[0])
+        return (x * scale).sum(0)
+
+    step = txc.compile(f)
+    xs = {n: torch.randn(n, 3) for n in (2, 4)}
+    for n, s in [(2, 1.5), (2, 1.5), (4, 1.5), (4, 1.5), (2, 1.5), (2, 2.0)]:
+        torch.testing.assert_close(step(xs[n].to(dev), s).cpu(), (xs[n] * s).sum(0))
+    assert calls == [2, 4, 2]  # (2, 1.5) and (4, 1.5) replayed; scale 2.0 is a new signature
+    assert txc.metrics.counters()["replay"] == 3
+
+
+def test_rng_advances_as_a_traced_step_does(dev, monkeypatch):
+    def f(x):
+        return x + torch.rand_like(x)
+
+    out = {}
+    for replay in ("0", "1"):
+        monkeypatch.setenv("TXC_REPLAY", replay)
+        step = txc.compile(f)
+        txc._random.manual_seed(3)
+        x = torch.zeros(4).to(dev)
+        out[replay] = [step(x).cpu() for _ in range(4)] + [torch.rand(2, device=dev).cpu()]
+    assert all(torch.equal(a, b) for a, b in zip(out["0"], out["1"]))
+    assert not torch.equal(out["1"][2], out["1"][3])  # each replay draws anew
+    assert txc.metrics.counters()["replay"] == 3
+
+
+def test_in_place_update_of_an_input(dev):
+    def f(acc, x):
+        acc.add_(x)
+        return acc * 2
+
+    step = txc.compile(f)
+    acc = torch.zeros(3).to(dev)
+    ref = torch.zeros(3)
+    for i in range(4):
+        x = torch.full((3,), float(i))
+        ref.add_(x)
+        torch.testing.assert_close(step(acc, x.to(dev)).cpu(), ref * 2)
+        torch.testing.assert_close(acc.cpu(), ref)
+    assert txc.metrics.counters()["replay"] == 3
+
+
+def test_host_read_in_step_is_traced_every_call(dev):
+    def f(x):
+        if x.sum().item() > 0:   # control flow on a value: cannot be replayed
+            return x * 2
+        return x * -1
+
+    step = txc.compile(f)
+    with pytest.warns(RuntimeWarning, match="read a tensor value on the host"):
+        for v in (1.0, -1.0, 1.0):
+            x = torch.full((2,), v)
+            torch.testing.assert_close(step(x.to(dev)).cpu(), x * 2 if v > 0 else x * -1)
+    c = txc.metrics.counters()
+    assert c.get("replay", 0) == 0 and c["replay_refused"] == 1 and c["replay_trace"] == 3
+
+
+def test_device_data_from_outside_is_refused(dev):
+    holder = types.SimpleNamespace(t=torch.ones(2).to(dev))
+
+    def f(x):
+        return x + holder.t   # reached through an object we cannot guard
+
+    step = txc.compile(f)
+    with pytest.warns(RuntimeWarning, match="not among its inputs"):
+        assert step(torch.zeros(2).to(dev)).cpu().tolist() == [1.0, 1.0]
+    holder.t = torch.full((2,), 5.0).to(dev)
+    assert step(torch.zeros(2).to(dev)).cpu().tolist() == [5.0, 5.0]
+    assert txc.metrics.counters().get("replay", 0) == 0
+
+
+_glob = {}
+
+
+def test_global_tensor_and_module_are_inputs(dev):
+    _glob["w"] = torch.ones(3).to(dev)
+    lin = torch.nn.Linear(3, 3).to(dev)
+
+    def f(x):
+        with torch.no_grad():
+            return lin(x) * _glob_w
+
+    globals()["_glob_w"] = _glob["w"]
+    f.__globals__["lin"] = lin
+    step = txc.compile(f)
+    x = torch.randn(2, 3)
+    for i in range(3):
+        globals()["_glob_w"] = torch.full((3,), float(i)).to(dev)   # rebinding the global: read anew
+        ref = (x @ lin.weight.detach().cpu().T + lin.bias.detach().cpu()) * float(i)
+        torch.testing.assert_close(step(x.to(dev)).cpu(), ref)
+    assert txc.metrics.counters()["replay"] == 2
+
+
+def test_copy_of_the_model_between_steps_keeps_its_values(dev):
+    """A replay that would donate a buffer someone else holds traces instead."""
+    m = torch.nn.Linear(4, 4).to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    step = txc.compile(_train_step)
+    x, y = torch.randn(2, 4).to(dev), torch.randn(2, 4).to(dev)
+    for _ in range(3):
+        step(m, opt, x, y)
+    snap = copy.deepcopy(m)
+    want = snap.weight.detach().cpu().clone()
+    for _ in range(2):
+        step(m, opt, x, y)
+    torch.testing.assert_close(snap.weight.detach().cpu(), want)
+    assert not torch.equal(m.weight.detach().cpu(), want)
+
+
+def test_eval_mode_is_a_new_signature(dev):
+    m = _model().to(dev)
+    step = txc.compile(lambda mod, x: mod(x))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        m.eval()
+        a = step(m, x.to(dev)).cpu()
+        m.train()
+        b = step(m, x.to(dev)).cpu()
+        m.eval()
+        c = step(m, x.to(dev)).cpu()
+    assert torch.equal(a, c) and not torch.equal(a, b)   # dropout on in train mode
+    assert txc.metrics.counters()["replay"] == 1
+
+
+def test_deferred_check_raises_after_replay(dev):
+    emb = torch.nn.Embedding(5, 2).to(dev)
+    step = txc.compile(lambda e, i: e(i).sum())
+    with torch.no_grad():
+        for _ in range(2):
+            step(emb, torch.tensor([0, 4]).to(dev)).item()
+        with pytest.raises(IndexError, match="index out of range"):
+            step(emb, torch.tensor([0, 9]).to(dev)).item()
+    assert txc.metrics.counters()["replay"] == 2
+
+
+def test_method_decorator(dev):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        @txc.compile
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    torch.manual_seed(0)
+    m = M()
+    ref_w, ref_b = m.lin.weight.detach().clone(), m.lin.bias.detach().clone()
+    m = m.to(dev)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(m(x.to(dev)).cpu(), (x @ ref_w.T + ref_b).relu())
+    assert txc.metrics.counters()["replay"] == 2
+
+
+def test_output_requiring_grad_is_traced_every_call(dev):
+    lin = torch.nn.Linear(3, 2).to(dev)
+    step = txc.compile(lambda m, x: m(x).sum())
+    with pytest.warns(RuntimeWarning, match="requires grad"):
+        for _ in range(3):
+            loss = step(lin, torch.randn(4, 3).to(dev))
+            loss.backward()   # works: the call was traced
+    assert lin.weight.grad is not None
+    assert txc.metrics.counters().get("replay", 0) == 0
+
+
+def test_a_new_forward_hook_traces_again(dev):
+    lin = torch.nn.Linear(3, 3).to(dev)
+    step = txc.compile(lambda m, x: m(x))
+    x = torch.randn(2, 3).to(dev)
+    with torch.no_grad():
+        a = [step(lin, x).cpu() for _ in range(2)]
+        h = lin.register_forward_hook(lambda mod, inp, out: out * 10)
+        b = step(lin, x).cpu()
+        h.remove()
+    torch.testing.assert_close(b, a[0] * 10)
+    assert txc.metrics.counters()["replay"] == 1
+
+
+_bag = []
+
+
+def test_write_to_a_tensor_it_was_not_given_is_refused(dev):
+    _bag[:] = [torch.zeros(2).to(dev)]
+
+    def f(x):
+        _bag[0].add_(x)          # a list is not walked: this tensor is not an input
+        return x * 2
+
+    step = txc.compile(f)
+    with pytest.warns(RuntimeWarning, match="not among its inputs"):
+        for _ in range(3):
+            step(torch.ones(2).to(dev))
+    assert _bag[0].cpu().tolist() == [3.0, 3.0]   # every call traced: no update lost
+    assert txc.metrics.counters().get("replay", 0) == 0

@@ -1,0 +1,164 @@
+"""torch's multi-tensor ops on xla tensors: every aten::_foreach_* overload,
+and the fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_)
+that `torch.optim.Adam/AdamW/SGD(fused=True)` call.
+
+foreach: one rule for the whole family. `_foreach_<op>.<overload>` applies
+aten `<op>` to the i-th element of every list argument (Tensor[] and
+Scalar[]) with the other arguments as they are; the in-place variant assigns
+each result to its self element. The graph gets the same nodes the
+per-tensor loop would (XLA fuses them; nothing is gained by a special node).
+
+fused optimizers: torch's CPU kernels' arithmetic, elementwise on the device.
+With `grad_scale` the gradients are divided by it and written back (as the
+CPU kernel does); with `found_inf` every write is a select on found_inf, so
+GradScaler.step never reads a value on the host: `torch.amp.GradScaler("xla")`
+with a fused optimizer is a sync-free step (the non-fused path reads found_inf
+with .item() in torch's GradScaler)."""
+import torch
+
+from . import assign, impl
+
+aten = torch.ops.aten
+
+# _foreach_<op> whose per-tensor op has another name
+_RENAMED = {"zero": "zeros_like", "norm": "linalg_vector_norm"}
+
+
+def _list_args(func):
+    """Indices of the positional arguments that are lists (per element)."""
+    return [i for i, a in enumerate(func._schema.arguments)
+            if not a.kwarg_only and isinstance(a.type, torch.ListType)]
+
+
+def _per_tensor(func, name):
+    base = getattr(aten, _RENAMED.get(name, name))
+    lists = _list_args(func)
+    # addcmul/addcdiv.Tensor: `scalars` is a 1-D tensor, one value per element
+    per_value = {i for i, a in enumerate(func._schema.arguments) if a.name == "scalars" and not isinstance(a.type, torch.ListType)}
+
+    def elements(args):
+        n = len(args[lists[0]])
+        for i in lists:
+            if len(args[i]) != n:
+                raise RuntimeError(f"{func._schema.name}: tensor lists must have the same number of tensors, "
+                                   f"got {n} and {len(args[i])}")
+        for j in range(n):
+            yield [a[j] if i in lists else (a[j] if i in per_value else a) for i, a in enumerate(args)]
+
+    return base, elements
+
+
+def _register(func):
+    name = func._schema.name.split("::")[1][len("_foreach_"):]
+    inplace = name.endswith("_")
+    if inplace:
+        name = name[:-1]
+    if name == "powsum" or not hasattr(aten, _RENAMED.get(name, name)):
+        return
+    base, elements = _per_tensor(func, name)
+    if name in ("addcmul", "addcdiv"):  # (self, t1, t2, value): value is kwarg-only in the per-tensor op
+        op = base
+
+        def base(x, t1, t2, value=1):
+            if isinstance(value, torch.Tensor):  # an element of the .Tensor overload's `scalars`
+                if value.device.type == "cpu":
+                    value = value.item()
+                else:
+                    return x + value * (t1 * t2 if name == "addcmul" else t1 / t2)
+            return op(x, t1, t2, value=value)
+    if name == "norm":  # (self, ord, dtype): dtype is positional here, dim would be there
+        def base(x, ord=2, dtype=None):
+            return aten.linalg_vector_norm(x, ord, dtype=dtype)
+    if inplace:
+        def h(*args, **kwargs):
+            for j, a in enumerate(elements(args)):
+                assign(args[0][j], base(*a, **kwargs))
+    else:
+        def h(*args, **kwargs):
+            return [base(*a, **kwargs) for a in elements(args)]
+    impl(func)(h)
+
+
+def _register_foreach():
+    names = sorted({s.name[len("aten::"):] for s in torch._C._jit_get_all_schemas()
+                    if s.name.startswith("aten::_foreach_")})
+    for n in names:
+        packet = getattr(aten, n)
+        for ov in packet.overloads():
+            if not ov.endswith("out"):
+                _register(getattr(packet, ov))
+
+
+_register_foreach()
+
+
+# --- fused optimizers -----------------------------------------------------------
+
+def _unscale_and_guard(grads, grad_scale, found_inf):
+    """Divides grads by grad_scale (written back, as torch's kernels do, unless
+    found_inf is set) and returns (unscaled grads, keep) where keep(old, new)
+    selects the old value when found_inf == 1."""
+    if found_inf is not None:
+        skip = found_inf == 1
+
+        def keep(old, new):
+            return torch.where(skip, old, new)
+    else:
+        def keep(old, new):
+            return new
+    if grad_scale is not None:
+        unscaled = [g / grad_scale for g in grads]
+        for g, u in zip(grads, unscaled):
+            assign(g, keep(g, u))
+        grads = unscaled
+    return grads, keep
+
+
+def _adam(adamw):
+    def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+             weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        grads, keep = _unscale_and_guard(grads, grad_scale, found_inf)
+        for i, (p, g, m, v, t) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, state_steps)):
+            g = -g if maximize else g
+            p_new = p
+            if weight_decay != 0:
+                if adamw:
+                    p_new = p - p * (lr * weight_decay)
+                else:
+                    g = g + p * weight_decay
+            m_new = m + (g - m) * (1 - beta1)
+            v_new = v * beta2 + (g * g) * (1 - beta2)
+            step_size = lr / (1 - torch.pow(beta1, t))
+            bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, t))
+            if amsgrad:
+                vmax = torch.maximum(max_exp_avg_sqs[i], v_new)
+                assign(max_exp_avg_sqs[i], keep(max_exp_avg_sqs[i], vmax))
+                denom = torch.sqrt(vmax) / bc2_sqrt + eps
+            else:
+                denom = torch.sqrt(v_new) / bc2_sqrt + eps
+            p_new = p_new - step_size * m_new / denom
+            assign(m, keep(m, m_new))
+            assign(v, keep(v, v_new))
+            assign(p, keep(p, p_new))
+    return step
+
+
+def _sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
+         is_first_step, grad_scale=None, found_inf=None):
+    grads, keep = _unscale_and_guard(grads, grad_scale, found_inf)
+    for i, (p, g) in enumerate(zip(params, grads)):
+        g = -g if maximize else g
+        if weight_decay != 0:
+            g = g + p * weight_decay
+        if momentum != 0:
+            buf = momentum_buffer_list[i]
+            b_new = g if is_first_step else buf * momentum + g * (1 - dampening)
+            assign(buf, keep(buf, b_new))
+            g = g + b_new * momentum if nesterov else b_new
+        assign(p, keep(p, p - g * lr))
+
+
+for _ov in ("default", "tensor_lr"):
+    impl(getattr(aten._fused_adam_, _ov))(_adam(adamw=False))
+    impl(getattr(aten._fused_adamw_, _ov))(_adam(adamw=True))
+    impl(getattr(aten._fused_sgd_, _ov))(_sgd)

@@ -1,0 +1,199 @@
+"""SPMD machinery of the executor (the user API is sharding.py): what a
+graph partitioned over a mesh adds to a sync, as one field of the cache key
+(Spmd) and four steps:
+
+- key_field(cut): a graph is partitioned when a parameter is a buffer laid
+  out over several devices or the graph holds a sharding annotation (core
+  op "sharding"); the key then holds the mesh's device assignment and each
+  parameter's sharding (XLA HloSharding text; "{replicated}" for one that is
+  not sharded). All sharded values of one graph must use the same devices in
+  the same order.
+- lowering: the emitter writes mhlo.num_partitions and mhlo.sharding on
+  @main's arguments (csrc/lower/emitter.cpp); results carry none, so XLA's
+  SPMD partitioner chooses their shardings (propagation).
+- compile(text, key): GSPMD (use_spmd_partitioning, not Shardy: the text
+  carries mhlo.sharding) over the mesh's devices, with output shardings left
+  to propagation. This module and runtime.py are the two that touch
+  jaxlib's compile API.
+- bind/execute: inputs go in as global arrays laid out on the mesh (a buffer
+  on one device is replicated once per sync; Python numbers once per value),
+  execute_sharded runs every partition, and each output becomes one global
+  jax array over the mesh with the sharding the compiler chose (a
+  NamedSharding of the graph's mesh where it is one), so a tensor stays one
+  logical value and .cpu() gathers it.
+
+Donation works as on one device: a donated parameter's output aliases its
+buffer on every device (the alias bytes of the compiled statistics are
+per device)."""
+import collections
+
+import numpy as np
+
+from . import metrics, runtime
+
+active = False   # set by sharding.mark_sharding: only then are parameters inspected
+
+_REPLICATED = "{replicated}"
+_meshes = {}     # device ids -> the jax Mesh last used over them (output shardings are read against it)
+_replicated = {}  # (id(buffer), device ids) -> (buffer, its replicated copy): Python numbers
+_out = {}        # Spmd + output count -> output shardings of its executable
+
+
+class Spmd(collections.namedtuple("Spmd", "device_ids params")):
+    """Key.spmd: the mesh's device assignment (PJRT device ids, in the mesh's
+    order; with several processes they span all of them) and each
+    parameter's sharding (HloSharding text)."""
+
+
+def activate(jmesh) -> None:
+    global active
+    active = True
+    _meshes.setdefault(_ids(jmesh), jmesh)
+
+
+def _ids(jmesh) -> tuple:
+    return tuple(int(d.id) for d in jmesh.devices.flat)
+
+
+def hlo_sharding(sharding, ndim: int) -> str:
+    """The HloSharding text of a jax sharding for a value of rank ndim."""
+    return str(sharding._to_xla_hlo_sharding(ndim))
+
+
+def _spread(buf) -> bool:
+    return type(buf) is not tuple and len(buf.sharding.device_set) > 1
+
+
+def key_field(cut):
+    """Key.spmd for a cut: None when nothing in it is sharded."""
+    params = cut.params()
+    ids = None
+    shardings = []
+    for p in params:
+        if _spread(p):
+            s = p.sharding
+            mesh_ids = _ids(s.mesh) if hasattr(s, "mesh") else tuple(int(d.id) for d in s._device_assignment)
+            ids = _same(ids, mesh_ids)
+            shardings.append(hlo_sharding(s, p.ndim))
+        else:
+            shardings.append(_REPLICATED)
+    for _, mesh_ids, _, _ in cut.annotations():
+        ids = _same(ids, tuple(mesh_ids))
+    if ids is None:
+        return None
+    return Spmd(ids, tuple(shardings))
+
+
+def _same(ids, other):
+    if ids is not None and ids != other:
+        raise RuntimeError(f"one graph uses sharded tensors on two different meshes (devices {list(ids)} and "
+                           f"{list(other)}): XLA partitions a graph over one device assignment. Reshard the "
+                           f"tensors onto one mesh with torch_xla_core.sharding.mark_sharding.")
+    return other
+
+
+def _jmesh(spmd: Spmd):
+    m = _meshes.get(spmd.device_ids)
+    if m is None:  # a sharded value whose mesh we did not make (a positional sharding)
+        import jax
+        m = jax.sharding.Mesh(np.array(_devices(spmd.device_ids), dtype=object), ("devices",))
+        _meshes[spmd.device_ids] = m
+    return m
+
+
+def _devices(ids) -> list:
+    by_id = {d.id: d for d in runtime.global_devices()}
+    return [by_id[i] for i in ids]
+
+
+def lay_out(buf, sharding):
+    """A buffer (on one device, or laid out otherwise) laid out as `sharding`,
+    which may span other processes' devices: each process then supplies its
+    own devices' pieces of its copy of the value."""
+    import jax
+    with jax.enable_x64(True):
+        if sharding.is_fully_addressable:
+            return jax.device_put(buf, sharding)
+        host = np.asarray(buf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def compile(text: str, key):
+    """Compiles a partitioned graph over key.spmd's devices."""
+    from jax._src.lib import xla_client as xc
+    ids = key.spmd.device_ids
+    opts = xc.CompileOptions()
+    opts.num_replicas = 1
+    opts.num_partitions = len(ids)
+    build = opts.executable_build_options
+    build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = False  # the text carries GSPMD's mhlo.sharding
+    build.allow_spmd_sharding_propagation_to_output = [True]
+    opts.device_assignment = xc.DeviceAssignment.create(np.array(ids, dtype=np.int64).reshape(1, len(ids)))
+    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(ids))), opts)
+
+
+def bind(spmd: Spmd, params: list) -> list:
+    """The parameters as global arrays on the mesh: a buffer on one device
+    is replicated over the mesh (a Python number's copy is kept)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+    rep = None
+    out = []
+    for p, s in zip(params, spmd.params):
+        if s == _REPLICATED and len(p.sharding.device_set) == 1:
+            k = (id(p), spmd.device_ids)
+            hit = _replicated.get(k)
+            if hit is not None and hit[0] is p:
+                p = hit[1]
+            else:
+                if rep is None:
+                    rep = NamedSharding(_jmesh(spmd), PartitionSpec())
+                r = lay_out(p, rep)
+                metrics.counter_add("spmd_replicate_input")
+                if p.ndim == 0:  # Python numbers (runtime.scalar's cached buffers)
+                    if len(_replicated) > 4096:
+                        _replicated.clear()
+                    _replicated[k] = (p, r)
+                p = r
+        out.append(p)
+    return out
+
+
+def _out_shardings(exe, spmd: Spmd, n: int) -> list:
+    k = (spmd, n)
+    r = _out.get(k)
+    if r is None:
+        from jax._src import sharding_impls as si
+        jmesh = _jmesh(spmd)
+        devs = tuple(jmesh.devices.flat)
+        r = []
+        for o in exe.get_output_shardings():
+            g = si.GSPMDSharding(devs, o)
+            try:
+                r.append(si._gspmd_to_named_sharding_via_mesh(g, jmesh))
+            except Exception:  # not expressible over the mesh's axes: keep XLA's own
+                r.append(g)
+        _out[k] = r
+    return r
+
+
+def execute(exe, spmd: Spmd, params: list, specs: list, wait: bool = False) -> list:
+    """Runs a partitioned executable; its outputs as global arrays."""
+    import time
+
+    import jax
+    t0 = time.perf_counter()
+    res = exe.execute_sharded(params)
+    parts = res.disassemble_into_single_device_arrays()
+    shardings = _out_shardings(exe, spmd, len(parts))
+    with jax.enable_x64(True):
+        outs = [jax.make_array_from_single_device_arrays(tuple(dims), s, arrs)
+                for (code, dims), s, arrs in zip(specs, shardings, parts)]
+    metrics.timer_add("execute_launch", time.perf_counter() - t0)
+    if wait:
+        for b in outs:
+            b.block_until_ready()
+        metrics.timer_add("execute", time.perf_counter() - t0)
+    return outs
+

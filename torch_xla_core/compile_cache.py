@@ -1,0 +1,209 @@
+"""The persistent compile cache: executables serialized to a directory so
+that a second process (or a restarted job) loads instead of compiling.
+
+- Where: TXC_COMPILE_CACHE=DIR, default $XDG_CACHE_HOME/torch_xla_core
+  (~/.cache/torch_xla_core); TXC_COMPILE_CACHE=off (or 0, none, "") turns it
+  off. The test suite runs with it off (tests/conftest.py) and the tests of
+  this module use a temporary directory, so no state is shared through a
+  home directory; benchmarks that time compiles turn it off too.
+- Key: sha256 of the StableHLO text the executor compiles (which already
+  holds the matmul precision, donation and memory kinds), the executor's Key
+  fields, runtime.fingerprint() (jaxlib version, platform and its version,
+  device kind, compile options) and our version and C++ ABI flavor. A stale
+  entry (another jaxlib, device or build) has another name and is never
+  looked up; it ages out by eviction.
+- Entries: one file per key, a header (magic, format, sha256 of the payload)
+  and PJRT's serialized executable (runtime.serialize). Written to a
+  temporary file in the same directory and renamed over the entry
+  (os.replace is atomic), so concurrent processes writing one key each
+  leave a whole file and a reader never sees half of one. A corrupt entry
+  (bad header or digest, or one PJRT refuses) is warned about, deleted and
+  recompiled, never executed.
+- Size: at most TXC_COMPILE_CACHE_MAX_BYTES (default 4 GiB); after each
+  write the least recently used entries (file mtime; a hit touches it) go
+  until the directory fits.
+- Metrics: counters "persistent_cache_hit", "persistent_cache_miss",
+  "persistent_cache_write", "persistent_cache_corrupt",
+  "persistent_cache_evict"; timers "persistent_cache_load",
+  "persistent_cache_write".
+
+jax has a compilation cache of its own (jax._src.compilation_cache), but it
+is private, keys on jax's own lowering of jax functions and carries its
+settings through jax's config; the part we need — files of serialized
+executables — is this short module over jaxlib's public serialize /
+deserialize_executable."""
+import hashlib
+import os
+import tempfile
+import warnings
+
+from . import metrics, runtime
+
+__all__ = ["directory", "max_bytes", "entry_path", "load", "store"]
+
+_MAGIC = b"TXCEXE1\n"
+_DIGEST = 32
+_OFF = {"off", "0", "none", "false", ""}
+_unserializable_warned = False
+
+
+def directory():
+    """The cache directory in use, or None when the cache is off."""
+    v = os.environ.get("TXC_COMPILE_CACHE")
+    if v is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "torch_xla_core")
+    if v.strip().lower() in _OFF:
+        return None
+    return os.path.expanduser(v)
+
+
+def max_bytes() -> int:
+    v = os.environ.get("TXC_COMPILE_CACHE_MAX_BYTES", str(4 << 30))
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"TXC_COMPILE_CACHE_MAX_BYTES={v!r} is not an integer; set it to the size bound of "
+                         f"the persistent compile cache in bytes") from None
+    if n < 1:
+        raise ValueError(f"TXC_COMPILE_CACHE_MAX_BYTES={n} must be positive (use TXC_COMPILE_CACHE=off to turn "
+                         f"the cache off)")
+    return n
+
+
+def _ours() -> str:
+    from . import __version__
+    from .build_info import flavor
+    return f"torch_xla_core={__version__};flavor={flavor()}"
+
+
+def entry_name(key, text: str) -> str:
+    h = hashlib.sha256()
+    for part in (_MAGIC, repr(key._replace(graph=0)).encode(), runtime.fingerprint(key.device).encode(),
+                 _ours().encode(), text.encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest() + ".xexe"
+
+
+def entry_path(key, text: str):
+    """The file that holds (or would hold) this graph's executable; None when off."""
+    d = directory()
+    return None if d is None else os.path.join(d, entry_name(key, text))
+
+
+def _corrupt(path, why):
+    metrics.counter_add("persistent_cache_corrupt")
+    warnings.warn(f"torch_xla_core: persistent compile cache entry {path} is unusable ({why}); it is ignored, "
+                  f"deleted and the graph recompiled", RuntimeWarning, stacklevel=3)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def load(key, text: str):
+    """The cached executable of this graph, or None (a miss, the cache off, or
+    an entry that could not be used)."""
+    path = entry_path(key, text)
+    if path is None:
+        return None
+    with metrics.timed("persistent_cache_load"):
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            metrics.counter_add("persistent_cache_miss")
+            return None
+        except OSError as e:
+            warnings.warn(f"torch_xla_core: cannot read the compile cache entry {path} ({e}); compiling instead",
+                          RuntimeWarning, stacklevel=2)
+            metrics.counter_add("persistent_cache_miss")
+            return None
+        head = len(_MAGIC) + _DIGEST
+        if len(blob) <= head or not blob.startswith(_MAGIC):
+            _corrupt(path, "bad header")
+            metrics.counter_add("persistent_cache_miss")
+            return None
+        payload = blob[head:]
+        if hashlib.sha256(payload).digest() != blob[len(_MAGIC):head]:
+            _corrupt(path, "checksum mismatch")
+            metrics.counter_add("persistent_cache_miss")
+            return None
+        try:
+            exe = runtime.deserialize(payload, key.device)
+        except Exception as e:  # PJRT refused it (another build wrote the same name?)
+            _corrupt(path, f"PJRT could not load it: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
+            metrics.counter_add("persistent_cache_miss")
+            return None
+    try:
+        os.utime(path)  # recently used
+    except OSError:
+        pass
+    metrics.counter_add("persistent_cache_hit")
+    return exe
+
+
+def store(key, text: str, exe) -> None:
+    """Writes the executable (atomically), then evicts beyond max_bytes()."""
+    global _unserializable_warned
+    d = directory()
+    if d is None:
+        return
+    path = os.path.join(d, entry_name(key, text))
+    with metrics.timed("persistent_cache_write"):
+        try:
+            payload = runtime.serialize(exe)
+        except Exception as e:
+            if not _unserializable_warned:
+                _unserializable_warned = True
+                warnings.warn(f"torch_xla_core: this platform's executables cannot be serialized ({e}); the "
+                              f"persistent compile cache stores nothing", RuntimeWarning, stacklevel=2)
+            return
+        try:
+            os.makedirs(d, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".xexe")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as e:
+            warnings.warn(f"torch_xla_core: cannot write the compile cache entry {path} ({e}); set "
+                          f"TXC_COMPILE_CACHE to a writable directory or to off", RuntimeWarning, stacklevel=2)
+            return
+    metrics.counter_add("persistent_cache_write")
+    _evict(d, keep=path)
+
+
+def _evict(d, keep):
+    """Deletes the least recently used entries until the directory fits."""
+    limit = max_bytes()
+    entries = []
+    total = 0
+    for e in os.scandir(d):
+        if not e.name.endswith(".xexe") or e.name.startswith(".tmp-"):
+            continue
+        try:
+            st = e.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime, st.st_size, e.path))
+        total += st.st_size
+    entries.sort()
+    for _, size, path in entries:
+        if total <= limit:
+            break
+        if path == keep:
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        total -= size
+        metrics.counter_add("persistent_cache_evict")

@@ -1,0 +1,596 @@
+"""Trace once, replay: `step = txc.compile(train_step)`.
+
+The first call with a given signature traces `fn` as usual and records the
+sync that follows it: the executable, which graph parameter is which input
+(a module's parameter or buffer, a grad, an optimizer's state, an argument,
+the RNG state, or a Python number) and which output goes where. Later calls
+with the same signature do not run `fn`: they bind the inputs' current
+device buffers, execute, and write the outputs back (parameters, grads and
+optimizer state in place, the RNG state moved on, returned tensors new and
+detached). That skips Python tracing, the graph cut and the cache lookup.
+
+What the signature (the guard) holds, read at every call:
+- every tensor input's shape, dtype, requires_grad: the tensors in the
+  arguments (nested tuples/lists/dicts), the parameters, buffers and grads of
+  modules in the arguments, the state tensors of optimizers in the
+  arguments, and the same for modules, optimizers and tensors that `fn`
+  reads as globals or closure variables;
+- module identity and structure (names), each submodule's `training` flag,
+  its number/string attributes and its forward/backward hooks;
+  optimizer identity, its param groups' Python hyperparameters (values) and
+  its state's keys; Python numbers/strings in the arguments and in the
+  globals/closure `fn` reads (values);
+- grad mode, autocast (xla) state and dtype, float32 matmul precision,
+  default dtype.
+A different signature traces again (and records that one too: up to
+MAX_RECORDINGS per function); metrics "replay", "replay_record",
+"replay_trace" (a call that traced) and "replay_refused". TXC_REPLAY=0
+traces every call (with the same lifting below, so the same numerics).
+
+Host-side state that changes every step is lifted to device tensors before
+the first trace, so it becomes a graph input instead of a value baked into
+the graph: Adam/AdamW/Adamax/NAdam/RAdam get capturable=True (their `step`
+count lives on the device, bias corrections are computed there) and a 0-d
+device tensor `lr` that LR schedulers fill_ in place (torch's schedulers
+support tensor lrs). An optimizer without that support (SGD's lr) keeps its
+Python values in the signature: changing them traces again.
+
+Refused (the call is traced, every time, with a warning once naming why),
+so a replay is never stale:
+- `fn` read a value on the host (.item(), .cpu(), print, `if tensor:`):
+  control flow on tensor values cannot be replayed;
+- `fn` uploaded host data (torch.tensor(...).to("xla") inside the step) or
+  read device data that is not among its inputs (a tensor reached some other
+  way than arguments, modules, optimizers, globals or closure);
+- `fn` wrote tensors other than those (their values would be lost), or made
+  views among its outputs or inputs;
+- an argument of a type we cannot guard (any object other than tensors,
+  modules, optimizers, Python scalars/strings/None and containers of them).
+A replay whose donated buffer is still held elsewhere (a deepcopy of the
+model taken between steps) traces that call instead. Draws from the xla RNG
+inside `fn` advance the RNG state exactly as the traced step does (its state
+is an input and output of the graph). Deferred device-side checks
+(_checks.py) of the recorded graph are read after each replay as after a
+sync. Returned tensors come back detached (no grad_fn).
+
+Not guarded (keep them fixed, or pass them as arguments): Python values read
+by functions that `fn` calls (their globals), attributes of objects other
+than modules and optimizers, and anything else outside the list above; a
+compiled function is not meant to be called from several threads at once."""
+import functools
+import gc
+import os
+import types
+import warnings
+
+import torch
+
+from . import _C, _checks, _dtypes, _random, _tensor, executor, metrics, runtime
+from ._tensor import XlaTensor as _XlaTensor
+
+__all__ = ["compile", "Compiled", "MAX_RECORDINGS"]
+
+MAX_RECORDINGS = 16  # signatures recorded per compiled function
+_LIFTABLE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam"}
+_SCALARS = (bool, int, float, str, type(None))
+_tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
+_make = _tensor._make
+_ALIAS = _C.op_ids()["alias"]
+
+
+class _Refused(Exception):
+    """This call cannot be recorded for replay; the message says why."""
+
+
+def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
+    """Wraps fn so that repeated calls replay its recorded graph (see this
+    module's docstring). Usable as @txc.compile on functions and methods.
+    wait=True: a replay blocks until the device is done (timer "execute", as
+    a sync(wait=True) records it); a traced call then syncs with wait too."""
+    if fn is None:
+        return lambda f: Compiled(f, lift_optimizers=lift_optimizers, wait=wait)
+    return Compiled(fn, lift_optimizers=lift_optimizers, wait=wait)
+
+
+# --- the walk: every input tensor, where it lives, and the signature ----------
+
+class _Walk:
+    __slots__ = ("sig", "locs", "tensors", "refusal")
+
+    def __init__(self):
+        self.sig = []
+        self.locs = []      # (kind, obj, key) per input slot
+        self.tensors = []   # the tensor (or None) at each slot
+        self.refusal = None
+
+    def tensor(self, t, loc):
+        self.locs.append(loc)
+        self.tensors.append(t)
+        if t is None:
+            self.sig.append(None)
+            return
+        if not isinstance(t, _XlaTensor):
+            self.refusal = self.refusal or f"a {t.device.type} tensor {list(t.shape)} is an input; move it to xla"
+            self.sig.append(("cpu", id(t)))
+            return
+        self.sig.append((t.shape, t.dtype, t.requires_grad))
+
+    def value(self, v, where, seen):
+        if isinstance(v, torch.Tensor):
+            self.tensor(v, ("arg", where, None))
+        elif isinstance(v, _SCALARS):
+            self.sig.append((type(v), v))
+        elif isinstance(v, torch.nn.Module):
+            self.module(v, seen)
+        elif isinstance(v, torch.optim.Optimizer):
+            self.optimizer(v, seen)
+        elif isinstance(v, (tuple, list)):
+            self.sig.append((type(v), len(v)))
+            for i, x in enumerate(v):
+                self.value(x, where + (i,), seen)
+        elif isinstance(v, dict):
+            self.sig.append((dict, tuple(v)))
+            for k, x in v.items():
+                self.value(x, where + (k,), seen)
+        elif isinstance(v, (torch.dtype, torch.device, torch.Size, types.FunctionType, types.ModuleType, type)):
+            self.sig.append((type(v), v))
+        else:
+            self.refusal = self.refusal or (f"an argument of type {type(v).__name__} cannot be guarded; pass "
+                                            f"tensors, modules, optimizers, numbers and containers of them")
+            self.sig.append(("?", id(v)))
+
+    def module(self, m, seen):
+        if id(m) in seen:
+            self.sig.append(("seen", id(m)))
+            return
+        seen.add(id(m))
+        self.sig.append(("module", id(m)))
+        for mod in m.modules():
+            if id(mod) != id(m) and id(mod) in seen:
+                continue
+            seen.add(id(mod))
+            d = mod.__dict__
+            for k, v in d.items():  # training, and numbers/strings the forward may read
+                if k[0] != "_" and isinstance(v, _SCALARS):
+                    self.sig.append((k, v))
+            self.sig.append((tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"]),
+                             tuple(d["_backward_hooks"])))
+            for name, p in mod._parameters.items():
+                self.sig.append(name)
+                self.tensor(p, ("param", mod, name))
+                if p is not None:
+                    self.tensor(p.grad, ("grad", p, None))
+            for name, b in mod._buffers.items():
+                self.sig.append(name)
+                self.tensor(b, ("buffer", mod, name))
+
+    def optimizer(self, opt, seen):
+        if id(opt) in seen:
+            self.sig.append(("seen", id(opt)))
+            return
+        seen.add(id(opt))
+        self.sig.append(("optimizer", id(opt)))
+        for gi, g in enumerate(opt.param_groups):
+            for k, v in g.items():
+                if k == "params":
+                    self.sig.append(tuple(id(p) for p in v))
+                elif isinstance(v, torch.Tensor):
+                    self.sig.append(k)
+                    self.tensor(v, ("group", g, k))
+                else:
+                    self.sig.append((k, v if isinstance(v, (_SCALARS, tuple)) else id(v)))
+            for p in g["params"]:
+                st = opt.state.get(p)
+                if not st:
+                    self.sig.append(0)
+                    continue
+                for k, v in st.items():
+                    self.sig.append(k)
+                    if isinstance(v, torch.Tensor) and v.device.type == "xla":
+                        self.tensor(v, ("state", st, k))
+                    elif isinstance(v, torch.Tensor):  # a host value (SGD-style step counts): guarded
+                        self.sig.append((v.dtype, tuple(v.reshape(-1).tolist()) if v.numel() <= 16 else id(v)))
+                    else:
+                        self.sig.append(v if isinstance(v, _SCALARS) else id(v))
+
+
+def _captured(fn):
+    """(name, value) of the globals and closure variables fn's own code reads."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    out = []
+    g = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        if name in g:
+            out.append((name, g[name]))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:  # an empty cell
+            pass
+    return out
+
+
+def _walk(fn, args, kwargs) -> _Walk:
+    w = _Walk()
+    seen = set()
+    mm = torch.nn.modules.module
+    w.sig.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
+                  torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"),
+                  tuple(mm._global_forward_pre_hooks), tuple(mm._global_forward_hooks)))
+    for i, a in enumerate(args):
+        w.value(a, ("a", i), seen)
+    for k, a in kwargs.items():
+        w.sig.append(k)
+        w.value(a, ("k", k), seen)
+    for name, v in _captured(fn):
+        if isinstance(v, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+            w.sig.append(name)
+            w.value(v, ("g", name), seen)
+        elif isinstance(v, (bool, int, float, str)):
+            w.sig.append((name, type(v), v))
+    return w
+
+
+# --- lifting host state to device tensors ---------------------------------------
+
+def _lift(opt) -> None:
+    """Adam-family optimizers: step counts and lr on the device (see above)."""
+    if type(opt).__name__ not in _LIFTABLE or getattr(opt, "_txc_lifted", False):
+        return
+    for g in opt.param_groups:
+        dev = next((p.device for p in g["params"] if p.device.type == "xla"), None)
+        if dev is None or g.get("fused") or g.get("differentiable"):
+            return
+    for g in opt.param_groups:
+        dev = g["params"][0].device
+        g["capturable"] = True
+        if not isinstance(g["lr"], torch.Tensor):
+            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32).to(dev)
+        for p in g["params"]:
+            st = opt.state.get(p)
+            if st and isinstance(st.get("step"), torch.Tensor) and st["step"].device.type != "xla":
+                st["step"] = st["step"].to(dev)
+    opt._txc_lifted = True
+
+
+# --- recording and replaying ----------------------------------------------------
+
+def _buffer(t):
+    """The device buffer holding t's value, or None (pending, or a view that
+    is not just an alias of its whole storage, like x.detach())."""
+    lt = t._lt
+    if lt.is_data:
+        return lt.data
+    if lt.is_view and _alias_only(lt):
+        r = lt.root()
+        return r.data if r.is_data else None
+    return None
+
+
+def _alias_only(lt) -> bool:
+    return all(op == "alias" for op in lt.view_ops) and lt.shape == lt.root().shape
+
+
+def _own_storage(t) -> bool:
+    """Makes a view tensor hold its value in a storage of its own, when no
+    other tensor shares its storage (then nobody can tell): autograd's grads
+    and Module.to's parameters are such views. An alias of a whole storage
+    that others share (x.detach()) is left as it is: it reads and writes
+    that storage. False when neither is safe."""
+    lt = t._lt
+    if not lt.is_view:
+        return True
+    if lt.storage_refs != 1 or not t.is_contiguous():
+        return _alias_only(lt)
+    t._lt = _make(_ALIAS, (lt,), ())
+    return True
+
+
+def _set(loc, tensors, t):
+    """Puts tensor t (or None) at a location."""
+    kind, obj, key = loc
+    if kind == "grad":
+        obj.grad = t
+    elif kind == "buffer":
+        obj._buffers[key] = t
+    elif kind in ("state", "group"):
+        obj[key] = t
+    else:  # params and arguments are only written in place
+        raise AssertionError(kind)
+
+
+class _Recording:
+    __slots__ = ("exe", "binds", "donated", "writes", "ret", "rng_out", "checks", "specs")
+
+
+def _lazy_of(buf, spec):
+    return _C.from_data(buf, spec[0], spec[1])
+
+
+def _flatten(out, leaves):
+    """out's structure with tensors replaced by ("T", index into leaves)."""
+    if isinstance(out, torch.Tensor):
+        leaves.append(out)
+        return ("T", len(leaves) - 1)
+    if isinstance(out, (tuple, list)):
+        return (type(out), [_flatten(x, leaves) for x in out])
+    if isinstance(out, dict):
+        return (dict, [(k, _flatten(x, leaves)) for k, x in out.items()])
+    if isinstance(out, _SCALARS):
+        return ("V", out)
+    raise _Refused(f"it returned a {type(out).__name__}; return tensors, numbers and containers of them")
+
+
+def _unflatten(tpl, leaves):
+    tag, v = tpl
+    if tag == "T":
+        return leaves[v]
+    if tag == "V":
+        return v
+    if tag is dict:
+        return {k: _unflatten(x, leaves) for k, x in v}
+    seq = [_unflatten(x, leaves) for x in v]
+    return tag(seq) if tag is not list else seq
+
+
+class Compiled:
+    """A function whose calls replay recorded graphs (see the module docstring)."""
+
+    def __init__(self, fn, lift_optimizers=True, wait=False):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._lift = lift_optimizers
+        self._wait = wait
+        self._recordings = {}   # signature -> _Recording
+        self._refused = {}      # signature -> reason
+        self._warned = set()
+
+    def __get__(self, obj, objtype=None):  # @txc.compile on a method: self is an argument
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        if _tracing:
+            return self._fn(*args, **kwargs)
+        src = self._fn
+        if self._lift:
+            for a in list(args) + list(kwargs.values()) + [v for _, v in _captured(src)]:
+                if isinstance(a, torch.optim.Optimizer):
+                    _lift(a)
+        if os.environ.get("TXC_REPLAY") == "0":  # trace every call (same lifting: same numerics)
+            metrics.counter_add("replay_trace")
+            return self._run(args, kwargs)
+        w = _walk(src, args, kwargs)
+        if w.refusal is not None:
+            return self._traced(w.refusal, args, kwargs)
+        sig = tuple(w.sig)
+        rec = self._recordings.get(sig)
+        if rec is not None:
+            out, why = self._replay(rec, w)
+            if why is None:
+                return out
+            return self._traced(why, args, kwargs)
+        why = self._refused.get(sig)
+        if why is not None:
+            return self._traced(why, args, kwargs)
+        return self._record(sig, w, src, args, kwargs)
+
+    # -- tracing ------------------------------------------------------------
+    def _traced(self, why, args, kwargs):
+        metrics.counter_add("replay_trace")
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(f"torch_xla_core.compile({getattr(self._fn, '__qualname__', self._fn)}): this call is "
+                          f"traced, not replayed: {why}", RuntimeWarning, stacklevel=3)
+        return self._run(args, kwargs)
+
+    def _run(self, args, kwargs):
+        out = self._call_fn(args, kwargs)
+        if self._wait:
+            executor.sync(wait=True)
+        return out
+
+    def _call_fn(self, args, kwargs):
+        global _tracing
+        _tracing += 1
+        try:
+            return self._fn(*args, **kwargs)
+        finally:
+            _tracing -= 1
+
+    def _record(self, sig, pre, src, args, kwargs):
+        metrics.counter_add("replay_trace")
+        for t in pre.tensors:
+            if t is not None and not _own_storage(t):
+                return self._refuse(sig, "an input is a view sharing its storage with other tensors", args, kwargs)
+        executor.sync()  # inputs become device data; nothing else pending
+        if _random._state is None:
+            _random._state = _random._upload(_random.initial_seed())
+        slots = {}
+        for i, t in enumerate(pre.tensors):
+            if t is not None:
+                b = _buffer(t)
+                if b is None:
+                    return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
+                slots[id(b)] = i
+        rng_in = _random._state.data
+        c0 = metrics.counters()
+        out = self._call_fn(args, kwargs)
+        c1 = metrics.counters()
+        for name, why in (("execute", "it read a tensor value on the host (.item(), .cpu(), print or control "
+                                      "flow on a tensor)"),
+                          ("transfer_to_host", "it read a tensor value on the host"),
+                          ("transfer_to_device", "it uploaded host data (a tensor made from Python or CPU data "
+                                                 "inside the step); pass it as an argument")):
+            if c1.get(name, 0) != c0.get(name, 0):
+                self._refused[sig] = why
+                metrics.counter_add("replay_refused")
+                return self._warn_refused(why, out)
+        try:
+            rec = self._capture(sig, pre, src, args, kwargs, out, slots, rng_in)
+        except _Refused as e:
+            self._refused[sig] = str(e)
+            metrics.counter_add("replay_refused")
+            executor.sync()
+            return self._warn_refused(str(e), out)
+        if rec is not None and len(self._recordings) < MAX_RECORDINGS:
+            self._recordings[sig] = rec
+            metrics.counter_add("replay_record")
+        return out
+
+    def _warn_refused(self, why, out):
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(f"torch_xla_core.compile({getattr(self._fn, '__qualname__', self._fn)}): not "
+                          f"replayable, every call is traced: {why}", RuntimeWarning, stacklevel=4)
+        return out
+
+    def _refuse(self, sig, why, args, kwargs):
+        self._refused[sig] = why
+        metrics.counter_add("replay_refused")
+        return self._warn_refused(why, self._run(args, kwargs))
+
+    def _capture(self, sig, pre, src, args, kwargs, out, slots, rng_in):
+        """Syncs the traced step, recording its executable and bindings.
+        None when the step is transitional (its outputs have another
+        signature than its inputs: optimizer state or grads appeared)."""
+        post = _walk(src, args, kwargs)
+        leaves = []
+        tpl = _flatten(out, leaves)
+        if any(t.requires_grad for t in leaves):
+            raise _Refused("it returns a tensor that requires grad: replay covers whole steps (forward, backward "
+                           "and optimizer) and no_grad functions; return loss.detach()")
+        for t in post.tensors + leaves:
+            if t is not None and not _own_storage(t):
+                raise _Refused("a tensor it wrote or returned is a view sharing its storage with other tensors")
+        got = {}
+
+        def grab(p, exe, params, outs):
+            got.update(plan=p, exe=exe, params=params, outs=outs)
+        gc.collect()  # garbage of the trace holds no pending values
+        executor._recorder = grab
+        try:
+            executor.sync(wait=self._wait)
+        finally:
+            executor._recorder = None
+        if not got:
+            raise _Refused("it computed nothing")
+        p, outs = got["plan"], got["outs"]
+        out_of = {id(b): k for k, b in enumerate(outs)}
+        claimed = set()
+        rec = _Recording()
+        rec.exe = got["exe"]
+        rec.specs = [None] * len(outs)
+        # what each parameter is
+        binds = []
+        cut_params = p.cut.params()
+        for a in cut_params:
+            if type(a) is tuple:
+                binds.append(("const", runtime.scalar(*a)))
+            elif id(a) in slots:
+                binds.append(("slot", slots[id(a)]))
+            elif a is rng_in:
+                binds.append(("rng", None))
+            else:
+                raise _Refused("it reads device data that is not among its inputs (a tensor reached other than "
+                               "through arguments, modules, optimizers, globals or closure)")
+        rec.binds = binds
+        rec.donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
+
+        def output(t):
+            k = out_of.get(id(_buffer(t)))
+            if k is not None:
+                claimed.add(k)
+                rec.specs[k] = (t._lt.dtype, list(t._lt.shape))
+            return k
+        # where each output goes
+        transitional = tuple(post.sig) != sig
+        writes = []
+        for i, t in enumerate(post.tensors):
+            before = pre.tensors[i] if i < len(pre.tensors) else None
+            if t is None:
+                if before is not None and not transitional:
+                    writes.append((i, None, "none"))
+                continue
+            k = output(t)
+            if k is None:
+                if t is not before and not transitional:
+                    raise _Refused("it put an existing tensor where another was (an input moved)")
+                continue
+            writes.append((i, k, "inplace" if t is before else "new"))
+        rec.writes = writes
+        ret = []
+        for t in leaves:
+            k = output(t)
+            if k is not None:
+                ret.append(("out", k))
+            elif id(_buffer(t)) in slots:
+                ret.append(("slot", slots[id(_buffer(t))]))
+            else:
+                raise _Refused("it returned a tensor that is neither computed by it nor an input")
+        rec.ret = (tpl, ret)
+        rec.rng_out = None
+        st = _random._state
+        if st is not None and st.is_data and id(st.data) in out_of:
+            rec.rng_out = out_of[id(st.data)]
+            claimed.add(rec.rng_out)
+        rec.checks = []
+        for lt, msg, exc in p.checks:
+            k = out_of.get(id(lt.data))
+            if k is not None:
+                claimed.add(k)
+                rec.checks.append((k, msg, exc))
+        if len(claimed) != len(outs):
+            raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
+                           f"outputs (their new values would be lost on replay)")
+        return None if transitional else rec
+
+    # -- replaying ----------------------------------------------------------
+    def _replay(self, rec, w):
+        tensors = w.tensors
+        pending = False
+        for t in tensors:
+            if t is not None and not t._lt.is_data and _buffer(t) is None:
+                if not _own_storage(t):
+                    return None, "an input is a view sharing its storage with other tensors"
+                pending = True
+        st = _random._state
+        if st is None:
+            st = _random._state = _random._upload(_random.initial_seed())
+        if not st.is_data or pending:
+            executor.sync()  # values written since (a scheduler's lr.fill_): compute them first
+            st = _random._state
+        for i in rec.donated:
+            if not tensors[i]._lt.data_exclusive:
+                return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
+        params = []
+        for kind, v in rec.binds:
+            if kind == "slot":
+                t = tensors[v]
+                params.append(t._lt.data if t._lt.is_data else _buffer(t))
+            elif kind == "const":
+                params.append(v)
+            else:
+                params.append(st.data)
+        outs = executor.run_recorded(rec.exe, params, wait=self._wait)
+        specs = rec.specs
+        from_data, wrap = _C.from_data, _C.wrap
+        for i, k, mode in rec.writes:
+            if mode == "inplace":
+                tensors[i]._lt.assign(from_data(outs[k], *specs[k]))
+            elif mode == "new":
+                _set(w.locs[i], tensors, wrap(from_data(outs[k], *specs[k])))
+            else:
+                _set(w.locs[i], tensors, None)
+        if rec.rng_out is not None:
+            _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
+        if rec.checks:
+            done = [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
+            _checks.computed(done)
+        tpl, ret = rec.ret
+        leaves = [_C.wrap(_lazy_of(outs[v], specs[v])) if kind == "out" else tensors[v] for kind, v in ret]
+        metrics.counter_add("replay")
+        return _unflatten(tpl, leaves), None

@@ -1,0 +1,220 @@
+"""GSPMD sharding in torch_xla's names: a Mesh of xla devices with named
+axes, mark_sharding(tensor, mesh, partition_spec) to lay a tensor out over
+it, and XLA's SPMD partitioner does the rest (torch_xla_core/_spmd.py).
+
+    import torch_xla_core.sharding as xs
+    mesh = xs.Mesh(range(8), (4, 2), ("data", "model"))
+    xs.mark_sharding(model.fc.weight, mesh, (None, "model"))
+    xs.mark_sharding(x, mesh, ("data", None))
+    loss = model(x).sum(); loss.backward(); opt.step(); txc.sync()
+    xs.get_sharding(model.fc.weight.grad)   # what the compiler chose
+
+A partition spec has one entry per tensor dimension: an axis name or index
+(that dimension is split over the axis), a tuple of them (split over their
+product), or None (not split; replicated over the axes no dimension uses).
+A tensor holding device data is resharded at once (its buffer is laid out
+on the mesh's devices, no full copy per device); a pending value gets an
+annotation in the graph (a custom_call @Sharding, part of the graph's hash).
+Sharded tensors are on xla:0, the mesh's virtual device, as in torch_xla;
+outputs of a partitioned graph keep the shardings the compiler chose.
+Devices: TXC_NUM_CPU_DEVICES=N gives the CPU platform N devices."""
+import collections
+import math
+
+import numpy as np
+import torch
+
+from . import _C, _dtypes, _spmd, _tensor, runtime
+from ._tensor import XlaTensor
+
+__all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "clear_sharding",
+           "Shard"]
+
+
+class Mesh:
+    """A logical mesh of xla devices: device_ids (global device ordinals,
+    each once: with one process the xla device indices; with several, all
+    processes' devices in process order) laid out in mesh_shape, with one name per axis (default
+    "axis0", "axis1", ...). A mesh may use a subset of the devices."""
+
+    def __init__(self, device_ids, mesh_shape, axis_names=None):
+        ids = [int(i) for i in (device_ids.tolist() if isinstance(device_ids, np.ndarray) else device_ids)]
+        shape = tuple(int(s) for s in mesh_shape)
+        if len(ids) != math.prod(shape):
+            raise ValueError(f"Mesh: {len(ids)} device ids do not fill mesh_shape {shape} "
+                             f"({math.prod(shape)} devices); give exactly prod(mesh_shape) ids")
+        devs = runtime.global_devices()
+        n = len(devs)
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"Mesh: device ids {bad} are not devices: this process has {n} xla devices "
+                             f"(0..{n - 1}; TXC_NUM_CPU_DEVICES=N sets the CPU device count)")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"Mesh: device ids {ids} name a device twice")
+        names = tuple(axis_names) if axis_names is not None else tuple(f"axis{i}" for i in range(len(shape)))
+        if len(names) != len(shape) or len(set(names)) != len(names) or not all(isinstance(a, str) for a in names):
+            raise ValueError(f"Mesh: axis_names {names} must be {len(shape)} distinct strings, one per mesh axis")
+        import jax
+        self.device_ids = tuple(ids)
+        self.mesh_shape = shape
+        self.axis_names = names
+        self._jax = jax.sharding.Mesh(np.array([devs[i] for i in ids], dtype=object).reshape(shape), names)
+
+    def size(self) -> int:
+        return len(self.device_ids)
+
+    def shape(self) -> collections.OrderedDict:
+        """Axis name -> size, in axis order (torch_xla's Mesh.shape())."""
+        return collections.OrderedDict(zip(self.axis_names, self.mesh_shape))
+
+    def get_logical_mesh(self) -> np.ndarray:
+        return np.array(self.device_ids).reshape(self.mesh_shape)
+
+    def __eq__(self, other):
+        return isinstance(other, Mesh) and (self.device_ids, self.mesh_shape, self.axis_names) == (
+            other.device_ids, other.mesh_shape, other.axis_names)
+
+    def __hash__(self):
+        return hash((self.device_ids, self.mesh_shape, self.axis_names))
+
+    def __repr__(self):
+        axes = ", ".join(f"{a}={s}" for a, s in zip(self.axis_names, self.mesh_shape))
+        return f"Mesh({axes}; devices {list(self.device_ids)})"
+
+
+class ShardingSpec(collections.namedtuple("ShardingSpec", "mesh partition_spec hlo")):
+    """How a tensor lies on the devices: its mesh and partition spec (one
+    entry per dimension: an axis name, a tuple of names, or None), and XLA's
+    HloSharding text. mesh and partition_spec are None when the layout is no
+    spec over a known mesh (then hlo still says it)."""
+
+
+class Shard(collections.namedtuple("Shard", "device index shape")):
+    """One device's piece of a tensor: its xla device index, the slices of the
+    whole it holds, and its shape."""
+
+
+def _names(mesh: Mesh, spec, t) -> tuple:
+    """The partition spec in axis names (a tuple of names or None per dim), checked."""
+    if not isinstance(spec, (tuple, list)):
+        raise ValueError(f"mark_sharding: partition_spec must be a tuple (one entry per dimension), got {spec!r}")
+    if len(spec) != t.dim():
+        raise ValueError(f"mark_sharding: partition_spec {tuple(spec)} has {len(spec)} entries but the tensor has "
+                         f"{t.dim()} dimensions {list(t.shape)}; give one entry per dimension (None: not split)")
+    used = set()
+    out = []
+    for d, e in enumerate(spec):
+        if e is None:
+            out.append(None)
+            continue
+        axes = e if isinstance(e, (tuple, list)) else (e,)
+        names = []
+        for a in axes:
+            if isinstance(a, int) and not isinstance(a, bool):
+                if not 0 <= a < len(mesh.axis_names):
+                    raise ValueError(f"mark_sharding: mesh axis index {a} (dim {d}) is not an axis of {mesh}")
+                a = mesh.axis_names[a]
+            if a not in mesh.axis_names:
+                raise ValueError(f"mark_sharding: unknown mesh axis {a!r} (dim {d}); {mesh} has axes "
+                                 f"{list(mesh.axis_names)}")
+            if a in used:
+                raise ValueError(f"mark_sharding: mesh axis {a!r} is used twice in {tuple(spec)}")
+            used.add(a)
+            names.append(a)
+        parts = math.prod(mesh.shape()[a] for a in names)
+        if t.shape[d] % parts:
+            raise ValueError(f"mark_sharding: dim {d} of size {t.shape[d]} is not divisible by {parts} (mesh axes "
+                             f"{names}); pad the tensor or choose other axes")
+        out.append(names[0] if len(names) == 1 else tuple(names))
+    return tuple(out)
+
+
+def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
+    """Lays t out over mesh as partition_spec says (in place; returns t).
+    Device data is resharded now; a pending value is annotated in the graph.
+    A tensor already sharded is resharded (the new spec wins)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    if not isinstance(t, XlaTensor):
+        raise ValueError(f"mark_sharding: expected an xla tensor, got a tensor on {t.device}; move it with "
+                         f".to('xla') first")
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mark_sharding: mesh must be a torch_xla_core.sharding.Mesh, got {type(mesh).__name__}")
+    names = _names(mesh, partition_spec, t)
+    lt = _whole(t)
+    if lt is None:
+        raise ValueError("mark_sharding: t is a view of part of another tensor; shard the tensor it views "
+                         "(or a clone)")
+    if _tensor.index_of(t) != 0:
+        raise ValueError(f"mark_sharding: t is on {t.device}; sharded tensors live on xla:0 (the mesh's "
+                         f"virtual device): move it with .to('xla:0')")
+    ns = NamedSharding(mesh._jax, PartitionSpec(*names))
+    _spmd.activate(mesh._jax)
+    if lt.is_data:
+        buf = _spmd.lay_out(lt.data, ns)
+        lt.assign(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), 0))
+    else:
+        hlo = _spmd.hlo_sharding(ns, t.dim())
+        attrs = (hlo, list(mesh.device_ids), list(mesh.mesh_shape), ",".join(mesh.axis_names))
+        lt.assign(_tensor._make(_tensor.OP.sharding, (lt,), attrs))
+    return t
+
+
+def _whole(t: XlaTensor):
+    """t's storage as a LazyTensor when t is all of it (itself or aliases of
+    it, as nn.Parameter makes), else None."""
+    lt = t._lt
+    if not lt.is_view:
+        return lt
+    return lt.root() if all(v == "alias" for v in lt.view_ops) else None
+
+
+def _buffer(t: XlaTensor):
+    if not isinstance(t, XlaTensor):
+        raise ValueError(f"expected an xla tensor, got a tensor on {t.device}")
+    lt = _whole(t)
+    if lt is not None and lt.is_data:
+        return lt.data
+    return _tensor.materialize(t)
+
+
+def get_sharding(t: torch.Tensor):
+    """How t lies on the devices (computing it first if pending): a
+    ShardingSpec, or None when t is on one device."""
+    buf = _buffer(t)
+    s = buf.sharding
+    if len(s.device_set) == 1:
+        return None
+    hlo = _spmd.hlo_sharding(s, buf.ndim)
+    jm = getattr(s, "mesh", None)
+    if jm is None or not hasattr(jm, "axis_names") or jm.axis_names == ("devices",):
+        return ShardingSpec(None, None, hlo)
+    mesh = _mesh_of(jm)
+    spec = tuple(s.spec) + (None,) * (buf.ndim - len(s.spec))
+    return ShardingSpec(mesh, spec, hlo)
+
+
+def _mesh_of(jm) -> Mesh:
+    m = Mesh.__new__(Mesh)
+    devs = runtime.global_devices()
+    m.device_ids = tuple(devs.index(d) for d in jm.devices.flat)
+    m.mesh_shape = tuple(jm.devices.shape)
+    m.axis_names = tuple(jm.axis_names)
+    m._jax = jm
+    return m
+
+
+def local_shards(t: torch.Tensor) -> list:
+    """t's pieces as they lie on this process's devices: Shard(device (its
+    global ordinal), index, shape)."""
+    buf = _buffer(t)
+    devs = runtime.global_devices()
+    return sorted((Shard(devs.index(s.device), s.index, tuple(s.data.shape)) for s in buf.addressable_shards),
+                  key=lambda s: s.device)
+
+
+def clear_sharding(t: torch.Tensor) -> torch.Tensor:
+    """Gathers t onto xla:0 alone (no sharding); in place, returns t."""
+    buf = _buffer(t)
+    if len(buf.sharding.device_set) > 1:
+        _whole(t).assign(_C.from_data(runtime.move(buf, 0), _dtypes.code(t.dtype), list(t.shape), 0))
+    return t
