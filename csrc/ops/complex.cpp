@@ -110,7 +110,12 @@ TXC_OP("conj_view", 1, same_infer,
        [](LowerCtx& cx, const Node& n) { return complex_conj(cx, cx.in(n, 0), n.dtype, n.dims); },
        [](const Node& view, NodePtr parent, NodePtr value) { return make("conj", {value}); }, same_strides);
 
-TXC_OP("neg_view", 1, same_infer,
+TXC_OP("neg_view", 1,
+       [](Node& n) {
+         if (is_bool(n.operands[0]->dtype))
+           op_error(n, "negation is not defined for bool tensors (as torch: \"neg\" not implemented for 'Bool')");
+         same_infer(n);
+       },
        [](LowerCtx& cx, const Node& n) { return cx.unary("stablehlo.negate", cx.in(n, 0), n.dtype, n.dims); },
        [](const Node& view, NodePtr parent, NodePtr value) { return make("neg", {value}); }, same_strides);
 

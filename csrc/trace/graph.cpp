@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 #include <pybind11/stl.h>
+#include "ir/node_map.h"
 #include "lower/emitter.h"
 #include "ops/placement.h"
 #include "ops/registry.h"
@@ -28,54 +29,94 @@ GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, i
                                [&](const auto& r) { return std::max<int>(r->value->device, 0) != device; }),
                 roots.end());
   }
-  std::unordered_map<const Node*, int> seen;
+  NodeMap<int> seen(roots.size());
   for (auto& r : roots) {
     if (r->value->op == data) continue;
     if (is_error(*r->value)) {
       if (all_live) continue;  // failed earlier: its error was raised then, and is raised again on use
       throw std::runtime_error(r->value->attr_str(0));
     }
-    auto it = seen.find(r->value.get());
-    int k;
-    if (it == seen.end()) {
-      k = int(outputs_.size());
-      seen.emplace(r->value.get(), k);
-      outputs_.push_back(r->value);
-    } else {
-      k = it->second;
-    }
+    auto [k, added] = seen.emplace(r->value.get(), int(outputs_.size()));
+    if (added) outputs_.push_back(r->value);
     roots_.push_back(r);
-    root_output_.push_back(k);
+    root_output_.push_back(*k);
   }
   walk();
 }
 
+namespace {
+// One frame of the walk's explicit stack.
+struct Frame {
+  const Node* n;
+  uint32_t i;       // next operand to visit
+  uint32_t marked;  // n is in WalkScratch::pos (else it has one owner: reached once)
+  uint64_t entry;   // n's graph-hash entry so far: its hash, then its operands' positions
+};
+// The walk's scratch, one per thread, reset by each walk: its memory stays
+// warm between syncs (fresh arrays cost a page fault per 4 KiB). Never in
+// the nodes, so a failed walk leaves them untouched.
+struct WalkScratch {
+  NodeMap<int64_t> pos;      // marked nodes: post-order position (-1: not finished)
+  std::vector<Frame> stack;
+  size_t last = 0;           // the last walk's node count (the next one's size hint)
+};
+// Not inlined: the walk then holds a plain pointer (inlined, the compiler
+// re-derives the thread-local address at every use, through __tls_get_addr).
+__attribute__((noinline)) WalkScratch* walk_scratch() {
+  static thread_local WalkScratch w;
+  return &w;
+}
+}  // namespace
+
 void GraphCut::walk() {
+  // A node's graph-hash entry mixes its own hash with the post-order
+  // positions of its operands (so a+a and a+b differ), folded into the
+  // frame as each operand's position becomes known: finishing a node needs
+  // no lookups. Only nodes with more than one owner (shared operands,
+  // storage values) can be reached twice, so only those are marked in `pos`.
+  WalkScratch& w = *walk_scratch();
+  NodeMap<int64_t>& pos = w.pos;
+  pos.reset(w.last);
+  if (w.stack.size() < 64) w.stack.resize(64);
+  Frame* st = w.stack.data();
+  size_t sp = 0;
+  auto push = [&](const Node* n, uint32_t marked) {
+    if (sp == w.stack.size()) {
+      w.stack.resize(2 * sp);
+      st = w.stack.data();
+    }
+    st[sp++] = Frame{n, 0, marked, hash_mix(0x6e6f6465ULL, n->hash)};
+  };
+  order_.reserve(w.last);
   uint64_t h = 0x6772617068ULL;
-  std::unordered_map<const Node*, int64_t> pos;  // seen nodes: post-order position (-1: not yet)
-  std::vector<std::pair<const Node*, size_t>> stack;
   for (const auto& out : outputs_) {
     if (!pos.emplace(out.get(), -1).second) continue;
-    stack.emplace_back(out.get(), 0);
-    while (!stack.empty()) {
-      auto& [n, i] = stack.back();
-      if (i < n->operands.size()) {
-        const Node* c = n->operands[i++].get();
-        if (pos.emplace(c, -1).second) stack.emplace_back(c, 0);
+    push(out.get(), 1);
+    while (sp) {
+      Frame& f = st[sp - 1];
+      if (f.i < f.n->operands.size()) {
+        const NodePtr& c = f.n->operands[f.i++];
+        if (c.use_count() == 1) {  // this operand slot is its only owner: reached once, no mark needed
+          push(c.get(), 0);
+          continue;
+        }
+        auto [v, fresh] = pos.emplace(c.get(), -1);
+        if (fresh) push(c.get(), 1);
+        else f.entry = hash_mix(f.entry, uint64_t(*v));  // finished earlier (a DAG: never an ancestor)
         continue;
       }
-      // Post-order position; the hash sees each node's own hash and which
-      // earlier positions its operands are, so a+a and a+b differ.
-      pos[n] = int64_t(order_.size());
-      h = hash_mix(h, n->hash);
-      for (const auto& o : n->operands) h = hash_mix(h, uint64_t(pos[o.get()]));
+      const Node* n = f.n;
+      int64_t p = int64_t(order_.size());
+      h = hash_mix(h, f.entry);
+      if (f.marked) *pos.find(n) = p;
       if (is_param(*n)) params_.push_back(n);
       order_.push_back(n);
-      stack.pop_back();
+      if (--sp) st[sp - 1].entry = hash_mix(st[sp - 1].entry, uint64_t(p));  // the parent's operand
     }
   }
-  for (const auto& out : outputs_) h = hash_mix(h, uint64_t(pos[out.get()]));
+  for (const auto& out : outputs_) h = hash_mix(h, uint64_t(*pos.find(out.get())));
   hash_ = hash_mix(h, outputs_.size());
+  w.last = order_.size();
 }
 
 int GraphCut::device() const {

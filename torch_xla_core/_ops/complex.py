@@ -14,7 +14,7 @@ import torch
 
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _op, _view_op
-from . import aten, impl
+from . import XLA, aten, impl, mapping
 
 
 @impl(aten.view_as_real.default)
@@ -49,14 +49,9 @@ def conj_view(x):
     return _view_op(OP.conj_view, x._lt, ())
 
 
-@impl(aten._neg_view.default)
-def neg_view(x):
-    return _view_op(OP.neg_view, x._lt, ())
-
-
-@impl(aten._conj_physical.default, aten.conj_physical.default)
-def conj_physical(x):
-    return _op(OP.conj, (x._lt,), ())
+neg_view = mapping(aten._neg_view.default, op="neg_view", ranks=(XLA,), view=True)
+# (conj_physical.default is a torch composite: it reaches us as _conj_physical)
+conj_physical = mapping(aten._conj_physical.default, op="conj", ranks=(XLA,))
 
 
 def _check_parts(op, a, b):

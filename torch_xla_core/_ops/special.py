@@ -24,7 +24,7 @@ import math
 import torch
 
 from .._tensor import OP, XlaTensor, _make, _op
-from . import aten, convert, impl
+from . import XLA, aten, convert, impl, mapping
 from . import special_bessel as _bessel_fns
 from . import special_polynomials as _poly
 
@@ -38,14 +38,7 @@ def _floating(x):
     return x
 
 
-def _core(name, nargs):
-    opid = getattr(OP, name)
-    if nargs == 1:
-        return lambda x: _op(opid, (x._lt,), ())
-    return lambda a, b: _op(opid, (a, b), ())
-
-
-# -- core ops: one aten row (and its prims twin) each ------------------------
+# -- core ops: one mapping row per aten overload and its prims twin ----------
 for _core_name, _overloads in [
     ("acosh", (aten.acosh.default, prims.acosh.default)),
     ("asinh", (aten.asinh.default, prims.asinh.default)),
@@ -61,7 +54,7 @@ for _core_name, _overloads in [
     ("bessel_i1", (aten.special_i1.default, prims.bessel_i1.default, aten.special_modified_bessel_i1.default)),
     ("spherical_bessel_j0", (aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default)),
 ]:
-    impl(*_overloads)(_core(_core_name, 1))
+    mapping(*_overloads, op=_core_name, ranks=(XLA,))
 
 for _core_name, _overloads in [
     ("fmax", (aten.fmax.default, prims.fmax.default)),
@@ -70,7 +63,7 @@ for _core_name, _overloads in [
     ("nextafter", (aten.nextafter.default, prims.nextafter.default)),
     ("copysign", (aten.copysign.Tensor, aten.copysign.Scalar)),
 ]:
-    impl(*_overloads)(_core(_core_name, 2))
+    mapping(*_overloads, op=_core_name)
 
 
 @impl(aten.polygamma.default)
@@ -97,9 +90,7 @@ def round_decimals(x, *, decimals=0):
     return _op(OP.mul, (r, scale), ())
 
 
-@impl(prims.round.default)
-def prims_round(x):
-    return _op(OP.round, (x._lt,), ())
+mapping(prims.round.default, op="round", ranks=(XLA,))
 
 
 @impl(aten.angle.default)
