@@ -42,6 +42,8 @@ CASES = [  # b, nq, hq, hkv, d, page, pps, kv_lens, eff, ppcb, bq
     (3, 4, 2, 1, 16, 4, 4, [16, 5, 3], [4, 1, 2], 1, 3),       # MQA, decode row (eff 1), chunked prefill
     (2, 8, 8, 1, 8, 8, 4, [32, 19], [8, 8], 4, 8),             # GQA 8, one kv block per sequence
     (2, 6, 6, 2, 8, 2, 6, [11, 6], [6, 2], 3, 4),              # GQA 3, page size 2, padding queries past eff
+    (2, 8, 4, 2, 128, 16, 16, [200, 37], [8, 8], 8, 8),        # TPU-like tiles: 128-wide kv blocks, D 128
+    (2, 4, 2, 1, 8, 48, 4, [150, 40], [4, 4], 4, 4),           # kv block 192 (> 128, not a multiple)
 ]
 
 
@@ -165,24 +167,27 @@ def test_tpu_block_size_errors_before_compiling(dev, monkeypatch):
     args6 = _inputs(2, 8, 4, 2, 8, 6, 4, [10, 7], [4, 3])
     with pytest.raises(ValueError, match="page_size that is a multiple of 8"):
         _run(args6, 2, 8)
+    args8 = _inputs(2, 8, 4, 2, 8, 8, 4, [10, 7], [4, 3])
+    with pytest.raises(ValueError, match=r"num_kv_pages_per_compute_block \* page_size to be a multiple of 128"):
+        _run(args8, 2, 8)
     assert not txc.metrics.counters().get("compile")
 
 
-@pytest.mark.parametrize("dtype,hq,hkv,soft_cap", [("float32", 8, 2, None), ("bfloat16", 4, 4, 30.0),
-                                                   ("bfloat16", 16, 2, None)])
-def test_pallas_kernel_lowers_for_tpu_on_cpu(dtype, hq, hkv, soft_cap):
+@pytest.mark.parametrize("dtype,hq,hkv,d,soft_cap", [("float32", 8, 2, 128, None), ("bfloat16", 4, 4, 64, 30.0),
+                                                     ("bfloat16", 16, 2, 256, None)])
+def test_pallas_kernel_lowers_for_tpu_on_cpu(dtype, hq, hkv, d, soft_cap):
     """CI without a TPU: the kernel goes through Pallas' Mosaic lowering for
     the TPU platform (a Mosaic lowering error raises here), forward and
     backward; the result holds the Mosaic custom call."""
     import jax.numpy as jnp
     from torch_xla_core.kernels.attention import _mqpa_entry
     sd = jax.ShapeDtypeStruct
-    b, nq, d, page, pps, total = 2, 16, 128, 16, 8, 20
+    b, nq, page, pps, total = 2, 16, 16, 16, 40
     shapes = (sd((b, nq, hq, d), dtype), sd((hkv, total, page, d), dtype), sd((hkv, total, page, d), dtype),
               sd((b,), jnp.int32), sd((b, pps), jnp.int32), sd((b,), jnp.int32))
 
     def fwd(*a):
-        return _mqpa_entry(*a, impl="pallas", ppcb=4, bq=8, soft_cap=soft_cap)
+        return _mqpa_entry(*a, impl="pallas", ppcb=8, bq=8, soft_cap=soft_cap)
 
     def fwd_bwd(*a):  # output and gradients (the backward is the gather implementation's vjp)
         out, vjp = jax.vjp(lambda q, k, v: fwd(q, k, v, *a[3:]), *a[:3])

@@ -217,6 +217,10 @@ def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, ef
               f"{op}: num_queries_per_compute_block ({num_queries_per_compute_block}) must be a multiple of 8 or "
               f">= the query count ({nq}) for the TPU kernel")
         _need(page % 8 == 0, f"{op}: the TPU kernel needs a page_size that is a multiple of 8 (got {page})")
+        _need(page * num_kv_pages_per_compute_block % 128 == 0,
+              f"{op}: the TPU kernel needs num_kv_pages_per_compute_block * page_size to be a multiple of 128 "
+              f"(got {num_kv_pages_per_compute_block} * {page})")
+        _need(d < 128 or d % 128 == 0, f"{op}: the TPU kernel needs head_dim < 128 or a multiple of 128 (got {d})")
     if impl == "pallas" and platform != "tpu":
         impl = "interpret"
     return call_jax(_mqpa_entry, q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens, impl=impl,

@@ -85,6 +85,18 @@ def _last_kv_block(kv_len, eff_len, qi, *, bq, nq, blk):
     return jnp.where(kv_len > 0, jax.lax.div(jnp.maximum(last_pos, 0), blk), -1)  # non-negative: div == floor
 
 
+def _lanes(x, n):
+    """A [rows, LANES] row-constant (m, l, alpha) as [rows, n], the way jax's
+    and torch_xla's TPU kernels broadcast it: whole-vreg tiling when n is a
+    multiple of 128, a lane slice when n < 128 (static shapes: the same
+    choice on every platform)."""
+    if n % LANES == 0:
+        return jnp.tile(x, (1, n // LANES))
+    if n < LANES:
+        return x[:, :n]
+    return jnp.broadcast_to(x[:, :1], (x.shape[0], n))
+
+
 def _kernel(lens_ref, pidx_ref, eff_ref, q_ref, *refs, ppcb, page, bq, nq, r, soft_cap):
     k_refs, v_refs = refs[:ppcb], refs[ppcb:2 * ppcb]
     o_ref, m_sc, l_sc, acc_sc = refs[2 * ppcb:]
@@ -114,17 +126,17 @@ def _kernel(lens_ref, pidx_ref, eff_ref, q_ref, *refs, ppcb, page, bq, nq, r, so
             m_prev, l_prev = m_sc[h], l_sc[h]
             m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, LANES]
             alpha = jnp.exp(m_prev - m_next)
-            p = jnp.exp(s - m_next[:, :1])
+            p = jnp.exp(s - _lanes(m_next, blk))
             l_sc[h] = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
             m_sc[h] = m_next
             pv = jax.lax.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-            acc_sc[h] = acc_sc[h] * alpha[:, :1] + pv
+            acc_sc[h] = acc_sc[h] * _lanes(alpha, acc_sc.shape[-1]) + pv
 
     @pl.when(ki == jnp.maximum(last, 0))
     def _store():  # the only write of the output block: at the last useful kv block
         for h in range(r):
-            l = l_sc[h][:, :1]
-            o = acc_sc[h] / jnp.where(l == 0.0, 1.0, l)
+            l = l_sc[h]
+            o = acc_sc[h] * _lanes(jnp.where(l == 0.0, 1.0, 1.0 / l), acc_sc.shape[-1])
             o_ref[h] = jnp.where(kv_len > 0, o, 0.0).astype(o_ref.dtype)
 
 
