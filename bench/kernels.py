@@ -37,7 +37,8 @@ graph's argument + output + temp - alias bytes, and its temp bytes), max_err
 (against the row group's XLA op). On CPU the kernels run their reference or
 interpreted path: only correctness is meaningful there (the table says so).
 
-  python bench/kernels.py [--quick] [--seq ...] [--paged-seq ...] [--tokens ...] [--repeats N] [--out FILE.json]
+  python bench/kernels.py [--quick] [--seq ...] [--paged-seq ...] [--tokens ...] [--repeats N]
+                          [--sections attention paged gmm moe] [--out FILE.json]
 """
 import argparse
 import datetime
@@ -50,6 +51,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # first_s includes the compile; compile counts count compiles
 ROOT = Path(__file__).resolve().parent.parent
 
 import torch  # noqa: E402
@@ -213,6 +215,9 @@ def bench_moe_decoder(dev, steps=5):
     return [row]
 
 
+_SECTIONS = ("attention", "paged", "gmm", "moe")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="S=256 512, paged kv 256, T=64 256, 3 repeats")
@@ -220,6 +225,7 @@ def main():
     p.add_argument("--paged-seq", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sections", nargs="+", default=list(_SECTIONS), choices=list(_SECTIONS))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernels.json"))
     a = p.parse_args()
     if a.quick:
@@ -229,8 +235,10 @@ def main():
     mode = ("TPU: compiled Mosaic kernels" if plat == "tpu" else
             f"{plat.upper()}: flash = its jax reference; pallas/megablox = Pallas' interpreter (plain HLO); "
             f"these numbers say correctness only, not kernel speed")
-    rows = (bench_attention(a.seq, a.repeats, dev) + bench_paged(a.paged_seq, a.repeats, dev)
-            + bench_gmm(a.tokens, a.repeats, dev) + bench_moe_decoder(dev))
+    run = dict(attention=lambda: bench_attention(a.seq, a.repeats, dev),
+               paged=lambda: bench_paged(a.paged_seq, a.repeats, dev),
+               gmm=lambda: bench_gmm(a.tokens, a.repeats, dev), moe=lambda: bench_moe_decoder(dev))
+    rows = [r for name in _SECTIONS if name in a.sections for r in run[name]()]
     print(f"# bench/kernels.py on {plat} ({platform.machine()}, {os.cpu_count()} cpus): {mode}")
     print("# max_err vs: attention xla_sdpa, paged_attention xla, grouped_matmul aten, moe_decoder CPU eager losses")
     print(f"{'bench':16} {'shape':25} {'method':10} {'first_s':>8} {'step_s':>8} {'dev_mb':>8} {'temp_mb':>8} "
