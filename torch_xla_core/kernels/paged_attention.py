@@ -189,8 +189,8 @@ def paged_attention_kernel(q, k_pages, v_pages, kv_lens, page_indices, eff_q_len
 
 
 def _kernel_fwd(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, ppcb, bq, soft_cap, interpret):
-    out = paged_attention_kernel(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, ppcb, bq, soft_cap,
-                                 interpret)
+    out = paged_attention_pallas(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, ppcb=ppcb, bq=bq,
+                                 soft_cap=soft_cap, interpret=interpret)
     return out, (q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens)
 
 
