@@ -9,7 +9,7 @@ import torch
 
 import torch_xla_core as txc
 import torch_xla_core.sharding as xs
-from torch_xla_core import executor, metrics
+from torch_xla_core import _spmd, executor, metrics
 from multidevice import on_devices
 
 pytestmark = pytest.mark.xdist_group("devices8")  # one child process per module
@@ -193,3 +193,35 @@ def test_grad_sharding_is_propagated_and_stablehlo_carries_shardings():
     assert g.mesh == mesh and g.partition_spec == ("model", None)  # chosen by XLA, like its weight
     assert [s.shape for s in xs.local_shards(model.fc1.weight.grad)] == [(16, 16)] * 8
     assert txc.debug.cache_key([model.fc1.weight]).spmd is None  # nothing pending
+
+
+@on_devices(8)
+def test_donated_parameter_keeps_its_layout_when_propagation_prefers_another():
+    # fc1.bias is replicated; propagation from fc2.weight's split would shard its update, but a donated
+    # buffer's output must lie as the parameter does (XLA refused the alias before the result was pinned)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 8))
+    model.load_state_dict(ref.state_dict())
+    model.to("xla")
+    mesh = xs.Mesh(range(4), (2, 2), ("a", "b"))
+    xs.mark_sharding(model[0].weight, mesh, ("a", "b"))
+    xs.mark_sharding(model[1].weight, mesh, (None, "b"))
+    x = torch.randn(2, 4)
+    opt, ref_opt = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    ref(x).sum().backward()
+    ref_opt.step()
+    model(x.to("xla")).sum().backward()
+    opt.step()
+    text = txc.debug.stablehlo()
+    assert re.search(r'%arg\d+: tensor<6xf32> \{tf.aliasing_output = (\d+) : i32, mhlo.sharding = "\{replicated\}"', text)
+    pinned, propagate = _spmd.pin_aliased_outputs(text)
+    assert propagate.count(False) == 4  # the four donated parameters' results
+    results = _spmd._MAIN.search(pinned).group(4)  # @main's result types
+    assert results.count('{mhlo.sharding = "{replicated}"}') == 2  # fc1.bias, fc2.bias
+    assert results.count('{mhlo.sharding = "{devices=[2,2]<=[4]}"}') == 1  # fc1.weight
+    txc.sync()
+    assert executor.last_memory_stats()["alias_size_in_bytes"] > 0
+    assert [s.shape for s in xs.local_shards(model[0].bias)] == [(6,)] * 4
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)

@@ -13,7 +13,9 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
   SPMD partitioner chooses their shardings (propagation).
 - compile(text, key): GSPMD (use_spmd_partitioning, not Shardy: the text
   carries mhlo.sharding) over the mesh's devices, with output shardings left
-  to propagation. This module and runtime.py are the two that touch
+  to propagation, except a donated parameter's output, which must lie as
+  its parameter does (XLA aliases the two buffers on every device):
+  pin_aliased_outputs gives those results their parameter's mhlo.sharding. This module and runtime.py are the two that touch
   jaxlib's compile API.
 - bind/execute: inputs go in as global arrays laid out on the mesh (a buffer
   on one device is replicated once per sync; Python numbers once per value),
@@ -26,6 +28,7 @@ Donation works as on one device: a donated parameter's output aliases its
 buffer on every device (the alias bytes of the compiled statistics are
 per device)."""
 import collections
+import re
 
 import numpy as np
 
@@ -118,9 +121,51 @@ def lay_out(buf, sharding):
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+_MAIN = re.compile(r"^(\s*func\.func public @main\()(.*)(\) -> \()(.*)(\) \{)$", re.MULTILINE)
+_ALIASED_ARG = re.compile(r'tf\.aliasing_output = (\d+) : i32, mhlo\.sharding = ("[^"]*")')
+
+
+def _top_level_split(s: str) -> list:
+    """s split at the commas outside <>, {} and quotes."""
+    out, depth, quoted, start = [], 0, False, 0
+    for i, c in enumerate(s):
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c in "<{":
+            depth += 1
+        elif not quoted and c in ">}":
+            depth -= 1
+        elif not quoted and depth == 0 and c == ",":
+            out.append(s[start:i].strip())
+            start = i + 1
+    out.append(s[start:].strip())
+    return out
+
+
+def pin_aliased_outputs(text: str):
+    """@main's results that alias a donated parameter get that parameter's
+    mhlo.sharding (propagation may choose another layout for them, and XLA
+    then refuses the alias: the two buffers differ in size per device).
+    Returns the text and, per result, whether propagation chooses its
+    sharding ([True]: all do)."""
+    m = _MAIN.search(text)
+    if m is None:
+        return text, [True]
+    pinned = {int(k): s for k, s in _ALIASED_ARG.findall(m.group(2))}
+    if not pinned:
+        return text, [True]
+    results = _top_level_split(m.group(4))
+    for k, s in pinned.items():
+        r = results[k]
+        results[k] = (r[:-1] + f", mhlo.sharding = {s}}}") if r.endswith("}") else f"{r} {{mhlo.sharding = {s}}}"
+    propagate = [k not in pinned for k in range(len(results))]
+    return text[:m.start(4)] + ", ".join(results) + text[m.end(4):], propagate
+
+
 def compile(text: str, key):
     """Compiles a partitioned graph over key.spmd's devices."""
     from jax._src.lib import xla_client as xc
+    text, propagate = pin_aliased_outputs(text)
     ids = key.spmd.device_ids
     opts = xc.CompileOptions()
     opts.num_replicas = 1
@@ -128,7 +173,7 @@ def compile(text: str, key):
     build = opts.executable_build_options
     build.use_spmd_partitioning = True
     build.use_shardy_partitioner = False  # the text carries GSPMD's mhlo.sharding
-    build.allow_spmd_sharding_propagation_to_output = [True]
+    build.allow_spmd_sharding_propagation_to_output = propagate
     opts.device_assignment = xc.DeviceAssignment.create(np.array(ids, dtype=np.int64).reshape(1, len(ids)))
     return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(ids))), opts)
 
