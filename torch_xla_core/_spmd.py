@@ -162,8 +162,13 @@ def pin_aliased_outputs(text: str):
     return text[:m.start(4)] + ", ".join(results) + text[m.end(4):], propagate
 
 
-def compile(text: str, key):
-    """Compiles a partitioned graph over key.spmd's devices."""
+OPTIONS = ("spmd: GSPMD partitioning (not Shardy), 1 replica x N partitions over the key's devices, output "
+           "shardings propagated except donated results")  # part of the persistent cache's key
+
+
+def _options(text: str, key):
+    """The compile options of a partitioned graph and its text with donated
+    results pinned (pin_aliased_outputs)."""
     from jax._src.lib import xla_client as xc
     text, propagate = pin_aliased_outputs(text)
     ids = key.spmd.device_ids
@@ -175,7 +180,24 @@ def compile(text: str, key):
     build.use_shardy_partitioner = False  # the text carries GSPMD's mhlo.sharding
     build.allow_spmd_sharding_propagation_to_output = propagate
     opts.device_assignment = xc.DeviceAssignment.create(np.array(ids, dtype=np.int64).reshape(1, len(ids)))
-    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(ids))), opts)
+    return text, opts
+
+
+def compile(text: str, key):
+    """Compiles a partitioned graph over key.spmd's devices."""
+    from jax._src.lib import xla_client as xc
+    text, opts = _options(text, key)
+    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(key.spmd.device_ids))), opts)
+
+
+def deserialize(data: bytes, text: str, key):
+    """The executable that runtime.serialize() wrote for this partitioned
+    graph (the persistent compile cache), loaded onto key.spmd's devices
+    with the options compile() used."""
+    from jax._src.lib import xla_client as xc
+    _, opts = _options(text, key)
+    devs = xc.DeviceList(tuple(_devices(key.spmd.device_ids)))
+    return runtime.backend().deserialize_executable(data, devs, opts)
 
 
 def bind(spmd: Spmd, params: list) -> list:

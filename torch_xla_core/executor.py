@@ -149,13 +149,12 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
-        exe = compile_cache.load(key, text) if key.spmd is None else None  # the persistent cache (TXC_COMPILE_CACHE)
+        exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
         if exe is None:
             with metrics.timed("compile"):
                 exe = _spmd.compile(text, key) if key.spmd is not None else runtime.compile_text(text, key.device)
             metrics.counter_add("compile")
-            if key.spmd is None:  # a mesh's executables are not kept across processes (yet)
-                compile_cache.store(key, text, exe)
+            compile_cache.store(key, text, exe)
         with _cache_lock:
             _cache[key] = exe
             limit = cache_size()
