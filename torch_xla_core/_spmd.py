@@ -39,7 +39,7 @@ active = False   # set by sharding.mark_sharding: only then are parameters inspe
 _REPLICATED = "{replicated}"
 _meshes = {}     # device ids -> the jax Mesh last used over them (output shardings are read against it)
 _replicated = {}  # (id(buffer), device ids) -> (buffer, its replicated copy): Python numbers
-_out = {}        # Spmd + output count -> output shardings of its executable
+_out = {}        # id(executable) -> (executable, its output shardings)
 
 
 class Spmd(collections.namedtuple("Spmd", "device_ids params")):
@@ -85,6 +85,23 @@ def key_field(cut):
     if ids is None:
         return None
     return Spmd(ids, tuple(shardings))
+
+
+class UnpartitionedAnnotation(RuntimeError):
+    """A sharding annotation in a graph that is not partitioned (see check_partitioned)."""
+
+
+def check_partitioned(key, text: str) -> None:
+    """A graph that holds a sharding annotation must be partitioned. One that
+    is not got it from a scan body (key_field sees the annotations of the
+    top-level graph only, csrc/trace/graph.cpp GraphCut::annotations) with no
+    sharded input: refused rather than run on one device unsharded (the
+    pending tensors stay pending: shard an input and sync again)."""
+    if key.spmd is None and 'call_target_name = "Sharding"' in text:
+        raise UnpartitionedAnnotation("mark_sharding inside a scan/scan_layers body is honoured only when the graph is "
+                           "partitioned already: none of this graph's inputs is sharded, so its body's "
+                           "annotation would be ignored. Shard an input the loop reads (the layers' weights, the "
+                           "carry or xs) with torch_xla_core.sharding.mark_sharding before the scan.")
 
 
 def _same(ids, other):
@@ -227,21 +244,26 @@ def bind(spmd: Spmd, params: list) -> list:
     return out
 
 
-def _out_shardings(exe, spmd: Spmd, n: int) -> list:
-    k = (spmd, n)
-    r = _out.get(k)
-    if r is None:
-        from jax._src import sharding_impls as si
-        jmesh = _jmesh(spmd)
-        devs = tuple(jmesh.devices.flat)
-        r = []
-        for o in exe.get_output_shardings():
-            g = si.GSPMDSharding(devs, o)
-            try:
-                r.append(si._gspmd_to_named_sharding_via_mesh(g, jmesh))
-            except Exception:  # not expressible over the mesh's axes: keep XLA's own
-                r.append(g)
-        _out[k] = r
+def _out_shardings(exe, spmd: Spmd) -> list:
+    """The output shardings of an executable, as jax shardings over its mesh
+    (kept per executable: two graphs with the same inputs may lay out their
+    outputs differently)."""
+    hit = _out.get(id(exe))
+    if hit is not None and hit[0] is exe:
+        return hit[1]
+    from jax._src import sharding_impls as si
+    jmesh = _jmesh(spmd)
+    devs = tuple(jmesh.devices.flat)
+    r = []
+    for o in exe.get_output_shardings():
+        g = si.GSPMDSharding(devs, o)
+        try:
+            r.append(si._gspmd_to_named_sharding_via_mesh(g, jmesh))
+        except Exception:  # not expressible over the mesh's axes: keep XLA's own
+            r.append(g)
+    if len(_out) > 4096:
+        _out.clear()
+    _out[id(exe)] = (exe, r)  # holds exe, so its id is not reused meanwhile
     return r
 
 
@@ -253,7 +275,7 @@ def execute(exe, spmd: Spmd, params: list, specs: list, wait: bool = False) -> l
     t0 = time.perf_counter()
     res = exe.execute_sharded(params)
     parts = res.disassemble_into_single_device_arrays()
-    shardings = _out_shardings(exe, spmd, len(parts))
+    shardings = _out_shardings(exe, spmd)
     with jax.enable_x64(True):
         outs = [jax.make_array_from_single_device_arrays(tuple(dims), s, arrs)
                 for (code, dims), s, arrs in zip(specs, shardings, parts)]

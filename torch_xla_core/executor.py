@@ -149,6 +149,7 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
+        _spmd.check_partitioned(key, text)
         exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
         if exe is None:
             with metrics.timed("compile"):
@@ -317,7 +318,7 @@ def _run(p: Plan, wait: bool) -> None:
             outs = _spmd.execute(exe, p.key.spmd, params, cut.output_specs(), wait=wait)
         else:
             outs = runtime.execute(exe, params, wait=wait)
-    except recompiles.RecompileLimitError:
+    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation):
         raise
     except Exception as e:
         raise _failure(cut, e) from None
