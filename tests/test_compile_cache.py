@@ -48,7 +48,6 @@ def test_second_process_compiles_nothing_and_corrupt_entries_recompile(tmp_path)
 
     warm, _ = _run(tmp_path)
     assert warm["compile"] == 0 and warm["hit"] == cold["compile"] and warm["miss"] == 0
-    assert cold["steps"] == {"compile": 2, "hit": 0} and warm["steps"] == {"compile": 0, "hit": 2}
     assert warm["loss"] == cold["loss"]
 
     for e in entries:  # flip a byte in every payload
