@@ -176,6 +176,31 @@ def test_load_refuses_a_wrong_shape_or_missing_entry(tmp_path, monkeypatch):
 
 
 @on_devices(4)
+def test_pending_state_is_computed_in_one_graph(tmp_path):
+    mesh = xs.Mesh(range(4), (2, 2), ("data", "model"))
+    model, opt = _sharded_model(mesh, _SAVED, 1)
+    x = torch.randn(8, 16).to("xla")
+    xs.mark_sharding(x, mesh, ("data", None))
+    model(x).sum().backward()
+    opt.step()  # parameters and optimizer state pending
+    metrics.clear()
+    dcp.save(_state(model, opt), checkpoint_id=tmp_path, planner=SPMDSavePlanner())
+    assert metrics.counters()["execute"] == 1  # one sync for the whole state dict, not one per tensor
+    saved = {k: v.cpu() for k, v in model.state_dict().items()}
+    model2 = _mlp().to("xla")
+    for name, spec in _SAVED.items():
+        xs.mark_sharding(model2.get_parameter(name), mesh, spec)
+    with torch.no_grad():
+        for p in model2.parameters():
+            p.mul_(2)  # pending values to load into
+    metrics.clear()
+    dcp.load({"model": model2.state_dict()}, checkpoint_id=tmp_path, planner=SPMDLoadPlanner())
+    assert metrics.counters()["execute"] == 1
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v.cpu(), saved[k]), k
+
+
+@on_devices(4)
 def test_torch_save_of_sharded_tensors_gathers_them():
     mesh = xs.Mesh(range(4), (2, 2), ("data", "model"))
     model, _ = _sharded_model(mesh, _SAVED, 1)

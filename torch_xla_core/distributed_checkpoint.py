@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.planner import (LoadPlan, ReadItem, SavePlan, 
                                                   WriteItemType)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from . import _C, _dtypes, metrics, runtime
+from . import _C, _dtypes, _tensor, metrics, runtime
 from ._tensor import XlaTensor
 
 __all__ = ["SPMDSavePlanner", "SPMDLoadPlanner"]
@@ -67,6 +67,19 @@ def _check_process_group(what: str) -> None:
 def _buffer(t: XlaTensor):
     from .sharding import _buffer
     return _buffer(t)
+
+
+def _compute(tensors) -> None:
+    """Computes the pending ones among these xla tensors in one sync (not one
+    graph per tensor)."""
+    from .sharding import _whole
+    pending = []
+    for t in tensors:
+        lt = _whole(t) or t._lt  # a parameter is an alias of its storage: compute the storage
+        if not lt.is_data:
+            pending.append(lt)
+    if pending:
+        _tensor.sync_lazy(pending)
 
 
 def _pieces(buf) -> list:
@@ -93,6 +106,7 @@ class SPMDSavePlanner(DefaultSavePlanner):
     def create_local_plan(self) -> SavePlan:
         items = []
         rest = {}
+        _compute([v for v in self.state_dict.values() if isinstance(v, XlaTensor)])
         for fqn, obj in self.state_dict.items():
             if not isinstance(obj, XlaTensor):
                 rest[fqn] = obj
@@ -174,6 +188,7 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
     def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
         _check_process_group("SPMDLoadPlanner")
         super().set_up_planner(state_dict, metadata, is_coordinator)
+        _compute([v for v in self.state_dict.values() if isinstance(v, XlaTensor)])
         self._targets = {fqn: _Target(fqn, obj) for fqn, obj in self.state_dict.items() if isinstance(obj, XlaTensor)}
 
     def create_local_plan(self) -> LoadPlan:
