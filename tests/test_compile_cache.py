@@ -83,7 +83,8 @@ c = txc.metrics.counters()
 steps = {"compile": c.get("compile", 0), "hit": c.get("persistent_cache_hit", 0)}  # the training step's graphs
 s = xs.get_sharding(m[0].weight)
 out = {"steps": steps, "loss": loss.item(), "spec": list(s.partition_spec), "mesh": list(s.mesh.device_ids),
-       "shards": [list(t.shape) for t in xs.local_shards(m[0].weight)], "params": [p.cpu().tolist() for p in m.parameters()]}
+       "shards": [list(t.shape) for t in xs.local_shards(m[0].weight)],
+       "params": [p.cpu().tolist() for p in m.parameters()]}
 c = txc.metrics.counters()
 out.update(compile=c.get("compile", 0), hit=c.get("persistent_cache_hit", 0), miss=c.get("persistent_cache_miss", 0),
            write=c.get("persistent_cache_write", 0))

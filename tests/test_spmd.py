@@ -214,7 +214,8 @@ def test_donated_parameter_keeps_its_layout_when_propagation_prefers_another():
     model(x.to("xla")).sum().backward()
     opt.step()
     text = txc.debug.stablehlo()
-    assert re.search(r'%arg\d+: tensor<6xf32> \{tf.aliasing_output = (\d+) : i32, mhlo.sharding = "\{replicated\}"', text)
+    assert re.search(r'%arg\d+: tensor<6xf32> \{tf.aliasing_output = (\d+) : i32, '
+                     r'mhlo.sharding = "\{replicated\}"', text)
     pinned, propagate = _spmd.pin_aliased_outputs(text)
     assert propagate.count(False) == 4  # the four donated parameters' results
     results = _spmd._MAIN.search(pinned).group(4)  # @main's result types

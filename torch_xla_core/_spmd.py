@@ -15,8 +15,11 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
   carries mhlo.sharding) over the mesh's devices, with output shardings left
   to propagation, except a donated parameter's output, which must lie as
   its parameter does (XLA aliases the two buffers on every device):
-  pin_aliased_outputs gives those results their parameter's mhlo.sharding. This module and runtime.py are the two that touch
-  jaxlib's compile API.
+  pin_aliased_outputs gives those results their parameter's mhlo.sharding.
+  deserialize(data, text, key) loads a persistent-cache entry with the same
+  options. This module and runtime.py are the two that touch jaxlib's
+  compile API. check_partitioned refuses an annotation (from a scan body)
+  in a graph that is not partitioned.
 - bind/execute: inputs go in as global arrays laid out on the mesh (a buffer
   on one device is replicated once per sync; Python numbers once per value),
   execute_sharded runs every partition, and each output becomes one global

@@ -84,7 +84,7 @@ def _compute(tensors) -> None:
 
 def _pieces(buf) -> list:
     """The distinct pieces of buf on this process's devices: (offsets, sizes,
-    [(device, index) holding it])."""
+    the jax shards (one per device) that hold it)."""
     out = {}
     for s in buf.addressable_shards:
         box = tuple(slice(*sl.indices(n)[:2]) for sl, n in zip(s.index, buf.shape))
@@ -138,23 +138,31 @@ class SPMDSavePlanner(DefaultSavePlanner):
 
 class _Target:
     """An xla tensor being loaded: its layout now and one host buffer per
-    distinct piece on this process's devices, filled by DCP's reads."""
+    distinct piece on this process's devices, filled by DCP's reads (made
+    at the first read, dropped once the pieces are on the devices)."""
 
     def __init__(self, fqn, t: XlaTensor):
         from .sharding import _whole
         self.fqn, self.t = fqn, t
         self.buf = _buffer(t)
         self.whole = _whole(t)
-        self.pieces = {}   # offsets -> (sizes, host tensor, shards holding that piece)
+        self.pieces = {}   # offsets -> (sizes, shards holding that piece)
         if self.whole is None:  # a view of part of a storage: read all of it, copy it in (install)
-            self.pieces[(0,) * t.dim()] = (tuple(t.shape), torch.empty(t.shape, dtype=t.dtype), [])
+            self.pieces[(0,) * t.dim()] = (tuple(t.shape), [])
         else:
             for offsets, sizes, shards in _pieces(self.buf):
-                self.pieces[offsets] = (sizes, torch.empty(sizes, dtype=t.dtype), shards)
+                self.pieces[offsets] = (sizes, shards)
+        self.host = {}     # offsets -> host tensor being filled
         self.pending = 0
 
+    def host_piece(self, offsets) -> torch.Tensor:
+        h = self.host.get(offsets)
+        if h is None:
+            h = self.host[offsets] = torch.empty(self.pieces[offsets][0], dtype=self.t.dtype)
+        return h
+
     def chunks(self) -> list:
-        return [ChunkStorageMetadata(torch.Size(o), torch.Size(z)) for o, (z, _, _) in self.pieces.items()]
+        return [ChunkStorageMetadata(torch.Size(o), torch.Size(z)) for o, (z, _) in self.pieces.items()]
 
     def install(self) -> None:
         """Moves the filled pieces to their devices; the tensor takes the new value."""
@@ -162,13 +170,15 @@ class _Target:
         t, buf = self.t, self.buf
         code = _dtypes.code(t.dtype)
         if self.whole is None:  # a view of part of a storage: an ordinary (lazy) copy into it
-            (_, host, _), = self.pieces.values()
+            (host,) = self.host.values()
             with torch.no_grad():
                 t.copy_(host.to(t.device))
+            self.host = {}
             return
         arrays = []
         with jax.enable_x64(True):
-            for sizes, host, shards in self.pieces.values():
+            for offsets, (sizes, shards) in self.pieces.items():
+                host = self.host[offsets]
                 a = host.view(torch.int16).numpy().view(_dtypes.NUMPY[code]) if t.dtype == torch.bfloat16 else \
                     host.numpy()
                 arrays += [jax.device_put(np.array(a, copy=True), s.device) for s in shards]
@@ -177,6 +187,7 @@ class _Target:
             else:  # one global array over the mesh, in the layout the tensor had
                 new, device = jax.make_array_from_single_device_arrays(tuple(buf.shape), buf.sharding, arrays), 0
         self.whole.assign(_C.from_data(new, code, list(t.shape), device))
+        self.host = {}
         metrics.counter_add("checkpoint_load_tensor")
 
 
@@ -218,7 +229,7 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
         tgt = self._targets.get(read_item.dest_index.fqn)
         if tgt is None:
             return super().resolve_tensor(read_item)
-        _, host, _ = tgt.pieces[tuple(read_item.dest_index.offset)]
+        host = tgt.host_piece(tuple(read_item.dest_index.offset))
         for d, (o, n) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
             host = host.narrow(d, o, n)
         return host
