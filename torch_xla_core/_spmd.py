@@ -42,7 +42,7 @@ active = False   # set by sharding.mark_sharding: only then are parameters inspe
 _REPLICATED = "{replicated}"
 _meshes = {}     # device ids -> the jax Mesh last used over them (output shardings are read against it)
 _replicated = {}  # (id(buffer), device ids) -> (buffer, its replicated copy): Python numbers
-_out = {}        # id(executable) -> (executable, its output shardings)
+_out = {}        # executor Key -> output shardings of its executable
 
 
 class Spmd(collections.namedtuple("Spmd", "device_ids params")):
@@ -247,15 +247,15 @@ def bind(spmd: Spmd, params: list) -> list:
     return out
 
 
-def _out_shardings(exe, spmd: Spmd) -> list:
-    """The output shardings of an executable, as jax shardings over its mesh
-    (kept per executable: two graphs with the same inputs may lay out their
-    outputs differently)."""
-    hit = _out.get(id(exe))
-    if hit is not None and hit[0] is exe:
-        return hit[1]
+def _out_shardings(exe, key) -> list:
+    """The output shardings of the executable of an executor Key, as jax
+    shardings over its mesh (kept per key, not per Spmd: two graphs with the
+    same inputs may lay out their outputs differently)."""
+    r = _out.get(key)
+    if r is not None:
+        return r
     from jax._src import sharding_impls as si
-    jmesh = _jmesh(spmd)
+    jmesh = _jmesh(key.spmd)
     devs = tuple(jmesh.devices.flat)
     r = []
     for o in exe.get_output_shardings():
@@ -266,19 +266,20 @@ def _out_shardings(exe, spmd: Spmd) -> list:
             r.append(g)
     if len(_out) > 4096:
         _out.clear()
-    _out[id(exe)] = (exe, r)  # holds exe, so its id is not reused meanwhile
+    _out[key] = r
     return r
 
 
-def execute(exe, spmd: Spmd, params: list, specs: list, wait: bool = False) -> list:
-    """Runs a partitioned executable; its outputs as global arrays."""
+def execute(exe, key, params: list, specs: list, wait: bool = False) -> list:
+    """Runs the partitioned executable of an executor Key; its outputs as
+    global arrays."""
     import time
 
     import jax
     t0 = time.perf_counter()
     res = exe.execute_sharded(params)
     parts = res.disassemble_into_single_device_arrays()
-    shardings = _out_shardings(exe, spmd)
+    shardings = _out_shardings(exe, key)
     with jax.enable_x64(True):
         outs = [jax.make_array_from_single_device_arrays(tuple(dims), s, arrs)
                 for (code, dims), s, arrs in zip(specs, shardings, parts)]

@@ -315,7 +315,7 @@ def _run(p: Plan, wait: bool) -> None:
         exe = executable(p)
         params = _bind(p)
         if p.key.spmd is not None:
-            outs = _spmd.execute(exe, p.key.spmd, params, cut.output_specs(), wait=wait)
+            outs = _spmd.execute(exe, p.key, params, cut.output_specs(), wait=wait)
         else:
             outs = runtime.execute(exe, params, wait=wait)
     except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation):
