@@ -1,8 +1,8 @@
 """The persistent compile cache (torch_xla_core/compile_cache.py): a second
 process loads what the first compiled (one-device graphs and graphs
-partitioned over a mesh; another mesh misses), corrupt entries are
-recompiled and rewritten, the directory is size-bounded. Always a
-temporary directory."""
+partitioned over a mesh, in one process and in two; another mesh misses),
+corrupt entries are recompiled and rewritten, the directory is
+size-bounded. Always a temporary directory."""
 import json
 import os
 import subprocess
@@ -120,6 +120,25 @@ def test_mesh_graphs_load_from_disk_and_another_mesh_misses(tmp_path):
         assert other["loss"] == pytest.approx(cold["loss"], rel=1e-5)
         entries += other["write"]
         assert len(list(tmp_path.glob("*.xexe"))) == entries
+
+
+def test_two_processes_load_their_mesh_graphs_from_disk(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "scripts", "dp_train.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    env["TXC_COMPILE_CACHE"] = str(tmp_path / "cache")
+    runs = []
+    for i in range(2):
+        out = tmp_path / str(i)
+        out.mkdir()
+        r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                            str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:]
+        runs.append([json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)])
+    for cold, warm in zip(*runs):  # per process: the first launch compiles, the second loads every graph
+        assert cold["compile"] >= 2 and cold["hit"] == 0
+        assert warm["compile"] == 0 and warm["hit"] == cold["compile"]
+        assert warm["losses"] == cold["losses"] and warm["params"] == cold["params"]
+    assert len(list((tmp_path / "cache").glob("*.xexe"))) == 2 * runs[0][0]["compile"]  # one entry per process
 
 
 @pytest.fixture
