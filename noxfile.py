@@ -234,11 +234,13 @@ def bench_spmd(session: nox.Session) -> None:
 
 @nox.session(python=PY, reuse_venv=True, default=False)
 def bench_kernels(session: nox.Session) -> None:
-    """bench/kernels.py: flash attention and grouped matmul, kernel vs
-    reference vs XLA's own op (time, compiled memory), a table and
-    bench/results/kernels.json. On CPU the numbers are of the reference path
-    (correctness only). Options after --: bench/kernels.py's (--quick,
-    --seq 512 ... 8192, --tokens, --repeats)."""
+    """bench/kernels.py: flash attention, multi-query paged attention,
+    grouped matmul (ragged_dot / megablox) and a Mixtral-style MoE decoder,
+    kernel vs reference vs XLA's own op (time, compiled memory), a table and
+    bench/results/kernels.json. On CPU the kernels run interpreted or as
+    their reference path (correctness only). Options after --:
+    bench/kernels.py's (--quick, --sections, --seq 512 ... 8192, --tokens,
+    --repeats)."""
     session.install(TORCH)
     session.install(".", env=_jobs_env())
     session.run("python", "bench/kernels.py", *session.posargs)

@@ -18,6 +18,7 @@ txc.profiler.trace(...) with txc.profiler.step(n) marks, then
 import argparse
 import collections
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -111,7 +112,8 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = train(tempfile.mkdtemp(prefix="txc-prof-"), args.steps)
-    events = json.loads(Path(path).read_text())["traceEvents"]
+    # ours only (this process's pid): the merged JAX/PJRT events are for Perfetto
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("pid") == os.getpid()]
     summary = summarize(events)
     print(f"{'span':<20} {'count':>6} {'total ms':>10}")
     for k, v in summary.items():

@@ -11,8 +11,11 @@ dimension divides is sharded along it (FSDP-style), so per-device argument
 bytes shrink about 1/N. Per row: the median step time of the cached steps,
 the compiled program's collectives (all-reduce / all-gather /
 reduce-scatter / all-to-all, counted in XLA's optimized HLO), the
-per-device compiled statistics (argument / temp bytes) and the last loss
-(equal across rows up to reduction order). CPU devices share this
+per-device compiled statistics (argument / temp bytes), the last loss
+(equal across rows up to reduction order), and a sharded checkpoint of
+model + optimizer state (torch.distributed.checkpoint with
+torch_xla_core.distributed_checkpoint's planners): the bytes process 0
+wrote (each process writes its own pieces) and the save / load times. CPU devices share this
 machine's cores, so step time does not scale here; the numbers that
 matter are the loss, the collectives and the per-device bytes.
 
@@ -73,8 +76,31 @@ def worker(out_dir: str, steps: int) -> None:
     out = dict(devices=n, processes=txc.world_size(), step_s=statistics.median(times[2:]) if len(times) > 2
                else times[-1], loss=loss.item(), collectives=counts,
                argument_bytes=st.get("argument_size_in_bytes"), temp_bytes=st.get("temp_size_in_bytes"))
+    out.update(_checkpoint(model, opt, out_dir))
     with open(os.path.join(out_dir, f"rank{txc.global_ordinal()}.json"), "w") as f:
         json.dump(out, f)
+
+
+def _checkpoint(model, opt, out_dir: str) -> dict:
+    """Saves and loads model + optimizer state as sharded DCP checkpoint."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import torch_xla_core as txc
+    from torch_xla_core.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
+    if txc.world_size() > 1:
+        dist.init_process_group("gloo")  # torch_xla_core.launch set MASTER_ADDR etc.
+    path = os.path.join(out_dir, "ckpt")
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    t0 = time.perf_counter()
+    dcp.save(state, checkpoint_id=path, planner=SPMDSavePlanner())
+    t1 = time.perf_counter()
+    dcp.load(state, checkpoint_id=path, planner=SPMDLoadPlanner())
+    txc.sync(wait=True)
+    t2 = time.perf_counter()
+    mine = Path(path, f"__{txc.global_ordinal()}_0.distcp").stat().st_size
+    if txc.world_size() > 1:
+        dist.destroy_process_group()
+    return dict(ckpt_bytes=mine, ckpt_save_s=t1 - t0, ckpt_load_s=t2 - t1)
 
 
 def _run(devices: int, procs: int, steps: int) -> dict:
@@ -108,7 +134,7 @@ def main() -> None:
     results = []
     head = f"{'config':>10} {'step ms':>9} {'loss':>12} " + " ".join(f"{c:>9}" for c in ("all-red", "all-gath",
                                                                                          "red-scat")) + \
-        f" {'arg KiB/dev':>12} {'temp KiB/dev':>13}"
+        f" {'arg KiB/dev':>12} {'temp KiB/dev':>13} {'ckpt KiB/p0':>12} {'save ms':>8} {'load ms':>8}"
     print(head)
     for procs, n in rows:
         r = _run(n, procs, a.steps)
@@ -117,7 +143,8 @@ def main() -> None:
         c = r["collectives"]
         print(f"{r['config']:>10} {r['step_s'] * 1e3:>9.1f} {r['loss']:>12.7f} {c['all-reduce']:>9} "
               f"{c['all-gather']:>9} {c['reduce-scatter']:>9} {r['argument_bytes'] / 1024:>12.1f} "
-              f"{r['temp_bytes'] / 1024:>13.1f}", flush=True)
+              f"{r['temp_bytes'] / 1024:>13.1f} {r['ckpt_bytes'] / 1024:>12.1f} {r['ckpt_save_s'] * 1e3:>8.1f} "
+              f"{r['ckpt_load_s'] * 1e3:>8.1f}", flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(dict(rows=results, steps=a.steps), f, indent=1)

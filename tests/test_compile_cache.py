@@ -1,6 +1,8 @@
 """The persistent compile cache (torch_xla_core/compile_cache.py): a second
-process loads what the first compiled, corrupt entries are recompiled and
-rewritten, the directory is size-bounded. Always a temporary directory."""
+process loads what the first compiled (one-device graphs and graphs
+partitioned over a mesh, in one process and in two; another mesh misses),
+corrupt entries are recompiled and rewritten, the directory is
+size-bounded. Always a temporary directory."""
 import json
 import os
 import subprocess
@@ -58,6 +60,85 @@ def test_second_process_compiles_nothing_and_corrupt_entries_recompile(tmp_path)
     assert bad["loss"] == cold["loss"]
     again, _ = _run(tmp_path)  # rewritten: hits again
     assert again["compile"] == 0 and again["hit"] == cold["compile"]
+
+
+_MESH_PROGRAM = r"""
+import json, sys, torch, torch_xla_core as txc, torch_xla_core.sharding as xs
+shape, ids = tuple(json.loads(sys.argv[1])), json.loads(sys.argv[2])
+names = ("data", "model")[:len(shape)]
+mesh = xs.Mesh(ids, shape, names)
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("xla")
+xs.mark_sharding(m[0].weight, mesh, (names[-1], None))
+opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+x = torch.randn(8, 8).to("xla")
+xs.mark_sharding(x, mesh, ("data", None))
+for _ in range(3):
+    loss = m(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    txc.sync()
+c = txc.metrics.counters()
+steps = {"compile": c.get("compile", 0), "hit": c.get("persistent_cache_hit", 0)}  # the training step's graphs
+s = xs.get_sharding(m[0].weight)
+out = {"steps": steps, "loss": loss.item(), "spec": list(s.partition_spec), "mesh": list(s.mesh.device_ids),
+       "shards": [list(t.shape) for t in xs.local_shards(m[0].weight)],
+       "params": [p.cpu().tolist() for p in m.parameters()]}
+c = txc.metrics.counters()
+out.update(compile=c.get("compile", 0), hit=c.get("persistent_cache_hit", 0), miss=c.get("persistent_cache_miss", 0),
+           write=c.get("persistent_cache_write", 0))
+print(json.dumps(out))
+"""
+
+
+def _run_mesh(cache_dir, shape, ids):
+    env = dict(os.environ, TXC_COMPILE_CACHE=str(cache_dir), PJRT_DEVICE="CPU", TXC_NUM_CPU_DEVICES="4")
+    r = subprocess.run([sys.executable, "-c", _MESH_PROGRAM, json.dumps(shape), json.dumps(ids)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_mesh_graphs_load_from_disk_and_another_mesh_misses(tmp_path):
+    cold = _run_mesh(tmp_path, [2, 2], [0, 1, 2, 3])
+    assert cold["compile"] >= 2 and cold["miss"] == cold["write"] == cold["compile"] and cold["hit"] == 0
+    entries = len(list(tmp_path.glob("*.xexe")))
+    assert entries == cold["compile"]
+    warm = _run_mesh(tmp_path, [2, 2], [0, 1, 2, 3])  # a fresh interpreter: every graph from disk
+    assert warm["compile"] == 0 and warm["hit"] == cold["compile"] and warm["miss"] == 0
+    assert cold["steps"] == {"compile": 2, "hit": 0} and warm["steps"] == {"compile": 0, "hit": 2}
+    for k in ("loss", "params", "spec", "mesh", "shards"):
+        assert warm[k] == cold[k], k  # the same values, laid out as the compiled program says
+    assert warm["spec"] == ["model", None] and warm["shards"] == [[8, 8]] * 4
+    # another device order, another mesh shape: their own entries, never the first mesh's executable
+    for shape, ids, spec in (([2, 2], [3, 2, 1, 0], ["model", None]), ([4], [0, 1, 2, 3], ["data", None])):
+        other = _run_mesh(tmp_path, shape, ids)
+        assert other["steps"] == {"compile": 2, "hit": 0}, (shape, ids)  # the step graphs: compiled, not loaded
+        assert other["miss"] == other["compile"] == other["write"]
+        assert other["spec"] == spec and other["mesh"] == ids
+        assert other["loss"] == pytest.approx(cold["loss"], rel=1e-5)
+        entries += other["write"]
+        assert len(list(tmp_path.glob("*.xexe"))) == entries
+
+
+def test_two_processes_load_their_mesh_graphs_from_disk(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "scripts", "dp_train.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    env["TXC_COMPILE_CACHE"] = str(tmp_path / "cache")
+    runs = []
+    for i in range(2):
+        out = tmp_path / str(i)
+        out.mkdir()
+        r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                            str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-4000:]
+        runs.append([json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)])
+    for cold, warm in zip(*runs):  # per process: the first launch compiles, the second loads every graph
+        assert cold["compile"] >= 2 and cold["hit"] == 0
+        assert warm["compile"] == 0 and warm["hit"] == cold["compile"]
+        assert warm["losses"] == cold["losses"] and warm["params"] == cold["params"]
+    assert len(list((tmp_path / "cache").glob("*.xexe"))) == 2 * runs[0][0]["compile"]  # one entry per process
 
 
 @pytest.fixture
@@ -124,3 +205,9 @@ def test_key_covers_precision_and_runtime(dev, cache_dir):
     assert a != compile_cache.entry_name(key._replace(precision="high"), "module {}")
     assert a != compile_cache.entry_name(key, "module { }")
     assert a == compile_cache.entry_name(key._replace(graph=2), "module {}")  # the text is the graph
+    from torch_xla_core._spmd import Spmd
+    mesh = key._replace(spmd=Spmd((0, 1, 2, 3), ("{devices=[4,1]<=[4]}",)))
+    names = {compile_cache.entry_name(k, "module {}") for k in (
+        key, mesh, mesh._replace(spmd=Spmd((3, 2, 1, 0), mesh.spmd.params)),  # another device order
+        mesh._replace(spmd=Spmd((0, 1, 2, 3), ("{devices=[2,1,2]<=[4] last_tile_dim_replicate}",))))}
+    assert len(names) == 4

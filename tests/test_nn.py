@@ -189,6 +189,14 @@ def test_sdpa_gqa():
                        rg(2, 2, 5, 4), rg(2, 2, 5, 4), atol=1e-4)
 
 
+def test_sdpa_broadcasts_batch_dims_like_cpu():
+    """torch broadcasts q/k/v batch dims without enable_gqa: multi-query k/v with one head (as Falcon
+    passes them), and a query without the batch dim; gradients sum back over the broadcast dims."""
+    assert_matches_cpu(lambda q, k, v: sdpa(q, k, v, is_causal=True), rg(2, 4, 5, 8), rg(2, 1, 5, 8),
+                       rg(2, 1, 5, 8), atol=1e-4)
+    assert_matches_cpu(lambda q, k, v: sdpa(q, k, v), rg(4, 5, 8), rg(2, 4, 6, 8), rg(1, 4, 6, 8), atol=1e-4)
+
+
 def test_sdpa_3d_and_bf16():
     assert_matches_cpu(lambda q, k, v: sdpa(q, k, v), rg(3, 5, 4), rg(3, 6, 4), rg(3, 6, 4), atol=1e-4)
     bf = torch.bfloat16
@@ -348,3 +356,15 @@ def test_cdist_forward_backward(p):
     x2[:, 0] = x1[:, 0]                               # a zero distance: the gradient's special case
     assert_matches_cpu(lambda a, b: torch.cdist(a, b, p=p), x1.requires_grad_(), x2.requires_grad_(),
                        atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dim", [0, 2, -1])
+def test_weight_norm_forward_and_backward_without_fallback(dim):
+    """torch._weight_norm (nn.utils.parametrizations.weight_norm; wav2vec2's positional conv uses dim=2):
+    the fused interface's backward lowers (it used to fall back to the CPU kernel)."""
+    gshape = {0: (6, 1, 1), 2: (1, 1, 5), -1: ()}[dim]
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(6, 3, 5, generator=g, requires_grad=True)
+    gain = (torch.rand(gshape, generator=g) + 0.5).requires_grad_()
+    w = torch.randn(6, 3, 5, generator=g)  # a non-uniform cotangent
+    assert_matches_cpu(lambda v, s, w: torch._weight_norm(v, s, dim) * w, v, gain, w, atol=1e-4)

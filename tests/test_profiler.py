@@ -10,10 +10,11 @@ import torch
 import torch_xla_core as txc
 
 
-def _spans(path):
+def _spans(path, ours=True):
+    """Complete events: ours (this process's pid) or, ours=False, the merged JAX/PJRT ones."""
     with open(path) as f:
         doc = json.load(f)
-    return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    return [e for e in doc["traceEvents"] if e.get("ph") == "X" and (e["pid"] == os.getpid()) == ours]
 
 
 def _inside(inner, outer):
@@ -50,6 +51,37 @@ def test_trace_spans(tmp_path):
     traces = [e for e in spans if e["name"] == "trace"]
     assert traces[0]["ts"] + traces[0]["dur"] <= syncs[0]["ts"] + 1e-3  # tracing precedes its sync
     assert steps[0]["ts"] + steps[0]["dur"] <= steps[1]["ts"]
+
+
+def test_device_trace_is_merged_on_one_clock(tmp_path):
+    """device=True (the default): JAX's profiler trace of the same block (PJRT's executable launches,
+    XLA's compiler passes) lands in the same file on our clock, and JAX's own files stay beside it."""
+    w = torch.randn(16, 16)
+    txc.sync()
+    txc.executor.clear_cache()
+    with txc.profiler.trace(str(tmp_path)) as t:
+        for i in range(3):
+            with txc.profiler.step(i):
+                y = torch.tanh(torch.randn(16, 16).to(txc.device()) @ w.to(txc.device())).sum()
+                txc.sync(wait=True)
+    ours, jax_spans = _spans(t.path), _spans(t.path, ours=False)
+    assert os.path.exists(os.path.join(t.device_dir, "perfetto_trace.json.gz"))
+    assert any(f.endswith(".xplane.pb") for f in os.listdir(t.device_dir))  # TensorBoard's profile plugin
+    assert not any(e["name"] == "txc_clock" for e in jax_spans)  # the alignment mark is consumed
+    launches = [e for e in jax_spans if e["name"] == "CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice"]
+    syncs = [e for e in ours if e["name"] == "sync"]
+    assert len(launches) == 3 and len(syncs) >= 3, (len(launches), len(syncs))
+    slack = 20e3  # us: the mark is placed to within its own duration; 20 ms is far above that
+    for launch in launches:  # every PJRT launch happened inside one of our syncs
+        assert any(s["ts"] - slack <= launch["ts"] <= s["ts"] + s["dur"] + slack for s in syncs), launch
+    assert any("xla" in e["name"].lower() or "hlo" in e["name"].lower() or e["name"] == "cse" for e in jax_spans)
+    y.cpu()
+
+
+def test_host_only_trace_has_no_jax_events(tmp_path):
+    with txc.profiler.trace(str(tmp_path), device=False) as t:
+        (torch.ones(3).to(txc.device()) * 2).cpu()
+    assert t.device_dir is None and _spans(t.path) and not _spans(t.path, ours=False)
 
 
 def test_no_listener_when_off(tmp_path):

@@ -69,3 +69,33 @@ def test_lstm_training_step_compiles_once():
     step()
     step()
     assert txc.metrics.counters().get("cache_miss", 0) == misses
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_packed_sequences_match_cpu(batch_first):
+    """pack_padded_sequence -> LSTM -> pad_packed_sequence, as variable-length batches are fed: batch_sizes
+    stay on the host (PackedSequence refuses them elsewhere), outputs and gradients match CPU."""
+    torch.manual_seed(0)
+    m = nn.LSTM(5, 4, num_layers=2, bidirectional=True, batch_first=batch_first)
+    x = torch.randn(3, 6, 5) if batch_first else torch.randn(6, 3, 5)
+    lengths = torch.tensor([6, 4, 2])
+
+    def run(mod, x):
+        x = x.detach().requires_grad_()
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=batch_first)
+        assert packed.batch_sizes.device.type == "cpu" and packed.batch_sizes.tolist() == [3, 3, 2, 2, 1, 1]
+        out, _ = nn.utils.rnn.pad_packed_sequence(mod(packed)[0], batch_first=batch_first)
+        (out * out).sum().backward()
+        return out, x.grad, [p.grad for p in mod.parameters()]
+
+    before = dict(txc.metrics.fallbacks())
+    want = run(m, x)
+    mx = copy.deepcopy(m).to(txc.device())
+    got = run(mx, x.to(txc.device()))
+    torch.testing.assert_close(got[0].cpu(), want[0].detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1].cpu(), want[1], atol=1e-5, rtol=1e-5)
+    for g, w in zip(got[2], want[2]):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-4, rtol=1e-4)
+    assert dict(txc.metrics.fallbacks()) == before
+    with pytest.raises(RuntimeError, match="sorted in decreasing order"):
+        nn.utils.rnn.pack_padded_sequence(x.to(txc.device()), torch.tensor([2, 6, 4]), batch_first=batch_first)

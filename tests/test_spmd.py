@@ -9,7 +9,7 @@ import torch
 
 import torch_xla_core as txc
 import torch_xla_core.sharding as xs
-from torch_xla_core import executor, metrics
+from torch_xla_core import _spmd, executor, metrics
 from multidevice import on_devices
 
 pytestmark = pytest.mark.xdist_group("devices8")  # one child process per module
@@ -193,3 +193,127 @@ def test_grad_sharding_is_propagated_and_stablehlo_carries_shardings():
     assert g.mesh == mesh and g.partition_spec == ("model", None)  # chosen by XLA, like its weight
     assert [s.shape for s in xs.local_shards(model.fc1.weight.grad)] == [(16, 16)] * 8
     assert txc.debug.cache_key([model.fc1.weight]).spmd is None  # nothing pending
+
+
+@on_devices(8)
+def test_donated_parameter_keeps_its_layout_when_propagation_prefers_another():
+    # fc1.bias is replicated; propagation from fc2.weight's split would shard its update, but a donated
+    # buffer's output must lie as the parameter does (XLA refused the alias before the result was pinned)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 8))
+    model.load_state_dict(ref.state_dict())
+    model.to("xla")
+    mesh = xs.Mesh(range(4), (2, 2), ("a", "b"))
+    xs.mark_sharding(model[0].weight, mesh, ("a", "b"))
+    xs.mark_sharding(model[1].weight, mesh, (None, "b"))
+    x = torch.randn(2, 4)
+    opt, ref_opt = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    ref(x).sum().backward()
+    ref_opt.step()
+    model(x.to("xla")).sum().backward()
+    opt.step()
+    text = txc.debug.stablehlo()
+    assert re.search(r'%arg\d+: tensor<6xf32> \{tf.aliasing_output = (\d+) : i32, '
+                     r'mhlo.sharding = "\{replicated\}"', text)
+    pinned, propagate = _spmd.pin_aliased_outputs(text)
+    assert propagate.count(False) == 4  # the four donated parameters' results
+    results = _spmd._MAIN.search(pinned).group(4)  # @main's result types
+    assert results.count('{mhlo.sharding = "{replicated}"}') == 2  # fc1.bias, fc2.bias
+    assert results.count('{mhlo.sharding = "{devices=[2,2]<=[4]}"}') == 1  # fc1.weight
+    txc.sync()
+    assert executor.last_memory_stats()["alias_size_in_bytes"] > 0
+    assert [s.shape for s in xs.local_shards(model[0].bias)] == [(6,)] * 4
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+
+
+@on_devices(8)
+def test_two_graphs_with_the_same_inputs_keep_their_own_output_layouts():
+    mesh = _mesh()
+    a = torch.randn(8, 8)
+    x = a.to("xla")
+    xs.mark_sharding(x, mesh, (None, "model"))
+    y = x * 2
+    xs.mark_sharding(y, mesh, ("data", "model"))
+    y.cpu()  # graph 1: one output laid out ("data", "model")
+    z = x.sum(0)  # graph 2: the same input and output count, another layout
+    torch.testing.assert_close(z.cpu(), a.sum(0))
+    assert xs.get_sharding(y).partition_spec == ("data", "model")
+    assert xs.get_sharding(z).partition_spec != ("data", "model")
+
+
+@on_devices(8)
+def test_mark_sharding_inside_scan_and_scan_layers_bodies():
+    from torch_xla_core.scan import scan, scan_layers
+    mesh = _mesh()
+    w, xs_, init = torch.randn(8, 8), torch.randn(3, 4, 8), torch.randn(4, 8)
+    W = w.clone().to("xla").requires_grad_()
+    xs.mark_sharding(W, mesh, (None, "model"))  # a sharded input: the graph is partitioned
+
+    def fn(c, x):
+        h = c @ W + x
+        xs.mark_sharding(h, mesh, ("data", "model"))  # pending inside the body: an annotation in the loop
+        return torch.tanh(h), h.sum(1)
+
+    c, ys = scan(fn, init.to("xla"), xs_.to("xla"))
+    text = txc.debug.stablehlo([c, ys])
+    body = text[text.index("stablehlo.while"):]
+    assert 'call_target_name = "Sharding"' in body and 'mhlo.sharding = "{devices=[4,2]<=[8]}"' in body
+    assert "mhlo.num_partitions = 8 : i32" in text
+    (c.sum() + ys.sum()).backward()
+    txc.sync()
+    wr = w.clone().requires_grad_()
+    rc, ry = init, []
+    for i in range(3):
+        h = rc @ wr + xs_[i]
+        rc = torch.tanh(h)
+        ry.append(h.sum(1))
+    (rc.sum() + torch.stack(ry).sum()).backward()
+    torch.testing.assert_close(c.cpu(), rc.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ys.cpu(), torch.stack(ry).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(W.grad.cpu(), wr.grad, rtol=1e-4, atol=1e-5)
+    assert xs.get_sharding(W.grad) is not None  # computed on the mesh
+
+    # scan_layers: the annotation in each layer's forward, the layers' weights sharded
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+    ref = xs_[0]
+    for layer in layers:
+        ref = torch.relu(layer(ref))
+
+    class Sharded(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            y = self.layer(x)
+            xs.mark_sharding(y, mesh, ("data", None))
+            return torch.relu(y)
+
+    mods = torch.nn.ModuleList([Sharded(layer) for layer in layers]).to("xla")
+    for m in mods:
+        xs.mark_sharding(m.layer.weight, mesh, ("model", None))
+    out = scan_layers(mods, xs_[0].to("xla"))
+    assert 'call_target_name = "Sharding"' in txc.debug.stablehlo([out])
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+
+
+@on_devices(8)
+def test_annotation_only_inside_a_scan_body_is_refused_not_ignored():
+    from torch_xla_core.scan import scan
+    mesh = _mesh()
+    W = torch.randn(8, 8).to("xla")  # nothing sharded outside the body
+
+    def fn(c, x):
+        h = c @ W + x
+        xs.mark_sharding(h, mesh, ("data", "model"))
+        return torch.tanh(h), h.sum(1)
+
+    c, ys = scan(fn, torch.zeros(4, 8).to("xla"), torch.randn(3, 4, 8).to("xla"))
+    metrics.clear()
+    with pytest.raises(_spmd.UnpartitionedAnnotation, match="none of this graph's inputs is sharded"):
+        txc.sync()
+    assert metrics.counters().get("compile", 0) == 0  # refused before compiling
+    assert not c._lt.is_data  # still pending: shard an input and sync again

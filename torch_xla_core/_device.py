@@ -3,6 +3,7 @@ with a device module (torch.xla), hooks and a device guard, so that
 torch.device("xla"), tensor.to("xla") and module.to("xla") work and reach
 our kernels. The generated Tensor.is_xla helper would collide with torch's
 own, so the pieces are registered one by one."""
+import contextlib
 import functools
 import operator
 
@@ -62,6 +63,40 @@ class _DeviceModule:
     @staticmethod
     def is_bf16_supported() -> bool:
         return True
+
+    # Streams, as torch.distributed.checkpoint's writer asks of a device
+    # module: an xla device runs its graphs in order, as one stream.
+    @staticmethod
+    def current_stream(device=None):
+        return _STREAM
+
+    @staticmethod
+    def stream(s):
+        return contextlib.nullcontext(s)
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        from . import runtime
+        runtime.wait_all()
+
+
+class _Stream:
+    """The one stream of the xla devices: synchronize() waits for every
+    launched graph and transfer."""
+
+    device_type = "xla"
+
+    def synchronize(self) -> None:
+        _DeviceModule.synchronize()
+
+    def wait_stream(self, other) -> None:
+        pass  # one stream: already ordered
+
+    def query(self) -> bool:
+        return True
+
+
+_STREAM = _Stream()
 
 
 def index(device):

@@ -13,8 +13,13 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
   SPMD partitioner chooses their shardings (propagation).
 - compile(text, key): GSPMD (use_spmd_partitioning, not Shardy: the text
   carries mhlo.sharding) over the mesh's devices, with output shardings left
-  to propagation. This module and runtime.py are the two that touch
-  jaxlib's compile API.
+  to propagation, except a donated parameter's output, which must lie as
+  its parameter does (XLA aliases the two buffers on every device):
+  pin_aliased_outputs gives those results their parameter's mhlo.sharding.
+  deserialize(data, text, key) loads a persistent-cache entry with the same
+  options. This module and runtime.py are the two that touch jaxlib's
+  compile API. check_partitioned refuses an annotation (from a scan body)
+  in a graph that is not partitioned.
 - bind/execute: inputs go in as global arrays laid out on the mesh (a buffer
   on one device is replicated once per sync; Python numbers once per value),
   execute_sharded runs every partition, and each output becomes one global
@@ -26,6 +31,7 @@ Donation works as on one device: a donated parameter's output aliases its
 buffer on every device (the alias bytes of the compiled statistics are
 per device)."""
 import collections
+import re
 
 import numpy as np
 
@@ -36,7 +42,7 @@ active = False   # set by sharding.mark_sharding: only then are parameters inspe
 _REPLICATED = "{replicated}"
 _meshes = {}     # device ids -> the jax Mesh last used over them (output shardings are read against it)
 _replicated = {}  # (id(buffer), device ids) -> (buffer, its replicated copy): Python numbers
-_out = {}        # Spmd + output count -> output shardings of its executable
+_out = {}        # executor Key -> output shardings of its executable
 
 
 class Spmd(collections.namedtuple("Spmd", "device_ids params")):
@@ -84,6 +90,23 @@ def key_field(cut):
     return Spmd(ids, tuple(shardings))
 
 
+class UnpartitionedAnnotation(RuntimeError):
+    """A sharding annotation in a graph that is not partitioned (see check_partitioned)."""
+
+
+def check_partitioned(key, text: str) -> None:
+    """A graph that holds a sharding annotation must be partitioned. One that
+    is not got it from a scan body (key_field sees the annotations of the
+    top-level graph only, csrc/trace/graph.cpp GraphCut::annotations) with no
+    sharded input: refused rather than run on one device unsharded (the
+    pending tensors stay pending: shard an input and sync again)."""
+    if key.spmd is None and 'call_target_name = "Sharding"' in text:
+        raise UnpartitionedAnnotation("mark_sharding inside a scan/scan_layers body is honoured only when the graph is "
+                           "partitioned already: none of this graph's inputs is sharded, so its body's "
+                           "annotation would be ignored. Shard an input the loop reads (the layers' weights, the "
+                           "carry or xs) with torch_xla_core.sharding.mark_sharding before the scan.")
+
+
 def _same(ids, other):
     if ids is not None and ids != other:
         raise RuntimeError(f"one graph uses sharded tensors on two different meshes (devices {list(ids)} and "
@@ -118,9 +141,56 @@ def lay_out(buf, sharding):
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def compile(text: str, key):
-    """Compiles a partitioned graph over key.spmd's devices."""
+_MAIN = re.compile(r"^(\s*func\.func public @main\()(.*)(\) -> \()(.*)(\) \{)$", re.MULTILINE)
+_ALIASED_ARG = re.compile(r'tf\.aliasing_output = (\d+) : i32, mhlo\.sharding = ("[^"]*")')
+
+
+def _top_level_split(s: str) -> list:
+    """s split at the commas outside <>, {} and quotes."""
+    out, depth, quoted, start = [], 0, False, 0
+    for i, c in enumerate(s):
+        if c == '"':
+            quoted = not quoted
+        elif not quoted and c in "<{":
+            depth += 1
+        elif not quoted and c in ">}":
+            depth -= 1
+        elif not quoted and depth == 0 and c == ",":
+            out.append(s[start:i].strip())
+            start = i + 1
+    out.append(s[start:].strip())
+    return out
+
+
+def pin_aliased_outputs(text: str):
+    """@main's results that alias a donated parameter get that parameter's
+    mhlo.sharding (propagation may choose another layout for them, and XLA
+    then refuses the alias: the two buffers differ in size per device).
+    Returns the text and, per result, whether propagation chooses its
+    sharding ([True]: all do)."""
+    m = _MAIN.search(text)
+    if m is None:
+        return text, [True]
+    pinned = {int(k): s for k, s in _ALIASED_ARG.findall(m.group(2))}
+    if not pinned:
+        return text, [True]
+    results = _top_level_split(m.group(4))
+    for k, s in pinned.items():
+        r = results[k]
+        results[k] = (r[:-1] + f", mhlo.sharding = {s}}}") if r.endswith("}") else f"{r} {{mhlo.sharding = {s}}}"
+    propagate = [k not in pinned for k in range(len(results))]
+    return text[:m.start(4)] + ", ".join(results) + text[m.end(4):], propagate
+
+
+OPTIONS = ("spmd: GSPMD partitioning (not Shardy), 1 replica x N partitions over the key's devices, output "
+           "shardings propagated except donated results")  # part of the persistent cache's key
+
+
+def _options(text: str, key):
+    """The compile options of a partitioned graph and its text with donated
+    results pinned (pin_aliased_outputs)."""
     from jax._src.lib import xla_client as xc
+    text, propagate = pin_aliased_outputs(text)
     ids = key.spmd.device_ids
     opts = xc.CompileOptions()
     opts.num_replicas = 1
@@ -128,9 +198,26 @@ def compile(text: str, key):
     build = opts.executable_build_options
     build.use_spmd_partitioning = True
     build.use_shardy_partitioner = False  # the text carries GSPMD's mhlo.sharding
-    build.allow_spmd_sharding_propagation_to_output = [True]
+    build.allow_spmd_sharding_propagation_to_output = propagate
     opts.device_assignment = xc.DeviceAssignment.create(np.array(ids, dtype=np.int64).reshape(1, len(ids)))
-    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(ids))), opts)
+    return text, opts
+
+
+def compile(text: str, key):
+    """Compiles a partitioned graph over key.spmd's devices."""
+    from jax._src.lib import xla_client as xc
+    text, opts = _options(text, key)
+    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(key.spmd.device_ids))), opts)
+
+
+def deserialize(data: bytes, text: str, key):
+    """The executable that runtime.serialize() wrote for this partitioned
+    graph (the persistent compile cache), loaded onto key.spmd's devices
+    with the options compile() used."""
+    from jax._src.lib import xla_client as xc
+    _, opts = _options(text, key)
+    devs = xc.DeviceList(tuple(_devices(key.spmd.device_ids)))
+    return runtime.backend().deserialize_executable(data, devs, opts)
 
 
 def bind(spmd: Spmd, params: list) -> list:
@@ -160,33 +247,39 @@ def bind(spmd: Spmd, params: list) -> list:
     return out
 
 
-def _out_shardings(exe, spmd: Spmd, n: int) -> list:
-    k = (spmd, n)
-    r = _out.get(k)
-    if r is None:
-        from jax._src import sharding_impls as si
-        jmesh = _jmesh(spmd)
-        devs = tuple(jmesh.devices.flat)
-        r = []
-        for o in exe.get_output_shardings():
-            g = si.GSPMDSharding(devs, o)
-            try:
-                r.append(si._gspmd_to_named_sharding_via_mesh(g, jmesh))
-            except Exception:  # not expressible over the mesh's axes: keep XLA's own
-                r.append(g)
-        _out[k] = r
+def _out_shardings(exe, key) -> list:
+    """The output shardings of the executable of an executor Key, as jax
+    shardings over its mesh (kept per key, not per Spmd: two graphs with the
+    same inputs may lay out their outputs differently)."""
+    r = _out.get(key)
+    if r is not None:
+        return r
+    from jax._src import sharding_impls as si
+    jmesh = _jmesh(key.spmd)
+    devs = tuple(jmesh.devices.flat)
+    r = []
+    for o in exe.get_output_shardings():
+        g = si.GSPMDSharding(devs, o)
+        try:
+            r.append(si._gspmd_to_named_sharding_via_mesh(g, jmesh))
+        except Exception:  # not expressible over the mesh's axes: keep XLA's own
+            r.append(g)
+    if len(_out) > 4096:
+        _out.clear()
+    _out[key] = r
     return r
 
 
-def execute(exe, spmd: Spmd, params: list, specs: list, wait: bool = False) -> list:
-    """Runs a partitioned executable; its outputs as global arrays."""
+def execute(exe, key, params: list, specs: list, wait: bool = False) -> list:
+    """Runs the partitioned executable of an executor Key; its outputs as
+    global arrays."""
     import time
 
     import jax
     t0 = time.perf_counter()
     res = exe.execute_sharded(params)
     parts = res.disassemble_into_single_device_arrays()
-    shardings = _out_shardings(exe, spmd, len(parts))
+    shardings = _out_shardings(exe, key)
     with jax.enable_x64(True):
         outs = [jax.make_array_from_single_device_arrays(tuple(dims), s, arrs)
                 for (code, dims), s, arrs in zip(specs, shardings, parts)]

@@ -12,6 +12,14 @@ that a second process (or a restarted job) loads instead of compiling.
   device kind, compile options) and our version and C++ ABI flavor. A stale
   entry (another jaxlib, device or build) has another name and is never
   looked up; it ages out by eviction.
+- Graphs partitioned over a mesh (Key.spmd) are kept too: their key holds
+  the mesh's device assignment (device ids in mesh order) and every
+  parameter's sharding (HloSharding text, tiled over the mesh's shape),
+  the StableHLO their shardings and partition count, and the entry name
+  adds the SPMD compile options and the process count and index; so
+  another mesh (other devices, order or shape) or another layout of the
+  inputs never finds this entry. A hit is loaded onto the mesh's devices
+  with the options the compile used (_spmd.deserialize).
 - Entries: one file per key, a header (magic, format, sha256 of the payload)
   and PJRT's serialized executable (runtime.serialize). Written to a
   temporary file in the same directory and renamed over the entry
@@ -37,7 +45,7 @@ import os
 import tempfile
 import warnings
 
-from . import metrics, runtime
+from . import _spmd, metrics, runtime
 
 __all__ = ["directory", "max_bytes", "entry_path", "load", "store"]
 
@@ -77,10 +85,19 @@ def _ours() -> str:
     return f"torch_xla_core={__version__};flavor={flavor()}"
 
 
+def _partitioning(key) -> str:
+    """For a graph partitioned over a mesh: the SPMD compile options and the
+    processes (with several, each process's executable is its own)."""
+    if key.spmd is None:
+        return ""
+    import jax
+    return f"{_spmd.OPTIONS};processes={jax.process_count()};process={jax.process_index()}"
+
+
 def entry_name(key, text: str) -> str:
     h = hashlib.sha256()
     for part in (_MAGIC, repr(key._replace(graph=0)).encode(), runtime.fingerprint(key.device).encode(),
-                 _ours().encode(), text.encode()):
+                 _partitioning(key).encode(), _ours().encode(), text.encode()):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest() + ".xexe"
@@ -131,7 +148,8 @@ def load(key, text: str):
             metrics.counter_add("persistent_cache_miss")
             return None
         try:
-            exe = runtime.deserialize(payload, key.device)
+            exe = (_spmd.deserialize(payload, text, key) if key.spmd is not None else
+                   runtime.deserialize(payload, key.device))
         except Exception as e:  # PJRT refused it (another build wrote the same name?)
             _corrupt(path, f"PJRT could not load it: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
             metrics.counter_add("persistent_cache_miss")

@@ -149,13 +149,13 @@ def _workers():
 def _compile(key, text):
     try:
         _dump(key, text)
-        exe = compile_cache.load(key, text) if key.spmd is None else None  # the persistent cache (TXC_COMPILE_CACHE)
+        _spmd.check_partitioned(key, text)
+        exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
         if exe is None:
             with metrics.timed("compile"):
                 exe = _spmd.compile(text, key) if key.spmd is not None else runtime.compile_text(text, key.device)
             metrics.counter_add("compile")
-            if key.spmd is None:  # a mesh's executables are not kept across processes (yet)
-                compile_cache.store(key, text, exe)
+            compile_cache.store(key, text, exe)
         with _cache_lock:
             _cache[key] = exe
             limit = cache_size()
@@ -315,10 +315,10 @@ def _run(p: Plan, wait: bool) -> None:
         exe = executable(p)
         params = _bind(p)
         if p.key.spmd is not None:
-            outs = _spmd.execute(exe, p.key.spmd, params, cut.output_specs(), wait=wait)
+            outs = _spmd.execute(exe, p.key, params, cut.output_specs(), wait=wait)
         else:
             outs = runtime.execute(exe, params, wait=wait)
-    except recompiles.RecompileLimitError:
+    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation):
         raise
     except Exception as e:
         raise _failure(cut, e) from None

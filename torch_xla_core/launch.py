@@ -7,7 +7,11 @@ list for the sharding mesh:
 
 Each process gets TXC_COORDINATOR, TXC_NUM_PROCESSES, TXC_PROCESS_ID (its
 rank), TXC_LOCAL_RANK and, on CPU, TXC_NUM_CPU_DEVICES (--devices); the
-runtime joins at its first device use (runtime._distributed). In the
+runtime joins at its first device use (runtime._distributed). It also gets
+torchrun's MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
+LOCAL_WORLD_SIZE, so torch.distributed.init_process_group("gloo") joins a
+process group of the same processes (sharded checkpoints coordinate
+through it: torch_xla_core/distributed_checkpoint.py). In the
 script, txc.world_size(), txc.global_ordinal() and txc.local_ordinal() say
 where it runs; xs.Mesh(range(world devices), ...) spans every process.
 
@@ -36,10 +40,11 @@ def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.
         raise ValueError(f"launch: --nproc ({nproc}) and --devices ({devices}) must be at least 1")
     base = dict(os.environ if env is None else env)
     base.update(TXC_COORDINATOR=f"127.0.0.1:{_free_port()}", TXC_NUM_PROCESSES=str(nproc),
-                TXC_NUM_CPU_DEVICES=str(devices))
+                TXC_NUM_CPU_DEVICES=str(devices), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
     procs = []
     for rank in range(nproc):
-        e = dict(base, TXC_PROCESS_ID=str(rank), TXC_LOCAL_RANK=str(rank))
+        e = dict(base, TXC_PROCESS_ID=str(rank), TXC_LOCAL_RANK=str(rank), RANK=str(rank), LOCAL_RANK=str(rank))
         procs.append(subprocess.Popen([sys.executable] + list(script_argv), env=e))
     status = 0
     try:

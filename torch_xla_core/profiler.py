@@ -18,8 +18,21 @@ first ("ops" in its args): per-op spans would cost the tracing path time.
 The spans come from metrics' timers (metrics.add_listener): nothing is added
 to the per-op path, and with no trace active nothing runs at all. To name a
 sync's graph, the trace listens to the executor's syncs
-(executor._sync_listeners) while it is active."""
+(executor._sync_listeners) while it is active.
+
+device=True (the default) also records JAX's profiler (jax.profiler, which
+knows PJRT and XLA: compiler passes, executable launches, the thunk executor
+and XLA's thread pools) and merges its Perfetto JSON into the same file, as
+a second process track ("/host:CPU", and the devices' tracks where the
+platform reports them), on one clock: a "txc_clock" annotation recorded in
+both traces aligns them. JAX's own files (xplane.pb for TensorBoard's
+profile plugin, perfetto_trace.json.gz) stay under `<dir>/jax/`; the
+Trace's `device_dir` names the run's folder. step(n) also marks a
+StepTraceAnnotation there, so TensorBoard's step view sees the steps. JAX's
+Python tracer is off (it records every Python call: a large overhead)."""
 import collections
+import glob
+import gzip
 import json
 import os
 import threading
@@ -35,9 +48,12 @@ _lock = threading.Lock()
 class Trace:
     """A trace being recorded; `path` is where it is written on exit."""
 
-    def __init__(self, directory: str, top_ops: int):
+    def __init__(self, directory: str, top_ops: int, device: bool = False):
         self.dir = directory
         self.top_ops = top_ops
+        self.device = device
+        self.device_dir = None  # JAX's run folder, set when a device trace was recorded
+        self._clock = None  # perf_counter() at our "txc_clock" annotation in JAX's trace
         self.events = []
         self.path = os.path.join(directory, f"txc-trace-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json")
         self._origin = time.perf_counter()
@@ -90,15 +106,55 @@ class Trace:
         with _lock:
             self._graphs.append((p.key.graph, cut.num_nodes, top))
 
+    def start_device(self):
+        import jax
+        opts = jax.profiler.ProfileOptions()
+        opts.python_tracer_level = 0
+        try:
+            jax.profiler.start_trace(os.path.join(self.dir, "jax"), create_perfetto_trace=True,
+                                     profiler_options=opts)
+        except RuntimeError as e:
+            raise RuntimeError(f"txc.profiler.trace(device=True): JAX's profiler would not start ({e}); stop the "
+                               f"other profiler session first, or pass device=False") from None
+        t0 = time.perf_counter()
+        with jax.profiler.TraceAnnotation("txc_clock"):
+            pass
+        self._clock = (t0 + time.perf_counter()) / 2
+
+    def stop_device(self):
+        import jax
+        jax.profiler.stop_trace()
+        runs = sorted(glob.glob(os.path.join(self.dir, "jax", "plugins", "profile", "*")), key=os.path.getmtime)
+        self.device_dir = runs[-1] if runs else None
+
+    def _device_events(self):
+        """JAX's Perfetto events and the shift (us) that puts ours on their clock."""
+        if self.device_dir is None:
+            return [], 0.0
+        files = glob.glob(os.path.join(self.device_dir, "perfetto_trace.json.gz"))
+        if not files:
+            return [], 0.0
+        with gzip.open(files[0], "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        mark = next((e for e in events if e.get("name") == "txc_clock" and "ts" in e), None)
+        if mark is None:  # cannot align: keep only ours
+            return [], 0.0
+        shift = mark["ts"] + mark.get("dur", 0.0) / 2 - self._us(self._clock)
+        return [e for e in events if e is not mark], shift
+
     def write(self):
         pid = os.getpid()
-        meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "torch_xla_core"}}]
+        meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "torch_xla_core"}},
+                {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": -1}}]
         meta += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": n}}
                  for tid, n in self._threads.items()]
+        device, shift = self._device_events()
         with _lock:
             events = sorted(self.events, key=lambda e: e["ts"])
+        if shift:
+            events = [dict(e, ts=e["ts"] + shift) for e in events]
         with open(self.path, "w") as f:
-            json.dump({"traceEvents": meta + events, "displayTimeUnit": "ms"}, f)
+            json.dump({"traceEvents": meta + events + device, "displayTimeUnit": "ms"}, f)
 
 
 def _check_writable(directory: str) -> None:
@@ -114,15 +170,18 @@ def _check_writable(directory: str) -> None:
 
 
 @contextmanager
-def trace(directory: str, top_ops: int = 10):
+def trace(directory: str, top_ops: int = 10, device: bool = True):
     """Records a Chrome trace of the block into `directory` (made if missing;
-    checked writable before the block runs). Yields the Trace (its `path`)."""
+    checked writable before the block runs). Yields the Trace (its `path`).
+    device=True merges JAX's profiler trace (PJRT, XLA) into the same file."""
     global _active
     if _active is not None:
         raise RuntimeError("txc.profiler.trace: a trace is already being recorded; nest steps with "
                            "txc.profiler.step(n) instead")
     _check_writable(directory)
-    t = Trace(directory, top_ops)
+    t = Trace(directory, top_ops, device)
+    if device:
+        t.start_device()
     _active = t
     executor._sync_listeners.append(t.on_plan)
     metrics.add_listener(t.on_timer)
@@ -133,6 +192,8 @@ def trace(directory: str, top_ops: int = 10):
         executor._sync_listeners.remove(t.on_plan)
         t.add("trace", t._trace_start, time.perf_counter())  # traced after the last sync
         _active = None
+        if device:
+            t.stop_device()
         t.write()
 
 
@@ -142,8 +203,15 @@ def step(n):
     when no trace is being recorded)."""
     t = _active
     start = time.perf_counter()
+    annotation = None
+    if t is not None and t.device:
+        import jax
+        annotation = jax.profiler.StepTraceAnnotation("train", step_num=n)
+        annotation.__enter__()
     try:
         yield
     finally:
+        if annotation is not None:
+            annotation.__exit__(None, None, None)
         if t is not None:
             t.add(f"step {n}", start, time.perf_counter(), {"step": n})

@@ -1,7 +1,8 @@
 """A data-parallel training step in every process of
 `python -m torch_xla_core.launch` (tests/test_multiprocess.py): one global
 mesh over all processes' devices; each process writes what it saw to
-<out dir>/rank<r>.json. With argv[2] == "die": process 1 exits at once."""
+<out dir>/rank<r>.json (with its compile and persistent-cache hit counts:
+tests/test_compile_cache.py). With argv[2] == "die": process 1 exits at once."""
 import json, os, sys
 import torch, torch_xla_core as txc, torch_xla_core.sharding as xs
 if len(sys.argv) > 2 and sys.argv[2] == "die" and os.environ.get("TXC_PROCESS_ID") == "1":
@@ -21,5 +22,7 @@ for _ in range(3):
     losses.append(loss.item())
 out = {"rank": txc.global_ordinal(), "world": txc.world_size(), "local": txc.local_ordinal(), "devices": n,
        "losses": losses, "params": [p.cpu().tolist() for p in model.parameters()],
-       "shards": [list(s.shape) for s in xs.local_shards(x)]}
+       "shards": [list(s.shape) for s in xs.local_shards(x)],
+       "compile": txc.metrics.counters().get("compile", 0),
+       "hit": txc.metrics.counters().get("persistent_cache_hit", 0)}
 json.dump(out, open(os.path.join(sys.argv[1], f"rank{txc.global_ordinal()}.json"), "w"))

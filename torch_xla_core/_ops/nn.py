@@ -197,9 +197,8 @@ _EMPTY_I64 = code(torch.int64)
 def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
-    if q.dim() >= 3 and k.dim() == q.dim() and q.shape[-3] != k.shape[-3] and not enable_gqa:
-        raise RuntimeError(f"scaled_dot_product_attention: query has {q.shape[-3]} heads and key/value "
-                           f"{k.shape[-3]}: pass enable_gqa=True for grouped-query attention")
+    if not enable_gqa:
+        q, k, v = _sdpa_broadcast(q, k, v)
     from ..kernels import attention as kernels
     if kernels.sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa):
         from .. import metrics
@@ -210,6 +209,24 @@ def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=
                                                        enable_gqa=enable_gqa)[0]
     return aten._scaled_dot_product_fused_attention_overrideable(q, k, v, attn_mask, 0.0, is_causal, False,
                                                                  scale=scale)[0]
+
+
+def _sdpa_broadcast(q, k, v):
+    """torch broadcasts the batch dims (all but the last two) of q, k and v
+    against each other (a multi-query model passes k/v with one head, Falcon
+    does): expand them to the common shape (views; autograd sums the grads
+    back), or raise torch's kind of error naming the shapes."""
+    bq, bk, bv = q.shape[:-2], k.shape[:-2], v.shape[:-2]
+    if bq == bk == bv:
+        return q, k, v
+    try:
+        b = torch.broadcast_shapes(bq, bk, bv)
+    except RuntimeError:
+        hint = (f" (query has {q.shape[-3]} heads and key/value {k.shape[-3]}: pass enable_gqa=True for "
+                f"grouped-query attention)" if q.dim() >= 3 and k.dim() == q.dim() else "")
+        raise RuntimeError(f"scaled_dot_product_attention: the batch dims of query {list(q.shape)}, key "
+                           f"{list(k.shape)} and value {list(v.shape)} do not broadcast{hint}") from None
+    return (q.expand(*b, *q.shape[-2:]), k.expand(*b, *k.shape[-2:]), v.expand(*b, *v.shape[-2:]))
 
 
 def _scale(q, scale):

@@ -1,6 +1,8 @@
 """nn ops whose backward is the derivative of their forward composition:
 grid_sampler_2d/3d (3d's forward written here, 2d's from torch._decomp),
-ctc_loss (the alpha recursion as one scan over time).
+ctc_loss (the alpha recursion as one scan over time), weight norm (torch's
+_weight_norm_interface decomposition: nn.utils.weight_norm, wav2vec2's
+positional convolution).
 Their backward kernels re-trace the forward from core ops and differentiate
 it with autograd, re-entered inside the handler (vjp() below): one
 definition per op, forward and backward always consistent, no hand-written
@@ -218,3 +220,13 @@ def ctc_loss_backward(grad, lp, targets, input_lengths, target_lengths, nll, log
         impossible = torch.isinf(_lse(last.gather(1, end).squeeze(1), prev))
         g = torch.where(impossible.reshape(1, -1, 1), 0, g)
     return g
+
+
+# ---- weight norm -----------------------------------------------------------------
+
+@impl(aten._weight_norm_interface_backward.default)
+def weight_norm_backward(grad_w, v, g, norms, dim):
+    from torch._decomp import decomposition_table
+    fwd = decomposition_table[aten._weight_norm_interface.default]
+    gv, gg = vjp(lambda v_, g_: fwd(v_, g_, dim)[0], (v, g), grad_w)
+    return gv, gg

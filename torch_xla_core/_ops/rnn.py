@@ -4,7 +4,9 @@ accelerator devices, xla included: `_thnn_fused_lstm_cell`,
 elementwise core ops (the gate matmuls stay outside, as torch issues them).
 The workspace layouts are ours (each backward reads what its forward saved):
 LSTM [i, f, g, o] (activated gates, [B, 4H]); GRU [r, z, n, hx, hn] ([B, 5H],
-hn including the hidden bias). Same math as torch's CUDA kernels."""
+hn including the hidden bias). Same math as torch's CUDA kernels.
+Also _pack_padded_sequence (packed inputs to LSTM/GRU), whose batch_sizes
+stay on the host."""
 import torch
 
 from . import aten, impl
@@ -74,3 +76,37 @@ def gru_cell_backward(grad_hy, workspace, has_bias):
     if has_bias:
         return grad_input, grad_hidden, d_hx, grad_input.sum(0), grad_hidden.sum(0)
     return grad_input, grad_hidden, d_hx, None, None
+
+
+@impl(aten._pack_padded_sequence.default)
+def pack_padded_sequence(x, lengths, batch_first):
+    """nn.utils.rnn.pack_padded_sequence: `lengths` live on the host (torch
+    requires it), so batch_sizes are computed there and stay a CPU tensor,
+    as PackedSequence requires; the data are the time steps' live rows,
+    concatenated (static shapes: slices and one cat on the device)."""
+    if lengths.device.type != "cpu" or lengths.dim() != 1:
+        raise RuntimeError(f"_pack_padded_sequence: 'lengths' must be a 1-D CPU int64 tensor, got "
+                           f"{lengths.dim()}-D on {lengths.device}")
+    if batch_first:
+        x = x.transpose(0, 1)
+    ls = [int(v) for v in lengths.tolist()]
+    if not ls or x.shape[1] != len(ls):
+        raise RuntimeError(f"_pack_padded_sequence: expected {x.shape[1]} lengths (the batch size), got {len(ls)}")
+    if min(ls) <= 0:
+        raise RuntimeError("Length of all samples has to be greater than 0, but found an element in 'lengths' "
+                           "that is <= 0")
+    if any(a < b for a, b in zip(ls, ls[1:])):
+        raise RuntimeError("`lengths` array must be sorted in decreasing order when `enforce_sorted` is True. "
+                           "You can pass `enforce_sorted=False` to pack_padded_sequence and/or pack_sequence to "
+                           "sidestep this requirement if you do not need ONNX exportability.")
+    if ls[0] > x.shape[0]:
+        raise RuntimeError(f"_pack_padded_sequence: a length {ls[0]} exceeds the sequence length {x.shape[0]}")
+    batch_sizes = [sum(1 for n in ls if n > t) for t in range(ls[0])]
+    steps, t = [], 0
+    while t < ls[0]:  # runs of time steps with the same batch size: one slice each
+        b, end = batch_sizes[t], t
+        while end < ls[0] and batch_sizes[end] == b:
+            end += 1
+        steps.append(x[t:end, :b].reshape(-1, *x.shape[2:]))
+        t = end
+    return torch.cat(steps), torch.tensor(batch_sizes, dtype=torch.int64)

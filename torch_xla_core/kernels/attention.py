@@ -22,9 +22,17 @@ multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices,
     Query i of sequence b sees kv positions < kv_lens[b] and
     <= kv_lens[b] - effective_q_lens[b] + i (prefix caching / chunked
     prefill); a query that sees nothing gives zeros. The block sizes are
-    validated as torch_xla does (pps % num_kv_pages_per_compute_block == 0);
-    every platform computes it with the jax implementation here (gather the
-    pages, masked softmax): no Pallas kernel for it is written yet.
+    validated as torch_xla does (pps % num_kv_pages_per_compute_block == 0).
+    Two implementations (paged_attention.py), chosen by impl= or
+    TXC_PAGED_ATTENTION_IMPL:
+      "pallas": the Pallas kernel written here. TPU: compiled by Mosaic (the
+        default there). CPU/GPU: the same kernel body through Pallas'
+        interpreter (pallas_call(interpret=True): plain HLO, stays in our
+        graph and in scan bodies; slow, for correctness).
+      "xla": gather the pages + masked softmax in XLA ops (the default off
+        TPU, where it is much faster than the interpreted kernel).
+    Differentiable either way (the kernel's backward is the gather
+    implementation's vjp).
 
 F.scaled_dot_product_attention goes to flash_attention where set_sdpa_kernel /
 TXC_SDPA_KERNEL allow it (default "auto": on TPU, for calls the kernel takes,
@@ -141,31 +149,37 @@ def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=No
                     causal=bool(causal), sm_scale=float(sm_scale), impl=impl)
 
 
-def _mqpa_jax(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, *, soft_cap):
-    jax, jnp = _jax()
-    b, nq, hq, d = q.shape
-    hkv, _, page, _ = k_pages.shape
-    pps = page_indices.shape[1]
-    k = jnp.take(k_pages, page_indices, axis=1).reshape(hkv, b, pps * page, d).transpose(1, 0, 2, 3)
-    v = jnp.take(v_pages, page_indices, axis=1).reshape(hkv, b, pps * page, d).transpose(1, 0, 2, 3)
-    k, v = _repeat(jnp, k, hq).astype(jnp.float32), _repeat(jnp, v, hq).astype(jnp.float32)
-    logits = jnp.einsum("bqhd,bhtd->bhqt", q.astype(jnp.float32), k)
-    if soft_cap is not None:
-        logits = jnp.tanh(logits / soft_cap) * soft_cap
-    t = jnp.arange(pps * page)
-    limit = (kv_lens - eff_q_lens)[:, None] + jnp.arange(nq)[None, :]
-    mask = (t[None, None, :] <= limit[:, :, None]) & (t[None, None, :] < kv_lens[:, None, None])
-    logits = jnp.where(mask[:, None], logits, MASK_VALUE)
-    p = jax.nn.softmax(logits, axis=-1)
-    o = jnp.einsum("bhqt,bhtd->bqhd", p, v)
-    o = jnp.where(mask.any(-1)[:, :, None, None], o, 0.0)
-    return o.astype(q.dtype)
+def _mqpa_entry(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, *, impl, ppcb, bq, soft_cap):
+    from . import paged_attention as pa
+    if impl == "xla":
+        return pa.paged_attention_xla(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, soft_cap=soft_cap)
+    return pa.paged_attention_kernel(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, ppcb, bq, soft_cap,
+                                     impl == "interpret")
+
+
+_PAGED_IMPLS = ("pallas", "xla")
+
+
+def paged_attention_impl(platform=None) -> str:
+    """Which implementation multi_queries_paged_attention uses when impl is
+    None: TXC_PAGED_ATTENTION_IMPL ("pallas" or "xla") if set, else "pallas"
+    on TPU and "xla" (the gather implementation) elsewhere."""
+    import os
+    env = os.environ.get("TXC_PAGED_ATTENTION_IMPL")
+    if env is not None:
+        if env not in _PAGED_IMPLS:
+            raise ValueError(f"TXC_PAGED_ATTENTION_IMPL must be one of {_PAGED_IMPLS}, got {env!r}")
+        return env
+    return "pallas" if (platform or runtime.platform()) == "tpu" else "xla"
 
 
 def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens,
                                   num_kv_pages_per_compute_block, num_queries_per_compute_block,
-                                  attn_logits_soft_cap=None):
-    """See the module comment."""
+                                  attn_logits_soft_cap=None, *, impl=None):
+    """See the module comment. impl: None (paged_attention_impl()), "pallas"
+    (the Pallas kernel of paged_attention.py: compiled by Mosaic on TPU, run
+    as plain HLO through Pallas' interpreter elsewhere) or "xla" (the gather
+    implementation)."""
     op = "multi_queries_paged_attention"
     _need(q.dim() == 4, f"{op}: q must be [batch, queries, q_heads, head_dim], got {list(q.shape)}")
     _need(k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
@@ -194,7 +208,23 @@ def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, ef
         _checks.require(((kv_lens > pps * page) | (effective_q_lens > kv_lens) | (kv_lens < 0))._lt,
                         f"{op}: need 0 <= effective_q_lens <= kv_lens <= pages_per_seq * page_size ({pps * page})",
                         ValueError)
-    return call_jax(_mqpa_jax, q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens,
+    platform = runtime.platform()
+    impl = impl or paged_attention_impl(platform)
+    _need(impl in _PAGED_IMPLS, f"{op}: impl must be None, 'pallas' or 'xla', got {impl!r}")
+    bq = min(num_queries_per_compute_block, nq)
+    if impl == "pallas" and platform == "tpu":  # Mosaic's tiling: blocks of (8, 128) or whole dims
+        _need(bq == nq or bq % 8 == 0,
+              f"{op}: num_queries_per_compute_block ({num_queries_per_compute_block}) must be a multiple of 8 or "
+              f">= the query count ({nq}) for the TPU kernel")
+        _need(page % 8 == 0, f"{op}: the TPU kernel needs a page_size that is a multiple of 8 (got {page})")
+        _need(page * num_kv_pages_per_compute_block % 128 == 0,
+              f"{op}: the TPU kernel needs num_kv_pages_per_compute_block * page_size to be a multiple of 128 "
+              f"(got {num_kv_pages_per_compute_block} * {page})")
+        _need(d < 128 or d % 128 == 0, f"{op}: the TPU kernel needs head_dim < 128 or a multiple of 128 (got {d})")
+    if impl == "pallas" and platform != "tpu":
+        impl = "interpret"
+    return call_jax(_mqpa_entry, q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens, impl=impl,
+                    ppcb=int(num_kv_pages_per_compute_block), bq=int(bq),
                     soft_cap=None if attn_logits_soft_cap is None else float(attn_logits_soft_cap))
 
 

@@ -1,0 +1,244 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP), as
+torch_xla's SPMDSavePlanner / SPMDLoadPlanner: each process writes only the
+pieces of the xla tensors that lie on its own devices, and reads back only
+the pieces its devices need, in whatever layout the tensors it loads into
+have now (another mesh or partition spec: resharding on load).
+
+    import torch.distributed.checkpoint as dcp
+    from torch_xla_core.distributed_checkpoint import SPMDSavePlanner, SPMDLoadPlanner
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.save(state, checkpoint_id=path, planner=SPMDSavePlanner())
+    # later, possibly sharded another way (mark_sharding the new model first):
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.load(state, checkpoint_id=path, planner=SPMDLoadPlanner())
+    opt.load_state_dict(state["optim"])   # its hyper-parameters; tensors are loaded in place
+
+Saving: an xla tensor becomes one DCP chunk per distinct piece on this
+process's devices (a replicated piece held by several devices or processes
+is listed by each, and DCP's dedup keeps one writer); its chunks together
+cover the tensor once, so DCP's metadata describes the whole tensor and any
+layout can read it. A tensor on one device is one chunk. Everything else
+(CPU tensors, Python values) is DCP's default.
+
+Loading: each xla tensor asks for the chunks its current layout puts on
+this process's devices (DCP's create_read_items_for_chunk_list works out
+which saved chunks overlap them); the reads land in host buffers, and when
+a tensor's last read is in, its pieces go straight to their devices and the
+tensor's storage takes the new value in place (parameters, optimizer state
+and their aliases keep their identity; no gather onto one device).
+
+Several processes (torch_xla_core.launch): DCP coordinates its plans
+through torch.distributed, so every process calls
+torch.distributed.init_process_group("gloo") first (the launcher sets
+MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE), and all of them call
+dcp.save / dcp.load with the same state dict keys. A multi-process save
+without that process group is refused (DCP would let every process write
+a metadata file of its own pieces only)."""
+import dataclasses
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
+                                                          create_default_local_load_plan)
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import (LoadPlan, ReadItem, SavePlan, TensorWriteData, WriteItem,
+                                                  WriteItemType)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from . import _C, _dtypes, _tensor, metrics, runtime
+from ._tensor import XlaTensor
+
+__all__ = ["SPMDSavePlanner", "SPMDLoadPlanner"]
+
+
+def _check_process_group(what: str) -> None:
+    import jax
+    runtime.backend()
+    n = jax.process_count()
+    if n > 1 and not torch.distributed.is_initialized():
+        raise RuntimeError(
+            f"{what}: this is one of {n} processes, but torch.distributed has no process group, so DCP cannot "
+            f"coordinate them (each process would write a checkpoint of its own pieces only). Call "
+            f"torch.distributed.init_process_group('gloo') in every process first (torch_xla_core.launch sets "
+            f"MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE for it).")
+
+
+def _buffer(t: XlaTensor):
+    from .sharding import _buffer
+    return _buffer(t)
+
+
+def _compute(tensors) -> None:
+    """Computes the pending ones among these xla tensors in one sync (not one
+    graph per tensor)."""
+    from .sharding import _whole
+    pending = []
+    for t in tensors:
+        lt = _whole(t) or t._lt  # a parameter is an alias of its storage: compute the storage
+        if not lt.is_data:
+            pending.append(lt)
+    if pending:
+        _tensor.sync_lazy(pending)
+
+
+def _pieces(buf) -> list:
+    """The distinct pieces of buf on this process's devices: (offsets, sizes,
+    the jax shards (one per device) that hold it)."""
+    out = {}
+    for s in buf.addressable_shards:
+        box = tuple(slice(*sl.indices(n)[:2]) for sl, n in zip(s.index, buf.shape))
+        offsets = tuple(sl.start for sl in box)
+        sizes = tuple(sl.stop - sl.start for sl in box)
+        out.setdefault((offsets, sizes), []).append(s)
+    return [(o, z, shards) for (o, z), shards in sorted(out.items())]
+
+
+class SPMDSavePlanner(DefaultSavePlanner):
+    """DCP save planner for state dicts holding xla tensors, sharded or not:
+    each process writes the pieces on its own devices (see the module doc)."""
+
+    def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False) -> None:
+        _check_process_group("SPMDSavePlanner")
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+        self._xla = {}   # fqn -> {offsets: single-device jax array holding that piece}
+
+    def create_local_plan(self) -> SavePlan:
+        items = []
+        rest = {}
+        _compute([v for v in self.state_dict.values() if isinstance(v, XlaTensor)])
+        for fqn, obj in self.state_dict.items():
+            if not isinstance(obj, XlaTensor):
+                rest[fqn] = obj
+                continue
+            buf = _buffer(obj)
+            props = TensorProperties(dtype=obj.dtype)
+            pieces = self._xla[fqn] = {}
+            for offsets, sizes, shards in _pieces(buf):
+                pieces[offsets] = shards[0].data
+                items.append(WriteItem(
+                    index=MetadataIndex(fqn, offsets), type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes)),
+                                                properties=props, size=obj.size())))
+        saved, self.state_dict = self.state_dict, rest
+        try:
+            plan = super().create_local_plan()  # DCP's items for everything that is not an xla tensor
+        finally:
+            self.state_dict = saved
+        self.plan = dataclasses.replace(plan, items=list(plan.items) + items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem):
+        pieces = self._xla.get(write_item.index.fqn)
+        if pieces is None:
+            return super().resolve_data(write_item)
+        metrics.counter_add("checkpoint_write_piece")
+        return runtime.to_host(pieces[tuple(write_item.index.offset)])
+
+
+class _Target:
+    """An xla tensor being loaded: its layout now and one host buffer per
+    distinct piece on this process's devices, filled by DCP's reads (made
+    at the first read, dropped once the pieces are on the devices)."""
+
+    def __init__(self, fqn, t: XlaTensor):
+        from .sharding import _whole
+        self.fqn, self.t = fqn, t
+        self.buf = _buffer(t)
+        self.whole = _whole(t)
+        self.pieces = {}   # offsets -> (sizes, shards holding that piece)
+        if self.whole is None:  # a view of part of a storage: read all of it, copy it in (install)
+            self.pieces[(0,) * t.dim()] = (tuple(t.shape), [])
+        else:
+            for offsets, sizes, shards in _pieces(self.buf):
+                self.pieces[offsets] = (sizes, shards)
+        self.host = {}     # offsets -> host tensor being filled
+        self.pending = 0
+
+    def host_piece(self, offsets) -> torch.Tensor:
+        h = self.host.get(offsets)
+        if h is None:
+            h = self.host[offsets] = torch.empty(self.pieces[offsets][0], dtype=self.t.dtype)
+        return h
+
+    def chunks(self) -> list:
+        return [ChunkStorageMetadata(torch.Size(o), torch.Size(z)) for o, (z, _) in self.pieces.items()]
+
+    def install(self) -> None:
+        """Moves the filled pieces to their devices; the tensor takes the new value."""
+        import jax
+        t, buf = self.t, self.buf
+        code = _dtypes.code(t.dtype)
+        if self.whole is None:  # a view of part of a storage: an ordinary (lazy) copy into it
+            (host,) = self.host.values()
+            with torch.no_grad():
+                t.copy_(host.to(t.device))
+            self.host = {}
+            return
+        arrays = []
+        with jax.enable_x64(True):
+            for offsets, (sizes, shards) in self.pieces.items():
+                host = self.host[offsets]
+                a = host.view(torch.int16).numpy().view(_dtypes.NUMPY[code]) if t.dtype == torch.bfloat16 else \
+                    host.numpy()
+                arrays += [jax.device_put(np.array(a, copy=True), s.device) for s in shards]
+            if len(buf.sharding.device_set) == 1:
+                new, device = arrays[0], runtime.device_index(arrays[0])
+            else:  # one global array over the mesh, in the layout the tensor had
+                new, device = jax.make_array_from_single_device_arrays(tuple(buf.shape), buf.sharding, arrays), 0
+        self.whole.assign(_C.from_data(new, code, list(t.shape), device))
+        self.host = {}
+        metrics.counter_add("checkpoint_load_tensor")
+
+
+class SPMDLoadPlanner(DefaultLoadPlanner):
+    """DCP load planner for state dicts holding xla tensors: each tensor is
+    read in its current layout, only the pieces on this process's devices
+    (resharding from however it was saved; see the module doc)."""
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
+        _check_process_group("SPMDLoadPlanner")
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        _compute([v for v in self.state_dict.values() if isinstance(v, XlaTensor)])
+        self._targets = {fqn: _Target(fqn, obj) for fqn, obj in self.state_dict.items() if isinstance(obj, XlaTensor)}
+
+    def create_local_plan(self) -> LoadPlan:
+        rest = {k: v for k, v in self.state_dict.items() if k not in self._targets}
+        plan = create_default_local_load_plan(rest, self.metadata, not self.allow_partial_load)
+        items = list(plan.items)
+        for fqn, tgt in self._targets.items():
+            md = self.metadata.state_dict_metadata.get(fqn)
+            if md is None:
+                if self.allow_partial_load:
+                    continue
+                raise RuntimeError(f"SPMDLoadPlanner: the checkpoint has no entry {fqn!r}; its entries start "
+                                   f"{sorted(self.metadata.state_dict_metadata)[:8]} (allow_partial_load=True "
+                                   f"skips missing ones)")
+            if not isinstance(md, TensorStorageMetadata):
+                raise RuntimeError(f"SPMDLoadPlanner: checkpoint entry {fqn!r} is not a tensor, but the state dict "
+                                   f"holds an xla tensor of shape {list(tgt.t.shape)} there")
+            if tuple(md.size) != tuple(tgt.t.shape):
+                raise ValueError(f"SPMDLoadPlanner: {fqn!r} was saved with shape {list(md.size)} but the tensor "
+                                 f"to load into has shape {list(tgt.t.shape)}")
+            reads = create_read_items_for_chunk_list(fqn, md, tgt.chunks())
+            tgt.pending = len(reads)
+            items += reads
+        return dataclasses.replace(plan, items=items)
+
+    def resolve_tensor(self, read_item: ReadItem):
+        tgt = self._targets.get(read_item.dest_index.fqn)
+        if tgt is None:
+            return super().resolve_tensor(read_item)
+        host = tgt.host_piece(tuple(read_item.dest_index.offset))
+        for d, (o, n) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+            host = host.narrow(d, o, n)
+        return host
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        tgt = self._targets.get(read_item.dest_index.fqn)
+        if tgt is None:
+            return super().commit_tensor(read_item, tensor)
+        metrics.counter_add("checkpoint_read_piece")
+        tgt.pending -= 1
+        if tgt.pending == 0:
+            tgt.install()
