@@ -12,7 +12,7 @@ from torch.utils._mode_utils import no_dispatch
 
 from . import _C, _checks, _dtypes, _trace_context, executor, runtime, serialization
 
-DEVICE = None  # torch.device("xla", 0), set by configure() (torch_xla_core/_device.py)
+DEVICE = None  # torch.device("xla", 0), set by configure() (called at import, torch_xla_core/__init__.py)
 HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs): a _C.Mapping or a function
 
 

@@ -119,11 +119,24 @@ IndexPlan index_plan(const Node& n, const Node& x, size_t first, const Dims& dim
   return p;
 }
 
-std::string index_indices(LowerCtx& cx, const Node& n, const Node& x, size_t first, const Dims& dims,
-                          const Dims& B) {
+// The lowering side of index / index_put (x = operand 0, indexed dims =
+// attribute 0, index tensors from operand `first`): the plan, and the
+// indices stacked as one gather/scatter operand of dims (B..., k).
+struct IndexLowering {
+  IndexPlan p;
+  std::string idx;
+  Dims idx_dims;
+};
+IndexLowering lower_indices(LowerCtx& cx, const Node& n, size_t first) {
+  const Node& x = *n.operands[0];
+  const Dims& dims = n.attr_dims(0);
+  IndexLowering r{index_plan(n, x, first, dims), "", {}};
   std::vector<std::string> comps;
-  for (size_t j = 0; j < dims.size(); ++j) comps.push_back(index_operand(cx, n, first + j, B, x.dims[dims[j]]));
-  return index_vector(cx, comps, B);
+  for (size_t j = 0; j < dims.size(); ++j) comps.push_back(index_operand(cx, n, first + j, r.p.B, x.dims[dims[j]]));
+  r.idx = index_vector(cx, comps, r.p.B);
+  r.idx_dims = r.p.B;
+  r.idx_dims.push_back(int64_t(dims.size()));
+  return r;
 }
 
 TXC_OP("index", -1,
@@ -136,14 +149,11 @@ TXC_OP("index", -1,
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[0];
          const Dims& dims = n.attr_dims(0);
-         IndexPlan p = index_plan(n, x, 1, dims);
-         std::string idx = index_indices(cx, n, x, 1, dims, p.B);
-         Dims idx_dims = p.B;
-         idx_dims.push_back(int64_t(dims.size()));
+         IndexLowering l = lower_indices(cx, n, 1);
          Dims slice = x.dims;
          for (auto d : dims) slice[d] = 1;
-         return cx.op("stablehlo.gather", {cx.in(n, 0), idx}, {LowerCtx::type(x), LowerCtx::type(DType::I64, idx_dims)},
-                      LowerCtx::type(n), gather_props(p.rest_pos, dims, dims, int64_t(p.B.size()), slice));
+         return cx.op("stablehlo.gather", {cx.in(n, 0), l.idx}, {LowerCtx::type(x), LowerCtx::type(DType::I64, l.idx_dims)},
+                      LowerCtx::type(n), gather_props(l.p.rest_pos, dims, dims, int64_t(l.p.B.size()), slice));
        });
 
 // index_put(x, values, i_0 .. i_k-1; dims, accumulate): x with x[indices] =
@@ -167,14 +177,11 @@ TXC_OP("index_put", -1,
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[0];
          const Dims& dims = n.attr_dims(0);
-         IndexPlan p = index_plan(n, x, 2, dims);
-         std::string idx = index_indices(cx, n, x, 2, dims, p.B);
-         Dims idx_dims = p.B;
-         idx_dims.push_back(int64_t(dims.size()));
-         std::string upd = cx.coerce(n, 1, x.dtype, p.out);
+         IndexLowering l = lower_indices(cx, n, 2);
+         std::string upd = cx.coerce(n, 1, x.dtype, l.p.out);
          const char* body = n.attr_int(1) ? (is_bool(x.dtype) ? "stablehlo.or" : "stablehlo.add") : "";
-         return scatter(cx, cx.in(n, 0), idx, upd, x.dtype, x.dims, idx_dims, p.out,
-                        scatter_props(p.rest_pos, dims, dims, int64_t(p.B.size())), body);
+         return scatter(cx, cx.in(n, 0), l.idx, upd, x.dtype, x.dims, l.idx_dims, l.p.out,
+                        scatter_props(l.p.rest_pos, dims, dims, int64_t(l.p.B.size())), body);
        });
 
 // ---- torch.gather / scatter ---------------------------------------------

@@ -264,12 +264,9 @@ TXC_OP("rng_bernoulli", -1,
          const Dims& d = n.dims;
          bool has_p = n.operands.size() == 3;
          DType c = has_p && n.operands[2]->dtype == DType::F64 ? DType::F64 : DType::F32;
-         std::string ty = LowerCtx::type(c, d);
          std::string u = uniform_bits(cx, n, d, c, c == DType::F64 ? 53 : 24, false);
          std::string p = has_p ? cx.coerce(n, 2, c, d) : cx.constant(n.attr_float(2), c, d);
-         std::string lt = cx.op("stablehlo.compare", {u, p}, {ty, ty}, LowerCtx::type(DType::Bool, d),
-                                "compare_type = #stablehlo<comparison_type FLOAT>, "
-                                "comparison_direction = #stablehlo<comparison_direction LT>");
+         std::string lt = cx.compare(u, p, c, d, "LT");
          if (n.dtype == DType::Bool) return lt;
          return cx.op("stablehlo.convert", {lt}, {LowerCtx::type(DType::Bool, d)}, LowerCtx::type(n));
        });
@@ -285,13 +282,14 @@ TXC_OP("rng_perm", 2,
          std::string keys = draw_bits(cx, n, d, "ui64");
          std::string ity = LowerCtx::type(DType::I64, d), kty = tstr(d, "ui64");
          std::string idx = cx.op("stablehlo.iota", {}, {}, ity, "iota_dimension = 0 : i64");
-         std::string a = cx.fresh(), b = cx.fresh(), i = cx.fresh(), j = cx.fresh(), lt = cx.fresh();
-         std::string su = tstr({}, "ui64"), si = "tensor<i64>";
-         std::string region = "({\n    ^bb0(" + a + ": " + su + ", " + b + ": " + su + ", " + i + ": " + si + ", " + j +
-                              ": " + si + "):\n      " + lt + " = \"stablehlo.compare\"(" + a + ", " + b +
-                              ") <{compare_type = #stablehlo<comparison_type UNSIGNED>, comparison_direction = "
-                              "#stablehlo<comparison_direction LT>}> : (" + su + ", " + su +
-                              ") -> tensor<i1>\n      \"stablehlo.return\"(" + lt + ") : (tensor<i1>) -> ()\n    })";
+         // the sort's region: (key a, key b, index, index) -> a < b on the unsigned keys
+         std::string su = tstr({}, "ui64"), si = "tensor<i64>", bt = "tensor<i1>";
+         std::vector<std::string> args{cx.fresh(), cx.fresh(), cx.fresh(), cx.fresh()};
+         std::string region = "(" + cx.region_text(args, {su, su, si, si}, [&] {
+           std::string lt = cx.op("stablehlo.compare", {args[0], args[1]}, {su, su}, bt,
+                                  LowerCtx::compare_props(DType::I64, "LT", "UNSIGNED"));
+           cx.region_return({lt}, {bt});
+         }) + ")";
          std::string r = cx.op_multi("stablehlo.sort", {keys, idx}, {kty, ity}, {kty, ity},
                                      "dimension = 0 : i64, is_stable = true", region);
          return cx.convert(r + "#1", DType::I64, n.dtype, d);

@@ -17,7 +17,10 @@ namespace txc {
 
 class GraphCut {
  public:
-  // roots: storages to compute; empty means every live storage.
+  // roots: storages to compute, or with all_live every live storage whose
+  // value is not device data (roots empty: an empty cut). Storages holding
+  // device data or a failed value are skipped (a failed root raises its
+  // error unless all_live).
   // device >= 0: only the roots whose value is on that device (-1, "any",
   // counts as 0); -2: all.
   explicit GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, int device = -2);

@@ -34,23 +34,13 @@ def sum_dim(x, dim, keepdim=False, *, dtype=None):
     return _reduce("sum", x, dim, keepdim, dtype)
 
 
-@impl(aten.mean.default)
-def mean(x, *, dtype=None):
-    return _reduce("mean", x, None, False, dtype)
-
-
-@impl(aten.mean.dim)
-def mean_dim(x, dim, keepdim=False, *, dtype=None):
+@impl(aten.mean.default, aten.mean.dim)
+def mean(x, dim=None, keepdim=False, *, dtype=None):
     return _reduce("mean", x, dim, keepdim, dtype)
 
 
-@impl(aten.prod.default)
-def prod(x, *, dtype=None):
-    return _reduce("prod", x, None, False, dtype)
-
-
-@impl(aten.prod.dim_int)
-def prod_dim(x, dim, keepdim=False, *, dtype=None):
+@impl(aten.prod.default, aten.prod.dim_int)
+def prod(x, dim=None, keepdim=False, *, dtype=None):
     return _reduce("prod", x, dim, keepdim, dtype)
 
 

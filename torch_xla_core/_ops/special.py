@@ -39,31 +39,29 @@ def _floating(x):
 
 
 # -- core ops: one mapping row per aten overload and its prims twin ----------
-for _core_name, _overloads in [
-    ("acosh", (aten.acosh.default, prims.acosh.default)),
-    ("asinh", (aten.asinh.default, prims.asinh.default)),
-    ("atanh", (aten.atanh.default, prims.atanh.default)),
-    ("erfc", (aten.erfc.default, prims.erfc.default)),
-    ("lgamma", (aten.lgamma.default, prims.lgamma.default)),
-    ("digamma", (aten.digamma.default, prims.digamma.default)),
-    ("log2", (aten.log2.default, prims.log2.default)),
-    ("log10", (aten.log10.default, prims.log10.default)),
-    ("exp2", (aten.exp2.default, prims.exp2.default)),
-    ("signbit", (aten.signbit.default, prims.signbit.default)),
-    ("bessel_i1e", (aten.special_i1e.default, prims.bessel_i1e.default)),
-    ("bessel_i1", (aten.special_i1.default, prims.bessel_i1.default, aten.special_modified_bessel_i1.default)),
-    ("spherical_bessel_j0", (aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default)),
+_U, _B = (XLA,), None  # unary: an xla tensor; binary: tensors or numbers
+for _core_name, _ranks, _overloads in [
+    ("acosh", _U, (aten.acosh.default, prims.acosh.default)),
+    ("asinh", _U, (aten.asinh.default, prims.asinh.default)),
+    ("atanh", _U, (aten.atanh.default, prims.atanh.default)),
+    ("erfc", _U, (aten.erfc.default, prims.erfc.default)),
+    ("lgamma", _U, (aten.lgamma.default, prims.lgamma.default)),
+    ("digamma", _U, (aten.digamma.default, prims.digamma.default)),
+    ("log2", _U, (aten.log2.default, prims.log2.default)),
+    ("log10", _U, (aten.log10.default, prims.log10.default)),
+    ("exp2", _U, (aten.exp2.default, prims.exp2.default)),
+    ("signbit", _U, (aten.signbit.default, prims.signbit.default)),
+    ("bessel_i1e", _U, (aten.special_i1e.default, prims.bessel_i1e.default)),
+    ("bessel_i1", _U, (aten.special_i1.default, prims.bessel_i1.default, aten.special_modified_bessel_i1.default)),
+    ("spherical_bessel_j0", _U, (aten.special_spherical_bessel_j0.default, prims.spherical_bessel_j0.default)),
+    ("round", _U, (prims.round.default,)),
+    ("fmax", _B, (aten.fmax.default, prims.fmax.default)),
+    ("fmin", _B, (aten.fmin.default, prims.fmin.default)),
+    ("hypot", _B, (aten.hypot.default, prims.hypot.default)),
+    ("nextafter", _B, (aten.nextafter.default, prims.nextafter.default)),
+    ("copysign", _B, (aten.copysign.Tensor, aten.copysign.Scalar)),
 ]:
-    mapping(*_overloads, op=_core_name, ranks=(XLA,))
-
-for _core_name, _overloads in [
-    ("fmax", (aten.fmax.default, prims.fmax.default)),
-    ("fmin", (aten.fmin.default, prims.fmin.default)),
-    ("hypot", (aten.hypot.default, prims.hypot.default)),
-    ("nextafter", (aten.nextafter.default, prims.nextafter.default)),
-    ("copysign", (aten.copysign.Tensor, aten.copysign.Scalar)),
-]:
-    mapping(*_overloads, op=_core_name)
+    mapping(*_overloads, op=_core_name, ranks=_ranks)
 
 
 @impl(aten.polygamma.default)
@@ -88,9 +86,6 @@ def round_decimals(x, *, decimals=0):
         return _op(OP.div, (r, scale), ())
     r = _make(OP.round, (_make(OP.div, (x._lt, scale), ()),), ())
     return _op(OP.mul, (r, scale), ())
-
-
-mapping(prims.round.default, op="round", ranks=(XLA,))
 
 
 @impl(aten.angle.default)
