@@ -6,14 +6,25 @@ from .._tensor import OP, _make, _op, wrap
 from . import XLA, Arg, aten, impl, mapping
 
 
-def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
-    # The core normalizes dims (None/[] = all, negatives, order); a dim out of
-    # range is torch's IndexError (norm(p=0, dim=3) sums over dim 3).
+def _axes(x, dim):
+    """dim as a list (None: []); a dim out of range is torch's IndexError
+    (norm(p=0, dim=3) sums over dim 3). The core normalizes the rest
+    (None/[] = all, negatives, order)."""
     axes = [] if dim is None else [dim] if isinstance(dim, int) else dim
     r = max(x.dim(), 1)
     for d in axes:
         if not -r <= d < r:
             raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
+    return axes
+
+
+def _check_dims(x, dim=None, *args, **kwargs):
+    """A sum mapping's check: words a refused dim as torch does."""
+    _axes(x, dim)
+
+
+def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
+    axes = _axes(x, dim)
     if name in ("sum", "mean", "prod"):
         return _op(getattr(OP, name), (x,), (axes, bool(keepdim), code(dtype) if dtype is not None else -1))
     return _op(getattr(OP, name), (x,), (axes, bool(keepdim)) + extra)
@@ -26,7 +37,7 @@ def sum_(x, *, dtype=None):
 
 # sum over dims: attributes (dims, keepdim, dtype code -1: the default); its
 # handler takes dtype= and dim=None.
-mapping(aten.sum.dim_IntList, op="sum", ranks=(XLA,), attrs=(Arg("dim"), Arg("keepdim"), -1))
+mapping(aten.sum.dim_IntList, op="sum", ranks=(XLA,), attrs=(Arg("dim"), Arg("keepdim"), -1), check=_check_dims)
 
 
 @impl(aten.sum.dim_IntList)
