@@ -10,7 +10,9 @@
     nox -s release                every Python of build/flavors.toml x both flavors,
                                   the sdist, twine check, glibc floors, a PEP 503
                                   index per flavor (release/index), pip resolution
-                                  checks per Python, then pytest -m release
+                                  checks per Python, a training step per Python
+                                  and flavor installed with its deps, pytest -m release
+    nox -s release_smoke          that training step alone on release/ as it is
     nox -s tests                  pytest tests (package installed from source)
     nox -s conformance            PyTorch's OpInfo samples, full sweep: every sample,
                                   forward and backward, float32/bfloat16/int64
@@ -124,6 +126,16 @@ def release(session: nox.Session) -> None:
     # tests need neither (they install the wheels into venvs of their own)
     session.run("pytest", "-m", "release", "--noconftest", "-p", "no:cacheprovider", "-q",
                 "-rs", "tests/test_release.py", env={"TXC_RELEASE_DIR": str(ROOT / "release")})
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def release_smoke(session: nox.Session) -> None:
+    """build/release.py smoke on release/ as it stands (a release machine's
+    repeat of the last step): per Python a fresh venv, each flavor installed
+    from its index served on 127.0.0.1 with its dependencies, then
+    docker/smoke.py's training step. Options after --: --python 3.12,
+    --flavor F, --partial."""
+    session.run("python", "build/release.py", "smoke", *session.posargs)
 
 
 @nox.session(python=PY, reuse_venv=True)
