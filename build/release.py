@@ -608,7 +608,9 @@ def summary() -> None:
     if rep.get("pythons_missing"):
         print(f"not built (no interpreter here): Python {', '.join(rep['pythons_missing'])}")
     if "total_seconds" in rep:
-        print(f"total: {rep['total_seconds']:.0f} s")
+        print(f"total (`all`): {rep['total_seconds']:.0f} s")
+    if "smoke_seconds" in rep:
+        print(f"smoke step: {rep['smoke_seconds']:.0f} s")
 
 
 def main(argv=None) -> int:
