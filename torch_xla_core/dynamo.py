@@ -78,6 +78,28 @@ def make_traceable() -> None:
         infer_subclass_type._txc = True
         builder.infer_subclass_type = infer_subclass_type
 
+    # Fake tensor mode: an XlaTensor met while tracing (torch.tensor(...,
+    # device="xla") made inside the compiled region) is a real tensor to be
+    # made fake, not a subclass to hand the op to.
+    from torch._subclasses import fake_tensor
+    is_subclass = fake_tensor._check_for_subclass_arg
+    if not getattr(is_subclass, "_txc", False):
+        def _check_for_subclass_arg(x):
+            return type(x) is not XlaTensor and is_subclass(x)
+        _check_for_subclass_arg._txc = True
+        fake_tensor._check_for_subclass_arg = _check_for_subclass_arg
+
+    # torch.tensor(data, device="xla") under fake tensor mode: made on the CPU
+    # and moved as a fake tensor (what torch does when no accelerator needs
+    # initializing; our PrivateUse1 device needs none, so it does not count).
+    init = fake_tensor.FakeTensorMode.avoid_device_init
+    if not getattr(init.fget, "_txc", False):
+        def avoid_device_init(self):
+            return init.fget(self) or not (torch.cuda.is_available() or torch.xpu.is_available() or (
+                hasattr(torch, "hpu") and torch.hpu.is_available()))
+        avoid_device_init._txc = True
+        fake_tensor.FakeTensorMode.avoid_device_init = property(avoid_device_init)
+
     # aot_autograd compiles against fake tensors of type torch.Tensor; at run
     # time the tangents are XlaTensors: the same tensor as far as it goes.
     def coerce(self, expected_metadata, expected_type=None):
@@ -86,12 +108,66 @@ def make_traceable() -> None:
     _traceable = True
 
 
+_aten = torch.ops.aten
+
+
+def _prepare(gm):
+    """Rewrites an aot_autograd graph for replay; returns the tensors to pass
+    after the graph's own arguments:
+    - a constant moved to the device (torch.tensor(data, device="xla") in
+      the model: get_attr CPU data -> ... -> _to_copy(device=xla)), and a
+      device tensor held as a graph attribute, become extra inputs, uploaded
+      once: replay binds inputs, it does not upload;
+    - aten.view becomes aten.reshape: the graph is functional, and a view
+      that fake tensors allowed may not fit our tensors' strides (an op whose
+      xla result is laid out otherwise than its meta kernel says, e.g. SDPA);
+      reshape is then a copy of the same values."""
+    g = gm.graph
+    consts = {}   # node -> its constant value (CPU)
+    extra = []    # (node, tensor) to become inputs
+
+    def value(a):
+        return consts[a] if isinstance(a, torch.fx.Node) else a
+
+    for n in list(g.nodes):
+        if n.op == "get_attr":
+            v = getattr(gm, n.target, None)
+            if isinstance(v, XlaTensor):
+                extra.append((n, v))
+            elif isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                consts[n] = v
+        elif n.op == "call_function" and n.target is _aten.view.default:
+            n.target = _aten.reshape.default
+        elif n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            nodes = n.all_input_nodes
+            if not nodes or any(a not in consts for a in nodes):
+                continue
+            args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), value)
+            out = n.target(*args, **kwargs)
+            if isinstance(out, XlaTensor):
+                extra.append((n, out))
+            elif isinstance(out, torch.Tensor) and out.device.type == "cpu":
+                consts[n] = out
+    if extra:
+        first = next(n for n in g.nodes if n.op != "placeholder")
+        for k, (n, _) in enumerate(extra):
+            with g.inserting_before(first):
+                ph = g.placeholder(f"txc_const_{k}")
+            ph.meta.update(n.meta)
+            n.replace_all_uses_with(ph)
+        g.eliminate_dead_code()
+    gm.recompile()
+    return tuple(t for _, t in extra)
+
+
 class _FxCall:
-    """Calls an FX graph module (a callable without __code__: replay.Compiled
-    then guards only its arguments, not the graph's globals)."""
+    """Calls an FX graph module with its uploaded constants (a callable
+    without __code__: replay.Compiled then guards only its arguments, not
+    the graph's globals)."""
 
     def __init__(self, gm, kind):
         self.gm = gm
+        self.consts = _prepare(gm)
         self.__qualname__ = self.__name__ = f"torch.compile {kind} graph"
 
     def __call__(self, *args):
@@ -104,8 +180,8 @@ class _Graph:
 
     def __init__(self, gm, kind):
         self._boxed_call = True  # functorch's marker of a boxed function (in __dict__: wrappers copy it)
-        self._fx = _FxCall(gm, kind)
-        self._compiled = replay.Compiled(self._fx)
+        self._gm, self._kind = gm, kind
+        self._fx = self._compiled = None
         self._plain = None  # True: no xla tensor among the inputs (runs as is)
 
     def __call__(self, args):
@@ -113,10 +189,13 @@ class _Graph:
         args.clear()
         if self._plain is None:
             self._plain = not any(isinstance(x, XlaTensor) for x in a)
+            if not self._plain:
+                self._fx = _FxCall(self._gm, self._kind)
+                self._compiled = replay.Compiled(self._fx)
         if self._plain:
-            return self._fx(*a)
+            return self._gm(*a)
         with torch.no_grad():  # aot_autograd's graphs are differentiated already; autograd is its wrapper's
-            return self._compiled(*a)
+            return self._compiled(*a, *self._fx.consts)
 
 
 def _compiler(kind):

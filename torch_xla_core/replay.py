@@ -118,13 +118,15 @@ class _Walk:
         view = None
         if lt.is_data:
             key = id(lt.data)
-        elif lt.is_view:  # a view reads its storage: the same ops, strides and offset over the same shape
+        elif lt.is_view:
+            lone = lt.storage_refs == 1 and t.is_contiguous()  # (before root(), another reference)
             r = lt.root()
             key = id(r.data) if r.is_data else lt.storage_id
             ops = tuple(op for op in lt.view_ops if op != "alias")
-            if ops or lt.shape != r.shape:  # not just an alias (_alias_only)
-                view = (ops, r.shape, t.stride(), t.storage_offset(),
-                        lt.storage_refs == 1 and t.is_contiguous())  # own-able (_own_storage) or not
+            if (ops or lt.shape != r.shape) and not lone:
+                # a view sharing its storage (_own_storage leaves it): it reads its storage, so the same
+                # ops, strides and offset over the same storage shape
+                view = (ops, r.shape, t.stride(), t.storage_offset())
         else:
             key = lt.storage_id
         self.sig.append((t.shape, t.dtype, t.requires_grad, self.first.setdefault(key, len(self.tensors) - 1), view))
