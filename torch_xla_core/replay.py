@@ -458,7 +458,7 @@ class Compiled:
                 metrics.counter_add("replay_refused")
                 return self._warn_refused(why, out)
         try:
-            rec = self._capture(sig, pre, src, args, kwargs, out, slots, rng_in)
+            rec, outs = self._capture(sig, pre, src, args, kwargs, out, slots, rng_in)
         except _Refused as e:
             self._refused[sig] = str(e)
             metrics.counter_add("replay_refused")
@@ -467,6 +467,7 @@ class Compiled:
         if rec is not None and len(self._recordings) < MAX_RECORDINGS:
             self._recordings[sig] = rec
             metrics.counter_add("replay_record")
+            return _returned(rec, pre.tensors, outs)  # what a replay returns (detached, the same views)
         return out
 
     def _warn_refused(self, why, out):
@@ -581,7 +582,7 @@ class Compiled:
         if len(claimed) != len(outs):
             raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
                            f"outputs (their new values would be lost on replay)")
-        return None if transitional else rec
+        return (None if transitional else rec), outs
 
     @staticmethod
     def _view_of(lt, slots, out_of, claimed, rec):
@@ -643,22 +644,30 @@ class Compiled:
         if rec.checks:
             done = [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
             _checks.computed(done)
-        tpl, ret = rec.ret
-        made = {}  # output index -> its LazyTensor (a returned output and views of it share a storage)
-
-        def out_lt(k):
-            lt = made.get(k)
-            if lt is None:
-                lt = made[k] = _lazy_of(outs[k], specs[k])
-            return lt
-        leaves = []
-        for r in ret:
-            kind, v = r[0], r[1]
-            if kind == "out":
-                leaves.append(_C.wrap(out_lt(v)))
-            elif kind == "slot":
-                leaves.append(tensors[v])
-            else:  # a view of an input or an output: its chain on the new value
-                leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
         metrics.counter_add("replay")
-        return _unflatten(tpl, leaves), None
+        return _returned(rec, tensors, outs), None
+
+
+def _returned(rec, tensors, outs):
+    """What a recorded step returns, made from its outputs' buffers and its
+    inputs (the recording call returns the same, so that the tensors it
+    returns look as those of later calls do: detached, the same views)."""
+    tpl, ret = rec.ret
+    specs = rec.specs
+    made = {}  # output index -> its LazyTensor (a returned output and views of it share a storage)
+
+    def out_lt(k):
+        lt = made.get(k)
+        if lt is None:
+            lt = made[k] = _lazy_of(outs[k], specs[k])
+        return lt
+    leaves = []
+    for r in ret:
+        kind, v = r[0], r[1]
+        if kind == "out":
+            leaves.append(_C.wrap(out_lt(v)))
+        elif kind == "slot":
+            leaves.append(tensors[v])
+        else:  # a view of an input or an output: its chain on the new value
+            leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
+    return _unflatten(tpl, leaves)
