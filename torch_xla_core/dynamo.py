@@ -18,10 +18,20 @@ executable, and later calls only bind buffers and execute:
   xla op just returns its inputs/views. Draws from the xla RNG (dropout)
   are inside the recorded graph with the RNG state as input and output, so
   every call draws fresh numbers exactly as tracing each call would.
+- Before its first call a graph is prepared (_prepare): constants it moves
+  to the device (torch.tensor(data, device="xla") in the model) are
+  uploaded once and become inputs, and aten.view becomes aten.reshape (our
+  tensors' strides may differ from what the meta kernels said; the graph is
+  functional, so a copy of the same values is equivalent).
 - What replay refuses (a graph that reads a value on the host, uploads
-  host data, or has CPU tensors among its inputs) is traced on every call
-  instead, with a warning once (replay.py's docstring lists the cases).
-  A graph whose inputs are all CPU tensors just runs, untouched.
+  host data, or has CPU tensors among its inputs, e.g. an optimizer's CPU
+  step counts: use capturable=True for a compiled opt.step) is traced on
+  every call instead, with a warning once (replay.py's docstring lists the
+  cases). A graph whose inputs are all CPU tensors just runs, untouched.
+- Metrics: "dynamo_graph" (graphs handed over), and replay's "replay",
+  "replay_record", "replay_trace", "replay_refused" per graph call.
+  dynamo.WAIT = True makes each graph call block until the device is done
+  (the "execute" timer then holds the device time, as benchmarks want).
 - Graph breaks are dynamo's: the code between graphs runs eagerly on our
   lazy tracing, and each graph is compiled as above.
 - Shapes: each dynamo graph is specialized to its input shapes. With
@@ -58,6 +68,7 @@ from ._tensor import XlaTensor
 __all__ = ["backend", "install", "make_traceable", "NAME"]
 
 NAME = "torch_xla_core"
+WAIT = False  # True: each graph's call blocks until the device is done (benchmarks time "execute" so)
 _traceable = False
 
 
@@ -186,12 +197,13 @@ class _Graph:
 
     def __call__(self, args):
         a = list(args)
-        args.clear()
+        if type(args) is list:
+            args.clear()
         if self._plain is None:
             self._plain = not any(isinstance(x, XlaTensor) for x in a)
             if not self._plain:
                 self._fx = _FxCall(self._gm, self._kind)
-                self._compiled = replay.Compiled(self._fx)
+                self._compiled = replay.Compiled(self._fx, lift_optimizers=False, wait=WAIT)
         if self._plain:
             return self._gm(*a)
         with torch.no_grad():  # aot_autograd's graphs are differentiated already; autograd is its wrapper's

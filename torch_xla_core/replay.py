@@ -42,8 +42,8 @@ so a replay is never stale:
 - `fn` uploaded host data (torch.tensor(...).to("xla") inside the step) or
   read device data that is not among its inputs (a tensor reached some other
   way than arguments, modules, optimizers, globals or closure);
-- `fn` wrote tensors other than those (their values would be lost), or made
-  views among its outputs or inputs;
+- `fn` wrote tensors other than those (their values would be lost), or
+  wrote through a view that shares its storage with other tensors;
 - an argument of a type we cannot guard (any object other than tensors,
   modules, optimizers, Python scalars/strings/None and containers of them).
 A replay whose donated buffer is still held elsewhere (a deepcopy of the
@@ -51,7 +51,16 @@ model taken between steps) traces that call instead. Draws from the xla RNG
 inside `fn` advance the RNG state exactly as the traced step does (its state
 is an input and output of the graph). Deferred device-side checks
 (_checks.py) of the recorded graph are read after each replay as after a
-sync. Returned tensors come back detached (no grad_fn).
+sync. Returned tensors come back detached (no grad_fn), from the
+recording call on too.
+
+Views: an input that is a view sharing its storage with other tensors (a
+transposed weight saved for backward) is read through its view chain from
+its storage's buffer (the signature holds its view ops, strides, offset and
+storage shape, and which inputs share a buffer); a lone view gets a storage
+of its own first. A returned view of an input or of an output is re-made on
+replay as the same view chain over the new value (its chain is kept on a
+shape-only placeholder, so a recording holds no device memory).
 
 Not guarded (keep them fixed, or pass them as arguments): Python values read
 by functions that `fn` calls (their globals), attributes of objects other
