@@ -339,3 +339,42 @@ def test_batchnorm_training_updates_running_stats_like_cpu(dev):
     torch.testing.assert_close(bn_x.running_var.cpu(), bn_c.running_var, atol=1e-5, rtol=1e-5)
     assert int(bn_x.num_batches_tracked.cpu()) == 3
     torch.testing.assert_close(mx[0].weight.grad.cpu(), m[0].weight.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_automatic_dynamic_shapes_compile_once_per_concrete_shape(dev):
+    m = MLP().eval()
+    mx = copy.deepcopy(m).to(dev)
+    cm = torch.compile(mx, backend="torch_xla_core")  # dynamic=None: dynamo goes symbolic after a change
+    seen = []
+    with torch.no_grad():
+        for batch in (3, 5, 5, 7, 7, 5):
+            x = torch.randn(batch, 16)
+            before = _counts(*_WATCHED)
+            torch.testing.assert_close(cm(x.to(dev)).cpu(), m(x), atol=1e-5, rtol=1e-5)
+            seen.append(_delta(before))
+    # our side specializes each concrete shape (the sizes are in the replay signature): traced once, then replayed
+    assert [d["replay_trace"] for d in seen] == [1, 1, 0, 1, 0, 0], seen
+    assert [d["replay"] for d in seen] == [0, 0, 1, 0, 1, 1], seen
+
+
+def test_compiled_optimizer_step_updates_parameters_in_place_like_cpu(dev):
+    m = MLP()
+    mx = copy.deepcopy(m).to(dev)
+    opt_c = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_x = torch.optim.AdamW(mx.parameters(), lr=1e-2, capturable=True)  # step counts on the device
+    step = torch.compile(opt_x.step, backend="torch_xla_core", dynamic=False)
+    g = torch.Generator().manual_seed(2)
+    deltas = []
+    for _ in range(4):
+        x = torch.randn(6, 16, generator=g)
+        for model, opt, d in ((m, opt_c, "cpu"), (mx, opt_x, dev)):
+            opt.zero_grad()
+            model(x.to(d)).square().mean().backward()
+        opt_c.step()
+        before = _counts(*_WATCHED)
+        step()
+        txc.sync()
+        deltas.append(_delta(before))
+    for p_c, p_x in zip(m.parameters(), mx.parameters()):
+        torch.testing.assert_close(p_x.detach().cpu(), p_c.detach(), atol=1e-5, rtol=1e-5)
+    assert all(d["replay"] >= 1 and d["replay_trace"] == 0 for d in deltas[2:]), deltas
