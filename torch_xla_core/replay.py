@@ -663,7 +663,9 @@ def _returned(rec, tensors, outs):
     returns look as those of later calls do: detached, the same views)."""
     tpl, ret = rec.ret
     specs = rec.specs
-    made = {}  # output index -> its LazyTensor (a returned output and views of it share a storage)
+    # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
+    # input written in place is a view of that input
+    made = {k: tensors[i]._lt for i, k, mode in rec.writes if mode == "inplace"}
 
     def out_lt(k):
         lt = made.get(k)
