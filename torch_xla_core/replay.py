@@ -624,7 +624,7 @@ class Compiled:
         if st is None:
             st = _random._state = _random._upload(_random.initial_seed())
         if not st.is_data or pending:
-            executor.sync()  # values written since (a scheduler's lr.fill_): compute them first
+            executor.sync(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
             st = _random._state
         for i in rec.donated:
             if not tensors[i]._lt.data_exclusive:
