@@ -13,6 +13,7 @@ runs `all`; each step also runs alone:
     python build/release.py metadata      # twine check --strict, tags, glibc floor
     python build/release.py index         # release/index/<flavor>/simple
     python build/release.py verify        # pip resolves it as users type it
+    python build/release.py smoke         # install with deps + a training step, per Python
     python build/release.py summary       # the artifact table
 
 Output (git-ignored), under release/:
@@ -37,9 +38,15 @@ build/assert_flavor.py (the compiled core's build_info(): flavor, ABI,
 label); resolves `==<version>[+label] -f release/wheelhouse/<flavor>`; and
 installs the sdist in a clean venv: compiled for the default flavor, and
 with TXC_ABI=precxx11 on the same file pip must accept 0.1.0+precxx11
-(pip's metadata step; --sdist-build all|none compiles every flavor|none). Where this interpreter has torch (the nox session), each
-flavor's wheel for it also runs docker/smoke.py: 3 traced training steps
-against eager CPU.
+(pip's metadata step; --sdist-build all|none compiles every flavor|none).
+
+`smoke` (in `all` with --smoke, as `nox -s release` runs it) is a user's
+install on every Python: in a fresh venv of that interpreter, per flavor,
+`pip install torch_xla_core --extra-index-url .../<flavor>/simple` with
+its dependencies (torch, jax, jaxlib) from the normal sources, then
+docker/smoke.py: build_info() (flavor, ABI, label) and 3 traced training
+steps against eager CPU. A release machine repeats it with the same
+command (`python build/release.py smoke`).
 """
 
 from __future__ import annotations
@@ -464,24 +471,98 @@ def verify_sdist(py: Path, flavors: list[fl.Flavor], url: str, build: str) -> di
     return out
 
 
-def smoke_here(flavors: list[fl.Flavor], url: str) -> dict:
-    """This interpreter's env has torch (the nox session): install each
-    flavor's wheel for it from its index (--no-deps over the deps already
-    there) and run docker/smoke.py (3 traced training steps vs eager CPU)."""
-    out = {}
-    for f in flavors:
-        run([sys.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", *PIP_Q,
-             fl.DIST, "--extra-index-url", f"{url}/{f.name}/simple"], what=f"install {f.name}")
-        with tempfile.TemporaryDirectory() as t:
-            res = run([sys.executable, ROOT / "docker" / "smoke.py", "--flavor", f.name],
-                      what=f"smoke {f.name}", cwd=t, timeout=900)
-        out[f.name] = res.stdout.strip().splitlines()[-1][:300]
-        log(f"smoke {f.name} on this Python (torch installed): {out[f.name]}")
+SMOKE_PROBE = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
+               "'cuda_build': torch.version.cuda, 'cuda_available': torch.cuda.is_available()}))")
+
+
+def smoke_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
+                 partial: bool = False) -> dict:
+    """A user's install and a training step on Python `version`, per flavor,
+    in one fresh venv of that interpreter: `pip install torch_xla_core
+    --extra-index-url <url>/<flavor>/simple` as users type it, the
+    dependencies (torch, jax, jaxlib, numpy, as pyproject pins them) from
+    the machine's normal sources; then docker/smoke.py: the core's
+    build_info() (flavor, compiled ABI, label, torch and jaxlib found) and
+    3 traced training steps against eager CPU, one compile, no fallback.
+    The flavors share the venv: the next one's `pip install` follows a
+    `pip uninstall torch_xla_core`, so only the core changes. Which torch
+    comes depends on the sources: here cp311 takes the CPU wheel on local
+    disk (find-links), cp312/cp313 PyPI's torch, a CUDA build of several GB
+    that runs on the CPU (report.json records torch.version.cuda). The venv
+    is removed afterwards (several GB), unless keep."""
+    tag, base = fl.cp_tag(version), fl.base_version()
+    where = OUT / "venvs" / f"smoke-{tag}"
+    vpy = fresh_venv(py, where)
+    out = {"interpreter": str(py), "not_built": []}
+    try:
+        for f in flavors:
+            try:
+                want = wheel_for(f, version).name
+            except CheckError:
+                if not partial:
+                    raise
+                out["not_built"].append(f.name)
+                continue
+            simple = f"{url}/{f.name}/simple"
+            cmd = f"pip install {fl.DIST} --extra-index-url {simple}"
+            run([vpy, "-m", "pip", "uninstall", "-y", "-q", fl.DIST], what="pip uninstall")
+            t0 = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix="txc-smoke-") as t:
+                rep = Path(t) / "report.json"
+                run([vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                     "--report", rep, fl.DIST, "--extra-index-url", simple],
+                    what=f"`{cmd}` on Python {version}", cwd=t, timeout=3600)
+                took = {i["metadata"]["name"].lower().replace("_", "-"):
+                        unquote(i["download_info"]["url"].rsplit("/", 1)[-1])
+                        for i in json.loads(rep.read_text())["install"]}
+                installed = time.monotonic() - t0
+                if took.get(fl.DIST.replace("_", "-")) != want:
+                    raise CheckError(f"Python {version}: `{cmd}` installed {took}, want {want}")
+                t0 = time.monotonic()
+                res = run([vpy, ROOT / "docker" / "smoke.py", "--flavor", f.name,
+                           "--version", f.version(base), "--cxx11-abi", str(int(f.cxx11_abi))],
+                          what=f"docker/smoke.py {f.name} on Python {version}", cwd=t,
+                          timeout=900)
+                ran = time.monotonic() - t0
+            line = res.stdout.strip().splitlines()[-1]
+            if not line.startswith("smoke: OK "):
+                raise CheckError(f"docker/smoke.py {f.name} on {version}: {line}")
+            result = json.loads(line.removeprefix("smoke: OK "))
+            out.setdefault("torch", json.loads(run([vpy, "-c", SMOKE_PROBE],
+                                                   what="torch probe").stdout.splitlines()[-1]))
+            out[f.name] = {"command": cmd, "installed": took, "install_seconds": round(installed, 1),
+                           "smoke_seconds": round(ran, 1), "result": result}
+            log(f"smoke {tag} {f.name}: `{cmd}` in {installed:.0f} s -> {want}, "
+                f"{took.get('torch', 'torch already there')} (torch.version.cuda="
+                f"{out['torch']['cuda_build']}); docker/smoke.py: flavor {result['flavor']}, "
+                f"3 steps = eager CPU, losses {result['train']['losses']} ({ran:.0f} s)")
+        out["venv_bytes"] = sum(p.stat().st_size for p in where.rglob("*")
+                                if p.is_file() and not p.is_symlink())
+    finally:
+        if not keep_venvs():
+            shutil.rmtree(where, ignore_errors=True)
     return out
 
 
+def keep_venvs() -> bool:
+    return os.environ.get("TXC_RELEASE_KEEP_VENVS") == "1"
+
+
+def smoke(pys: dict[str, Path], flavors: list[fl.Flavor], partial: bool = False) -> None:
+    """smoke_python for every Python, from release/index served on 127.0.0.1."""
+    rep = load_report()
+    rep["smoke"] = {}
+    t0 = time.monotonic()
+    with pyindex.served(OUT / "index") as url:
+        for v, py in pys.items():
+            rep["smoke"][fl.cp_tag(v)] = smoke_python(v, py, flavors, url, partial)
+            save_report(rep)
+    rep["smoke_seconds"] = round(time.monotonic() - t0, 1)
+    save_report(rep)
+
+
 def verify(pys: dict[str, Path], flavors: list[fl.Flavor], *, sdist_build: str,
-           smoke: bool, partial: bool = False) -> None:
+           partial: bool = False) -> None:
     rep = load_report()
     rep["verify"] = {}
     rep["not_built"] = []
@@ -492,16 +573,9 @@ def verify(pys: dict[str, Path], flavors: list[fl.Flavor], *, sdist_build: str,
             rep["verify"][fl.cp_tag(v)] = res
             rep["not_built"] += [f"{fl.cp_tag(v)}-{n}" for n in res["not_built"]]
             save_report(rep)
-        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         py = pys.get(MATRIX.default_python) or next(iter(pys.values()))
         rep["verify"]["sdist"] = verify_sdist(py, flavors, url, sdist_build)
         save_report(rep)
-        if smoke:
-            if here not in pys or run([sys.executable, "-c", "import torch"], what="probe",
-                                      ok=(0, 1)).returncode:
-                raise CheckError(f"--smoke: this interpreter ({here}) has no torch or no wheel")
-            rep["verify"]["smoke"] = {"python": here, **smoke_here(flavors, url)}
-            save_report(rep)
 
 
 # ------------------------------------------------------------------- main
@@ -516,8 +590,10 @@ def summary() -> None:
         tested = ver.get(tag, {}).get(flavor)
         where = (f"venv {ver[tag]['venv']} (no torch): resolve+install+build_info"
                  if tested else "not verified")
-        if ver.get("smoke", {}).get(flavor) and ver["smoke"]["python"] == w["python"]:
-            where += "; training step (torch)"
+        sm = rep.get("smoke", {}).get(tag, {})
+        if sm.get(flavor):
+            where += (f"; venv with deps from the index: training step (torch "
+                      f"{sm['torch']['torch']}, cuda build {sm['torch']['cuda_build']})")
         policy = floors.get(name, {}).get("policy", "?")
         print(f"{name:<78} {w['bytes'] / 1024:>6.0f} {w['build_seconds']:>8.0f}  {policy}; {where}")
     if "sdist" in rep:
@@ -532,11 +608,13 @@ def summary() -> None:
     if rep.get("pythons_missing"):
         print(f"not built (no interpreter here): Python {', '.join(rep['pythons_missing'])}")
     if "total_seconds" in rep:
-        print(f"total: {rep['total_seconds']:.0f} s")
+        print(f"total (`all`): {rep['total_seconds']:.0f} s")
+    if "smoke_seconds" in rep:
+        print(f"smoke step: {rep['smoke_seconds']:.0f} s")
 
 
 def main(argv=None) -> int:
-    steps = ["pythons", "wheels", "sdist", "metadata", "index", "verify"]
+    steps = ["pythons", "wheels", "sdist", "metadata", "index", "verify", "smoke"]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["all", *steps, "summary"])
     p.add_argument("--python", action="append", choices=MATRIX.pythons,
@@ -552,16 +630,18 @@ def main(argv=None) -> int:
                    help="verify: a Python lacking a flavor's wheel (a run cut short) is "
                         "recorded in report.json `not_built` instead of failing")
     p.add_argument("--smoke", action="store_true",
-                   help="verify: also install each flavor into THIS env (it must have "
-                        "torch) and run docker/smoke.py's training step")
+                   help="all: end with the smoke step (a venv per Python, each flavor "
+                        "installed from its index with its deps, docker/smoke.py's "
+                        "training step); several GB of torch per Python")
     a = p.parse_args(argv)
     flavors = wheels.selected(a.flavor)
     t0 = time.monotonic()
     try:
-        todo = steps if a.command == "all" else [a.command]
+        todo = [s for s in steps if s != "smoke" or a.smoke] if a.command == "all" \
+            else [a.command]
         if a.command == "all":
             shutil.rmtree(OUT, ignore_errors=True)
-        pys = pythons(a.python, a.require_all) if set(todo) & {"pythons", "wheels", "verify"} \
+        pys = pythons(a.python, a.require_all) if set(todo) & {"pythons", "wheels", "verify", "smoke"} \
             else {}
         if "wheels" in todo:
             build_all(pys, flavors)
@@ -572,7 +652,9 @@ def main(argv=None) -> int:
         if "index" in todo:
             build_index(flavors)
         if "verify" in todo:
-            verify(pys, flavors, sdist_build=a.sdist_build, smoke=a.smoke, partial=a.partial)
+            verify(pys, flavors, sdist_build=a.sdist_build, partial=a.partial)
+        if "smoke" in todo:
+            smoke(pys, flavors, partial=a.partial)
         if a.command == "all":
             rep = load_report()
             rep["total_seconds"] = round(time.monotonic() - t0, 1)

@@ -10,7 +10,7 @@ import torch
 import torch_xla_core as txc
 from torch_xla_core import kernels
 from torch_xla_core.kernels import reference
-from torch_xla_core.scan import scan_layers
+from util import assert_scan_layers_match_loop
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -72,23 +72,8 @@ def test_flash_attention_inside_scan_layers(dev):
             attn = kernels.flash_attention if x.device.type == "xla" else reference.flash_attention
             return x + attn(y, y, y, causal=True, sm_scale=0.3)
 
-    layers = torch.nn.ModuleList([Layer() for _ in range(3)])
-    x = torch.randn(1, 2, 6, 8)
-    ref = x.clone().requires_grad_()
-    out_c = ref
-    for layer in layers:
-        out_c = layer(out_c)
-    out_c.sum().backward()
-    grads_c = [p.grad.clone() for p in layers.parameters()]
-    layers_x = layers.to(dev)
-    layers_x.zero_grad(set_to_none=True)
-    xx = x.to(dev).requires_grad_()
-    out_x = scan_layers(layers_x, xx)
-    out_x.sum().backward()
-    torch.testing.assert_close(out_x.cpu(), out_c.detach(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(xx.grad.cpu(), ref.grad, atol=1e-5, rtol=1e-5)
-    for p, g in zip(layers_x.parameters(), grads_c):
-        torch.testing.assert_close(p.grad.cpu(), g, atol=1e-4, rtol=1e-4)
+    assert_scan_layers_match_loop(torch.nn.ModuleList([Layer() for _ in range(3)]), torch.randn(1, 2, 6, 8), dev,
+                                  grad_atol=1e-4)
 
 
 def test_flash_attention_errors(dev):
@@ -225,7 +210,6 @@ def test_grouped_matmul_impl_switch(dev, monkeypatch):
 def test_grouped_matmul_inside_scan_layers(dev, impl):
     """Expert layers (rows grouped by expert) stacked with scan_layers: one
     traced body, forward and gradients as the unrolled CPU reference."""
-    from torch_xla_core.scan import clear_cache as scan_clear_cache
     sizes = torch.tensor([5, 0, 3, 4], dtype=torch.int32)
 
     class Experts(torch.nn.Module):
@@ -238,27 +222,7 @@ def test_grouped_matmul_inside_scan_layers(dev, impl):
                 return x + torch.tanh(kernels.grouped_matmul(x, self.w, sizes.to(x.device), impl=impl))
             return x + torch.tanh(reference.grouped_matmul(x, self.w, sizes))
 
-    layers = torch.nn.ModuleList([Experts() for _ in range(3)])
-    x = torch.randn(12, 8)
-    ref_in = x.clone().requires_grad_()
-    out_c = ref_in
-    for layer in layers:
-        out_c = layer(out_c)
-    out_c.sum().backward()
-    grads_c = [p.grad.clone() for p in layers.parameters()]
-    layers_x = layers.to(dev)
-    layers_x.zero_grad(set_to_none=True)
-    xx = x.to(dev).requires_grad_()
-    scan_clear_cache()
-    txc.metrics.clear()
-    out_x = scan_layers(layers_x, xx)
-    assert txc.metrics.counters().get("scan_trace") == 1
-    out_x.sum().backward()
-    torch.testing.assert_close(out_x.detach().cpu(), out_c.detach(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(xx.grad.cpu(), ref_in.grad, atol=1e-5, rtol=1e-5)
-    for p, g in zip(layers_x.parameters(), grads_c):
-        torch.testing.assert_close(p.grad.cpu(), g, atol=1e-5, rtol=1e-5)
-    assert not txc.metrics.fallbacks()
+    assert_scan_layers_match_loop(torch.nn.ModuleList([Experts() for _ in range(3)]), torch.randn(12, 8), dev)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -2,6 +2,8 @@
 layer/RMS norm, nll/cross-entropy, scaled dot-product attention, embedding,
 mse and bce-with-logits, forward and backward against CPU eager; a small
 GPT-style block; errors that name the op."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -368,3 +370,44 @@ def test_weight_norm_forward_and_backward_without_fallback(dim):
     gain = (torch.rand(gshape, generator=g) + 0.5).requires_grad_()
     w = torch.randn(6, 3, 5, generator=g)  # a non-uniform cotangent
     assert_matches_cpu(lambda v, s, w: torch._weight_norm(v, s, dim) * w, v, gain, w, atol=1e-4)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("norm_first,act", [(False, "relu"), (True, "gelu")])
+def test_transformer_encoder_eval_fast_path(aligned, norm_first, act):
+    """nn.TransformerEncoder in eval mode without grad takes torch's fused fast path
+    (_transformer_encoder_layer_fwd, _native_multi_head_attention, the left-aligned mask test):
+    lowered, no fallback, outputs like CPU."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=act, batch_first=True, norm_first=norm_first)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(3, 7, 16)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+    pad[2, (3 if aligned else 1)] = True
+    before = dict(txc.metrics.fallbacks())
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=pad)
+        got = copy.deepcopy(enc).to(txc.device())(x.to(txc.device()), src_key_padding_mask=pad.to(txc.device()))
+    live = ~pad.unsqueeze(-1)  # padded rows are unspecified (CPU's nested fast path returns zeros there)
+    torch.testing.assert_close(got.cpu() * live, want * live, atol=1e-5, rtol=1e-5)
+    assert dict(txc.metrics.fallbacks()) == before
+
+
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_multihead_attention_eval_fast_path(need_weights, average):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    before = dict(txc.metrics.fallbacks())
+    with torch.no_grad():
+        want = mha(x, x, x, key_padding_mask=pad, need_weights=need_weights, average_attn_weights=average)
+        mx, d = copy.deepcopy(mha).to(txc.device()), txc.device()
+        got = mx(x.to(d), x.to(d), x.to(d), key_padding_mask=pad.to(d), need_weights=need_weights,
+                 average_attn_weights=average)
+    torch.testing.assert_close(got[0].cpu(), want[0], atol=1e-5, rtol=1e-5)
+    assert (got[1] is None) == (want[1] is None)
+    if want[1] is not None:
+        torch.testing.assert_close(got[1].cpu(), want[1], atol=1e-5, rtol=1e-5)
+    assert dict(txc.metrics.fallbacks()) == before

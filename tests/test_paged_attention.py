@@ -11,7 +11,7 @@ import torch
 import torch_xla_core as txc
 from torch_xla_core import kernels
 from torch_xla_core.kernels import reference
-from torch_xla_core.scan import clear_cache as scan_clear_cache, scan_layers
+from util import assert_scan_layers_match_loop
 
 jax = pytest.importorskip("jax")
 
@@ -119,26 +119,7 @@ def test_pallas_kernel_inside_scan_layers(dev):
                 return x + kernels.multi_queries_paged_attention(y, *pages[:2], *pages[2:], 2, 4, impl="pallas")
             return x + reference.multi_queries_paged_attention(y, kp, vp, lens, pi, eff)
 
-    layers = torch.nn.ModuleList([Layer() for _ in range(3)])
-    ref_in = q0.clone().requires_grad_()
-    out_c = ref_in
-    for layer in layers:
-        out_c = layer(out_c)
-    out_c.sum().backward()
-    grads_c = [p.grad.clone() for p in layers.parameters()]
-    layers_x = layers.to(dev)
-    layers_x.zero_grad(set_to_none=True)
-    xx = q0.to(dev).requires_grad_()
-    scan_clear_cache()
-    txc.metrics.clear()
-    out_x = scan_layers(layers_x, xx)
-    assert txc.metrics.counters().get("scan_trace") == 1  # one traced body (kernel included) for the 3 layers
-    out_x.sum().backward()
-    torch.testing.assert_close(out_x.detach().cpu(), out_c.detach(), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(xx.grad.cpu(), ref_in.grad, atol=1e-4, rtol=1e-4)
-    for p, g in zip(layers_x.parameters(), grads_c):
-        torch.testing.assert_close(p.grad.cpu(), g, atol=1e-4, rtol=1e-4)
-    assert not txc.metrics.fallbacks()
+    assert_scan_layers_match_loop(torch.nn.ModuleList([Layer() for _ in range(3)]), q0, dev, atol=1e-4)
 
 
 def test_impl_switch(dev, monkeypatch):

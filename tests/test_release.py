@@ -345,3 +345,31 @@ def test_release_sdist_builds_both_flavors(rel):
         if not f.is_default:
             assert sd[f.name]["command"].startswith(f"{MATRIX.env_var}={f.name} pip install")
             assert sd[f.name]["from_index_refused"] is True
+
+
+@pytest.mark.release
+def test_release_smoke_trained_on_every_python(rel):
+    """What `build/release.py smoke` recorded: per Python and flavor, in a
+    venv of that Python, `pip install torch_xla_core --extra-index-url
+    .../<flavor>/simple` installed that Python's wheel of the flavor with
+    the pinned torch, and docker/smoke.py (build_info of that flavor, 3
+    traced training steps equal to eager CPU, no fallback) passed."""
+    d, rep, _ = rel
+    if "smoke" not in rep:
+        pytest.skip("this release ran without --smoke (nox -s release runs it)")
+    (pin,) = [r.split("==")[1] for r in PYPROJECT["project"]["dependencies"]
+              if r.startswith("torch==")]
+    assert set(rep["smoke"]) == {flavors.cp_tag(v) for v in rep["pythons"]}
+    for tag, sm in rep["smoke"].items():
+        assert sm["torch"]["torch"].split("+")[0] == pin, (tag, sm["torch"])
+        for f in MATRIX:
+            if f.name in sm["not_built"]:
+                assert f"{tag}-{f.name}" in rep.get("not_built", [])
+                continue
+            (want,) = [w.name for w in (d / "wheelhouse" / f.name).glob(f"*-{tag}-*.whl")]
+            got = sm[f.name]
+            assert got["installed"]["torch-xla-core"] == want, (tag, f.name)
+            assert got["command"].endswith(f"/{f.name}/simple")
+            assert (got["result"]["flavor"], got["result"]["version"]) == \
+                (f.name, f.version(BASE)), (tag, got["result"])
+            assert len(got["result"]["train"]["losses"]) == 3

@@ -56,3 +56,30 @@ def assert_matches_cpu(fn, *args, grad=None, atol=1e-5, rtol=1e-5, no_fallback=T
         new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         assert not new, f"unexpected CPU fallbacks: {new}"
     return out_x
+
+
+def assert_scan_layers_match_loop(layers, x, dev, atol=1e-5, grad_atol=None):
+    """`layers` (a ModuleList on the CPU) run as an unrolled CPU loop and as
+    txc.scan.scan_layers on `dev`: one traced body for all layers; output,
+    input gradient and every parameter gradient match; no fallback."""
+    from torch_xla_core.scan import clear_cache, scan_layers
+    grad_atol = atol if grad_atol is None else grad_atol
+    ref_in = x.clone().requires_grad_()
+    out_c = ref_in
+    for layer in layers:
+        out_c = layer(out_c)
+    out_c.sum().backward()
+    grads_c = [p.grad.clone() for p in layers.parameters()]
+    layers_x = layers.to(dev)
+    layers_x.zero_grad(set_to_none=True)
+    xx = x.to(dev).requires_grad_()
+    clear_cache()
+    txc.metrics.clear()
+    out_x = scan_layers(layers_x, xx)
+    assert txc.metrics.counters().get("scan_trace") == 1  # one traced body for every layer
+    out_x.sum().backward()
+    torch.testing.assert_close(out_x.detach().cpu(), out_c.detach(), atol=atol, rtol=atol)
+    torch.testing.assert_close(xx.grad.cpu(), ref_in.grad, atol=atol, rtol=atol)
+    for p, g in zip(layers_x.parameters(), grads_c):
+        torch.testing.assert_close(p.grad.cpu(), g, atol=grad_atol, rtol=grad_atol)
+    assert not txc.metrics.fallbacks()

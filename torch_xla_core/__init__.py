@@ -126,3 +126,6 @@ def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None):
 from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
 from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
 from . import data, profiler  # noqa: E402
+from . import dynamo  # noqa: E402  (torch.compile(backend="torch_xla_core"), installed with torch._dynamo)
+
+dynamo.install_hook()

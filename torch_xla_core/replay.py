@@ -42,8 +42,8 @@ so a replay is never stale:
 - `fn` uploaded host data (torch.tensor(...).to("xla") inside the step) or
   read device data that is not among its inputs (a tensor reached some other
   way than arguments, modules, optimizers, globals or closure);
-- `fn` wrote tensors other than those (their values would be lost), or made
-  views among its outputs or inputs;
+- `fn` wrote tensors other than those (their values would be lost), or
+  wrote through a view that shares its storage with other tensors;
 - an argument of a type we cannot guard (any object other than tensors,
   modules, optimizers, Python scalars/strings/None and containers of them).
 A replay whose donated buffer is still held elsewhere (a deepcopy of the
@@ -51,7 +51,16 @@ model taken between steps) traces that call instead. Draws from the xla RNG
 inside `fn` advance the RNG state exactly as the traced step does (its state
 is an input and output of the graph). Deferred device-side checks
 (_checks.py) of the recorded graph are read after each replay as after a
-sync. Returned tensors come back detached (no grad_fn).
+sync. Returned tensors come back detached (no grad_fn), from the
+recording call on too.
+
+Views: an input that is a view sharing its storage with other tensors (a
+transposed weight saved for backward) is read through its view chain from
+its storage's buffer (the signature holds its view ops, strides, offset and
+storage shape, and which inputs share a buffer); a lone view gets a storage
+of its own first. A returned view of an input or of an output is re-made on
+replay as the same view chain over the new value (its chain is kept on a
+shape-only placeholder, so a recording holds no device memory).
 
 Not guarded (keep them fixed, or pass them as arguments): Python values read
 by functions that `fn` calls (their globals), attributes of objects other
@@ -95,13 +104,14 @@ def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
 # --- the walk: every input tensor, where it lives, and the signature ----------
 
 class _Walk:
-    __slots__ = ("sig", "locs", "tensors", "refusal")
+    __slots__ = ("sig", "locs", "tensors", "refusal", "first")
 
     def __init__(self):
         self.sig = []
         self.locs = []      # (kind, obj, key) per input slot
         self.tensors = []   # the tensor (or None) at each slot
         self.refusal = None
+        self.first = {}     # buffer (or storage) -> the first slot holding it: aliasing among inputs
 
     def tensor(self, t, loc):
         self.locs.append(loc)
@@ -113,7 +123,22 @@ class _Walk:
             self.refusal = self.refusal or f"a {t.device.type} tensor {list(t.shape)} is an input; move it to xla"
             self.sig.append(("cpu", id(t)))
             return
-        self.sig.append((t.shape, t.dtype, t.requires_grad))
+        lt = t._lt
+        view = None
+        if lt.is_data:
+            key = id(lt.data)
+        elif lt.is_view:
+            lone = lt.storage_refs == 1 and t.is_contiguous()  # (before root(), another reference)
+            r = lt.root()
+            key = id(r.data) if r.is_data else lt.storage_id
+            ops = tuple(op for op in lt.view_ops if op != "alias")
+            if (ops or lt.shape != r.shape) and not lone:
+                # a view sharing its storage (_own_storage leaves it): it reads its storage, so the same
+                # ops, strides and offset over the same storage shape
+                view = (ops, r.shape, t.stride(), t.storage_offset())
+        else:
+            key = lt.storage_id
+        self.sig.append((t.shape, t.dtype, t.requires_grad, self.first.setdefault(key, len(self.tensors) - 1), view))
 
     def value(self, v, where, seen):
         if isinstance(v, torch.Tensor):
@@ -269,6 +294,18 @@ def _buffer(t):
     return None
 
 
+def _root_buffer(t):
+    """The device buffer of t's storage (t's own, or for a view its root's),
+    or None while that is pending."""
+    lt = t._lt
+    if lt.is_data:
+        return lt.data
+    if lt.is_view:
+        r = lt.root()
+        return r.data if r.is_data else None
+    return None
+
+
 def _alias_only(lt) -> bool:
     return all(op == "alias" for op in lt.view_ops) and lt.shape == lt.root().shape
 
@@ -404,15 +441,15 @@ class Compiled:
     def _record(self, sig, pre, src, args, kwargs):
         metrics.counter_add("replay_trace")
         for t in pre.tensors:
-            if t is not None and not _own_storage(t):
-                return self._refuse(sig, "an input is a view sharing its storage with other tensors", args, kwargs)
+            if t is not None:
+                _own_storage(t)  # a lone view gets a storage of its own; a shared one is read through its chain
         executor.sync()  # inputs become device data; nothing else pending
         if _random._state is None:
             _random._state = _random._upload(_random.initial_seed())
         slots = {}
         for i, t in enumerate(pre.tensors):
             if t is not None:
-                b = _buffer(t)
+                b = _root_buffer(t)  # a view's graph parameter is its storage's buffer
                 if b is None:
                     return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
                 slots[id(b)] = i
@@ -430,7 +467,7 @@ class Compiled:
                 metrics.counter_add("replay_refused")
                 return self._warn_refused(why, out)
         try:
-            rec = self._capture(sig, pre, src, args, kwargs, out, slots, rng_in)
+            rec, outs = self._capture(sig, pre, src, args, kwargs, out, slots, rng_in)
         except _Refused as e:
             self._refused[sig] = str(e)
             metrics.counter_add("replay_refused")
@@ -439,6 +476,7 @@ class Compiled:
         if rec is not None and len(self._recordings) < MAX_RECORDINGS:
             self._recordings[sig] = rec
             metrics.counter_add("replay_record")
+            return _returned(rec, pre.tensors, outs)  # what a replay returns (detached, the same views)
         return out
 
     def _warn_refused(self, why, out):
@@ -460,12 +498,14 @@ class Compiled:
         post = _walk(src, args, kwargs)
         leaves = []
         tpl = _flatten(out, leaves)
-        if any(t.requires_grad for t in leaves):
+        inputs = {id(t) for t in pre.tensors}
+        # fine: an input returned as it is, a view made under no_grad (no grad_fn; returned not requiring grad)
+        if any(t.requires_grad and id(t) not in inputs and (t.grad_fn is not None or t._base is None)
+               for t in leaves):
             raise _Refused("it returns a tensor that requires grad: replay covers whole steps (forward, backward "
                            "and optimizer) and no_grad functions; return loss.detach()")
-        for t in post.tensors + leaves:
-            if t is not None and not _own_storage(t):
-                raise _Refused("a tensor it wrote or returned is a view sharing its storage with other tensors")
+        shared = [t for t in post.tensors if t is not None and not _own_storage(t)]  # views read through chains
+        views = {j: t._lt for j, t in enumerate(leaves) if not _own_storage(t)}  # re-made on replay
         got = {}
 
         def grab(p, exe, params, outs):
@@ -476,17 +516,19 @@ class Compiled:
             executor.sync(wait=self._wait)
         finally:
             executor._recorder = None
-        if not got:
-            raise _Refused("it computed nothing")
-        p, outs = got["plan"], got["outs"]
+        p, outs = got.get("plan"), got.get("outs", [])  # no plan: it computed nothing (views, inputs)
         out_of = {id(b): k for k, b in enumerate(outs)}
+        for t in shared:  # their storage must be an input's or an output's, else its new value is lost
+            b = id(_root_buffer(t))
+            if b not in slots and b not in out_of:
+                raise _Refused("a tensor it wrote is a view sharing its storage with other tensors")
         claimed = set()
         rec = _Recording()
-        rec.exe = got["exe"]
+        rec.exe = got.get("exe")
         rec.specs = [None] * len(outs)
         # what each parameter is
         binds = []
-        cut_params = p.cut.params()
+        cut_params = p.cut.params() if p is not None else ()
         for a in cut_params:
             if type(a) is tuple:
                 binds.append(("const", runtime.scalar(*a)))
@@ -498,7 +540,7 @@ class Compiled:
                 raise _Refused("it reads device data that is not among its inputs (a tensor reached other than "
                                "through arguments, modules, optimizers, globals or closure)")
         rec.binds = binds
-        rec.donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
+        rec.donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"] if p is not None else []
 
         def output(t):
             k = out_of.get(id(_buffer(t)))
@@ -523,7 +565,10 @@ class Compiled:
             writes.append((i, k, "inplace" if t is before else "new"))
         rec.writes = writes
         ret = []
-        for t in leaves:
+        for j, t in enumerate(leaves):
+            if j in views:
+                ret.append(self._view_of(views[j], slots, out_of, claimed, rec))
+                continue
             k = output(t)
             if k is not None:
                 ret.append(("out", k))
@@ -538,7 +583,7 @@ class Compiled:
             rec.rng_out = out_of[id(st.data)]
             claimed.add(rec.rng_out)
         rec.checks = []
-        for lt, msg, exc in p.checks:
+        for lt, msg, exc in (p.checks if p is not None else ()):
             k = out_of.get(id(lt.data))
             if k is not None:
                 claimed.add(k)
@@ -546,22 +591,40 @@ class Compiled:
         if len(claimed) != len(outs):
             raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
                            f"outputs (their new values would be lost on replay)")
-        return None if transitional else rec
+        return (None if transitional else rec), outs
+
+    @staticmethod
+    def _view_of(lt, slots, out_of, claimed, rec):
+        """A returned view sharing its storage with an input or an output
+        (a dynamo graph returning a transposed weight): on replay, its view
+        chain is applied to that input's or output's new value. The chain is
+        kept on a shape-only placeholder (no buffer), so the recording holds
+        no device memory of the traced call."""
+        root = lt.root()
+        b = root.data if root.is_data else None
+        template = lt.rebase(_C.from_data(None, root.dtype, list(root.shape)))
+        k = out_of.get(id(b))
+        if k is not None:
+            claimed.add(k)
+            rec.specs[k] = (root.dtype, list(root.shape))
+            return ("view_out", k, template)
+        if id(b) in slots:
+            return ("view_slot", slots[id(b)], template)
+        raise _Refused("it returned a view of a tensor that is neither computed by it nor an input")
 
     # -- replaying ----------------------------------------------------------
     def _replay(self, rec, w):
         tensors = w.tensors
         pending = False
         for t in tensors:
-            if t is not None and not t._lt.is_data and _buffer(t) is None:
-                if not _own_storage(t):
-                    return None, "an input is a view sharing its storage with other tensors"
-                pending = True
+            if t is not None and not t._lt.is_data and _buffer(t) is None:  # pending, or a view
+                if _own_storage(t) or _root_buffer(t) is None:  # (a shared view reads its storage)
+                    pending = True
         st = _random._state
         if st is None:
             st = _random._state = _random._upload(_random.initial_seed())
         if not st.is_data or pending:
-            executor.sync()  # values written since (a scheduler's lr.fill_): compute them first
+            executor.sync(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
             st = _random._state
         for i in rec.donated:
             if not tensors[i]._lt.data_exclusive:
@@ -570,12 +633,12 @@ class Compiled:
         for kind, v in rec.binds:
             if kind == "slot":
                 t = tensors[v]
-                params.append(t._lt.data if t._lt.is_data else _buffer(t))
+                params.append(t._lt.data if t._lt.is_data else _root_buffer(t))
             elif kind == "const":
                 params.append(v)
             else:
                 params.append(st.data)
-        outs = executor.run_recorded(rec.exe, params, wait=self._wait)
+        outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
         specs = rec.specs
         from_data, wrap = _C.from_data, _C.wrap
         for i, k, mode in rec.writes:
@@ -590,7 +653,32 @@ class Compiled:
         if rec.checks:
             done = [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
             _checks.computed(done)
-        tpl, ret = rec.ret
-        leaves = [_C.wrap(_lazy_of(outs[v], specs[v])) if kind == "out" else tensors[v] for kind, v in ret]
         metrics.counter_add("replay")
-        return _unflatten(tpl, leaves), None
+        return _returned(rec, tensors, outs), None
+
+
+def _returned(rec, tensors, outs):
+    """What a recorded step returns, made from its outputs' buffers and its
+    inputs (the recording call returns the same, so that the tensors it
+    returns look as those of later calls do: detached, the same views)."""
+    tpl, ret = rec.ret
+    specs = rec.specs
+    # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
+    # input written in place is a view of that input
+    made = {k: tensors[i]._lt for i, k, mode in rec.writes if mode == "inplace"}
+
+    def out_lt(k):
+        lt = made.get(k)
+        if lt is None:
+            lt = made[k] = _lazy_of(outs[k], specs[k])
+        return lt
+    leaves = []
+    for r in ret:
+        kind, v = r[0], r[1]
+        if kind == "out":
+            leaves.append(_C.wrap(out_lt(v)))
+        elif kind == "slot":
+            leaves.append(tensors[v])
+        else:  # a view of an input or an output: its chain on the new value
+            leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
+    return _unflatten(tpl, leaves)

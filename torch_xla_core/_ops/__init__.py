@@ -347,5 +347,5 @@ def load_all():
     from . import foreach, einsum  # noqa: F401
     from . import linalg_lapack  # noqa: F401
     from . import special  # noqa: F401
-    from . import order, misc, nn_extra, nn_grads  # noqa: F401
+    from . import order, misc, nn_extra, nn_grads, transformer  # noqa: F401
     from . import complex, fft  # noqa: F401
