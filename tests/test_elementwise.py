@@ -123,3 +123,21 @@ def test_pow_error_leaves_process_working(dev):
     with pytest.raises(RuntimeError, match="negative integer powers"):
         torch.arange(3, device=dev) ** -1
     assert (torch.arange(3, device=dev) ** 2.0).cpu().tolist() == [0.0, 1.0, 4.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_shifts_match_cpu_for_every_amount(dtype):
+    """>>, <<, bitwise_*_shift (tensor, scalar and in-place forms) lower without fallback and agree with
+    CPU's kernels for negative and oversized amounts too (0, or the sign fill for >> on signed types)."""
+    a = torch.tensor([-9, 5, 100, 7, -1, 3, -128, 64], dtype=torch.int64).to(dtype)
+    b = torch.tensor([1, 2, 3, 40, -1, 7, 0, 8], dtype=torch.int64).to(dtype)
+    cases = [lambda a, b: a >> 2, lambda a, b: a << 3, lambda a, b: a >> b, lambda a, b: a << b,
+             lambda a, b: torch.bitwise_right_shift(a, b), lambda a, b: torch.bitwise_left_shift(3, b),
+             lambda a, b: a.clone().__irshift__(b), lambda a, b: a.clone().bitwise_left_shift_(2)]
+    before = dict(txc.metrics.fallbacks())
+    for f in cases:
+        want, got = f(a, b), f(a.to(txc.device()), b.to(txc.device())).cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want), (dtype, want.tolist(), got.tolist())
+    assert dict(txc.metrics.fallbacks()) == before
+    with pytest.raises(RuntimeError, match="bitwise_right_shift: not defined for floating-point"):
+        torch.ones(2, device=txc.device()) >> 1

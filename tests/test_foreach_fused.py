@@ -128,11 +128,12 @@ OPTIMIZERS = [
     (torch.optim.Adam, dict(lr=0.05, weight_decay=0.1, amsgrad=True, maximize=True)),
     (torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
     (torch.optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1)),
+    (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, maximize=True)),
 ]
 
 
 @pytest.mark.parametrize("mode", ["fused", "foreach"])
-@pytest.mark.parametrize("opt_cls,kw", OPTIMIZERS, ids=["adamw", "adam-amsgrad-max", "sgd-nesterov", "sgd-damp"])
+@pytest.mark.parametrize("opt_cls,kw", OPTIMIZERS, ids=["adamw", "adam-amsgrad-max", "sgd-nesterov", "sgd-damp", "adagrad"])
 def test_optimizer_step_matches_cpu(opt_cls, kw, mode):
     fused, foreach = (True, None) if mode == "fused" else (None, True)
     cpu, _ = _train(opt_cls, "cpu", fused, foreach, **kw)

@@ -266,6 +266,16 @@ namespace {
     simple("bitwise_and", 2, Kind::Integral, "stablehlo.and"),
     simple("bitwise_or", 2, Kind::Integral, "stablehlo.or"),
     simple("bitwise_xor", 2, Kind::Integral, "stablehlo.xor"),
+    // Shifts as torch's kernels: a shift by a negative amount or by at least
+    // the bit width gives 0 (left, and right on unsigned) or the sign fill
+    // (right on signed), which is what StableHLO's shifts do with the
+    // amount read as unsigned.
+    simple("bitwise_left_shift", 2, Kind::Integral, "stablehlo.shift_left"),
+    custom("bitwise_right_shift", 2, Kind::Integral,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             const char* op = is_unsigned(c) ? "stablehlo.shift_right_logical" : "stablehlo.shift_right_arithmetic";
+             return cx.binary(op, a[0], a[1], c, n.dims);
+           }),
     simple("logical_and", 2, Kind::Logical, "stablehlo.and"),
     simple("logical_or", 2, Kind::Logical, "stablehlo.or"),
     simple("logical_xor", 2, Kind::Logical, "stablehlo.xor"),

@@ -32,6 +32,13 @@ for _aten, _core in [
             if any(str(a.type) == "Tensor" for a in _o._schema.arguments):  # eq.default etc. take numbers only
                 mapping(_o, op=_core)
 
+# Shifts: torch's two spellings (bitwise_*_shift, the operators' __*shift__), every tensor overload.
+for _packet, _core in [(aten.bitwise_left_shift, "bitwise_left_shift"), (aten.__lshift__, "bitwise_left_shift"),
+                       (aten.bitwise_right_shift, "bitwise_right_shift"), (aten.__rshift__, "bitwise_right_shift")]:
+    for _ov in ("Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"):
+        if _ov in _packet.overloads():
+            mapping(getattr(_packet, _ov), op=_core)
+
 _OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
 add = mapping(aten.add.Tensor, aten.add.Scalar, op="add")
 sub = mapping(aten.sub.Tensor, aten.sub.Scalar, op="sub")

@@ -1,5 +1,6 @@
 """torch's multi-tensor ops on xla tensors: every aten::_foreach_* overload,
-and the fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_)
+and the fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_,
+_fused_adagrad_)
 that `torch.optim.Adam/AdamW/SGD(fused=True)` call.
 
 foreach: one rule for the whole family. `_foreach_<op>.<overload>` applies
@@ -156,6 +157,23 @@ def _sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dam
             assign(buf, keep(buf, b_new))
             g = g + b_new * momentum if nesterov else b_new
         assign(p, keep(p, p - g * lr))
+
+
+@impl(aten._fused_adagrad_.default)
+def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
+             grad_scale=None, found_inf=None):
+    """torch's fused Adagrad kernel: clr = lr / (1 + (step - 1) * lr_decay)
+    (the optimizer has already counted this step), state_sum += g^2,
+    param -= clr * g / (sqrt(state_sum) + eps)."""
+    grads, keep = _unscale_and_guard(grads, grad_scale, found_inf)
+    for p, g, s, t in zip(params, grads, state_sums, state_steps):
+        g = -g if maximize else g
+        if weight_decay != 0:
+            g = g + p * weight_decay
+        s_new = s + g * g
+        clr = lr / (1 + (t - 1) * lr_decay)
+        assign(s, keep(s, s_new))
+        assign(p, keep(p, p - clr * g / (torch.sqrt(s_new) + eps)))
 
 
 for _ov in ("default", "tensor_lr"):
