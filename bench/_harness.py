@@ -145,3 +145,20 @@ def stats(xs):
             "max": s[-1], "mean": statistics.fmean(s),
             "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "n": len(s),
             "samples": xs}
+
+
+def write_report(out, schema: str, **fields) -> None:
+    """Writes a benchmark's JSON: schema, UTC date, Python, torch and
+    platform, then the benchmark's own fields; prints where it went."""
+    import datetime
+    import platform
+
+    import torch
+    import torch_xla_core as txc
+    doc = {"schema": schema, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "python": platform.python_version(), "torch": torch.__version__, "platform": txc.runtime.platform(),
+           **fields}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")

@@ -26,10 +26,7 @@ cache is off (bench/_harness.py).
   python bench/dynamo.py [--models decoder] [--steps 20] [--warmup 3] [--out FILE.json]
 """
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -40,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-import _harness  # noqa: E402,F401  (persistent compile cache off)
+import _harness  # noqa: E402  (persistent compile cache off; write_report)
 import torch  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
@@ -128,13 +125,7 @@ def main():
         r["host_ratio_vs_traced"] = ratio
         print(f"{r['model']:<8} {r['mode']:<18} {r['host_ms']:>9.2f} {ratio:>9.1f}x {r['device_ms']:>10.2f} "
               f"{r['dynamo_graphs']:>7} {r['replays_per_step']:>13.1f} {r['compiles_timed']:>9} {r['loss']:>12.6f}")
-    doc = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "python": platform.python_version(), "torch": torch.__version__, "platform": txc.runtime.platform(),
-           "steps": a.steps, "warmup": a.warmup, "rows": rows}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out}")
+    _harness.write_report(a.out, SCHEMA, steps=a.steps, warmup=a.warmup, rows=rows)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ fresh temporary directory: cold (compiles, writes) and warm (loads).
   python bench/replay.py [--models mlp decoder] [--steps 20] [--warmup 3] [--out FILE.json]
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-import _harness  # noqa: E402,F401  (persistent compile cache off)
+import _harness  # noqa: E402  (persistent compile cache off; write_report)
 import torch  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
@@ -139,13 +137,7 @@ def main():
     for name, r in startup.items():
         print(f"{name:<8} {r['cold']['first_step_s']:>16.2f} {r['warm']['first_step_s']:>16.2f} "
               f"{r['speedup']:>7.1f}x {r['warm']['compiles']:>14}")
-    doc = {"schema": SCHEMA, "cache_startup": startup, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "python": platform.python_version(), "torch": torch.__version__,
-           "platform": txc.runtime.platform(), "steps": a.steps, "warmup": a.warmup, "rows": rows}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out}")
+    _harness.write_report(a.out, SCHEMA, cache_startup=startup, steps=a.steps, warmup=a.warmup, rows=rows)
 
 
 if __name__ == "__main__":
