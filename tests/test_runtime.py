@@ -200,3 +200,21 @@ def test_scalar_wraps_into_narrow_integer_dtypes_like_torch(dev):
     x = torch.tensor([0, 1, 250], dtype=torch.uint8)
     for fn in (lambda t: t + -1, lambda t: t * 300, lambda t: t - 7):
         assert torch.equal(fn(x.to(dev)).cpu(), fn(x))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(12.).reshape(3, 4),                          # contiguous: copied once, privately
+    lambda: torch.arange(12.).reshape(3, 4).t(),                      # non-contiguous: contiguous() copies
+    lambda: torch.arange(20.)[4:16].reshape(3, 4),                    # a view with an offset
+    lambda: torch.arange(12).reshape(3, 4),                           # int64 (x64 transfer)
+    lambda: torch.arange(12.).reshape(3, 4).bfloat16(),
+    lambda: (torch.arange(6.) + 1j).reshape(2, 3).conj(),             # a lazily conjugated view
+], ids=["contiguous", "transposed", "offset_view", "int64", "bf16", "conj"])
+def test_transfer_is_a_copy(dev, make):
+    """The CPU device shares torch-owned host memory instead of copying it; the transfer hands it a private
+    copy, so writes to the source after .to() never reach the device tensor."""
+    src = make()
+    want = src.clone().resolve_conj()
+    x = src.to(dev)
+    (src.real if src.is_complex() else src).fill_(7)
+    torch.testing.assert_close(x.cpu(), want)

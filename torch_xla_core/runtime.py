@@ -198,18 +198,24 @@ def execute(exe, params, wait: bool = False):
 
 def _put(a: np.ndarray, device):
     # jax truncates 64-bit host data unless x64 is on; scope it to the copy.
-    # The copy: on the CPU, jax may share the host memory of a torch-owned
-    # array (even with may_alias=False), and later writes to the source
-    # tensor would leak into the device buffer. A fresh array is ours alone.
+    # Callers pass memory that is theirs alone (to_device's private copy):
+    # on the CPU jax shares the host memory of a torch-owned array (even with
+    # may_alias=False) instead of copying it.
     import jax
     with jax.enable_x64(True):
-        return jax.device_put(np.array(a, copy=True), device)
+        return jax.device_put(a, device)
 
 
 def to_device(t: torch.Tensor, device_index: int = 0):
-    """Copies a CPU tensor to the device; returns the device buffer."""
+    """Copies a CPU tensor to the device; returns the device buffer. One host
+    copy: a private torch copy (64-byte aligned) that the CPU device then
+    shares, not a numpy copy that jax copies again; later writes to `t`
+    never reach the device buffer."""
     with metrics.timed("transfer_to_device"):
-        t = t.detach().resolve_conj().resolve_neg().contiguous()
+        src = t.detach()
+        t = src.resolve_conj().resolve_neg().contiguous()
+        if t.data_ptr() == src.data_ptr() and t.numel():  # still the caller's memory: copy it
+            t = t.clone(memory_format=torch.contiguous_format)
         if t.dtype == torch.bfloat16:
             a = t.view(torch.int16).numpy().view(_dtypes.NUMPY[_dtypes.BF16])
         else:
