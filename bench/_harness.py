@@ -162,3 +162,31 @@ def write_report(out, schema: str, **fields) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def host_steps(step, warmup: int, steps: int) -> dict:
+    """Runs step() warmup + steps times and times the last `steps`: the wall
+    time of each call and its host time (wall minus the growth of the
+    runtime's "execute" timer, i.e. everything but device execution).
+    Returns medians in ms (host_ms, wall_ms, device_ms = their difference),
+    the last call's result and the metrics counters at the first timed step."""
+    import time
+
+    import torch_xla_core as txc
+
+    def executed():
+        return txc.metrics.timers().get("execute", (0, 0.0))[1]
+
+    host, wall, result, counters = [], [], None, {}
+    for i in range(warmup + steps):
+        if i == warmup:
+            counters = txc.metrics.counters()
+        e0, t0 = executed(), time.perf_counter()
+        result = step()
+        t1, e1 = time.perf_counter(), executed()
+        if i >= warmup:
+            wall.append(t1 - t0)
+            host.append((t1 - t0) - (e1 - e0))
+    h, w = statistics.median(host), statistics.median(wall)
+    return {"host_ms": h * 1e3, "wall_ms": w * 1e3, "device_ms": (w - h) * 1e3, "result": result,
+            "counters_at_start": counters}

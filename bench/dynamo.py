@@ -27,9 +27,7 @@ cache is off (bench/_harness.py).
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -80,23 +78,10 @@ def run_mode(name, mode, steps, warmup):
             out = _step(model, opt, inputs, loss_fn, opt_step)
             txc.sync(wait=True)
             return out
-    host, wall = [], []
-    loss = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            c0 = txc.metrics.counters()
-        e0 = txc.metrics.timers().get("execute", (0, 0.0))[1]
-        t0 = time.perf_counter()
-        loss = fn()
-        t1 = time.perf_counter()
-        e1 = txc.metrics.timers().get("execute", (0, 0.0))[1]
-        if i >= warmup:
-            wall.append(t1 - t0)
-            host.append((t1 - t0) - (e1 - e0))
-    c = txc.metrics.counters()
-    return {"host_ms": statistics.median(host) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
-            "device_ms": (statistics.median(wall) - statistics.median(host)) * 1e3, "loss": loss.item(),
-            "dynamo_graphs": c.get("dynamo_graph", 0),
+    r = _harness.host_steps(fn, warmup, steps)
+    c, c0 = txc.metrics.counters(), r["counters_at_start"]
+    return {"host_ms": r["host_ms"], "wall_ms": r["wall_ms"], "device_ms": r["device_ms"],
+            "loss": r["result"].item(), "dynamo_graphs": c.get("dynamo_graph", 0),
             "replays_per_step": (c.get("replay", 0) - c0.get("replay", 0)) / steps,
             "compiles_timed": c.get("compile", 0) - c0.get("compile", 0)}
 

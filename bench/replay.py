@@ -24,7 +24,6 @@ fresh temporary directory: cold (compiles, writes) and warm (loads).
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,21 +61,10 @@ def run_mode(name, mode, steps, warmup):
             out = _step(m, o, inp, lf)
             txc.sync(wait=True)
             return out
-    host, wall = [], []
-    loss = None
-    for i in range(warmup + steps):
-        e0 = txc.metrics.timers().get("execute", (0, 0.0))[1]
-        t0 = time.perf_counter()
-        loss = fn(case.model, opt, inputs, loss_fn)
-        t1 = time.perf_counter()
-        e1 = txc.metrics.timers().get("execute", (0, 0.0))[1]
-        if i >= warmup:
-            wall.append(t1 - t0)
-            host.append((t1 - t0) - (e1 - e0))
+    r = _harness.host_steps(lambda: fn(case.model, opt, inputs, loss_fn), warmup, steps)
     c = txc.metrics.counters()
-    return {"host_ms": statistics.median(host) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
-            "device_ms": (statistics.median(wall) - statistics.median(host)) * 1e3,
-            "loss": loss.item(), "replays": c.get("replay", 0), "compiles": c.get("compile", 0)}
+    return {"host_ms": r["host_ms"], "wall_ms": r["wall_ms"], "device_ms": r["device_ms"],
+            "loss": r["result"].item(), "replays": c.get("replay", 0), "compiles": c.get("compile", 0)}
 
 
 def first_step(name):
