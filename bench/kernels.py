@@ -53,6 +53,7 @@ from pathlib import Path
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # first_s includes the compile; compile counts count compiles
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -60,6 +61,7 @@ import torch.nn.functional as F  # noqa: E402
 import torch_xla_core as txc  # noqa: E402
 from torch_xla_core import executor, kernels, runtime  # noqa: E402,F401
 from torch_xla_core.kernels import reference  # noqa: E402
+from models import tiny_mixtral  # noqa: E402  (tests/models.py)
 
 
 def _run(step, repeats):
@@ -179,11 +181,7 @@ def bench_moe_decoder(dev, steps=5):
     except ImportError:
         return []
     torch.manual_seed(0)
-    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-                                     num_experts_per_tok=2, max_position_embeddings=64, router_jitter_noise=0.0,
-                                     attn_implementation="sdpa", experts_implementation="grouped_mm")
-    model = transformers.MixtralForCausalLM(cfg)
+    model = tiny_mixtral(transformers)
     ids = torch.randint(0, 64, (2, 12))
 
     def train(m, d):

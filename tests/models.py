@@ -1,4 +1,4 @@
-"""Small models shared by tests and benchmarks: an MLP and a GPT-style decoder."""
+"""Small models shared by tests and benchmarks: an MLP, a GPT-style decoder and a tiny Mixtral."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -59,3 +59,14 @@ class GPT(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(self.norm(x))
+
+
+def tiny_mixtral(transformers):
+    """The kernels issue's Mixtral-style MoE decoder from `transformers`, random
+    weights: 8 experts, top-2, GQA attention, tiny widths, experts through
+    F.grouped_mm (shared by tests/test_moe.py and bench/kernels.py)."""
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
+                                     num_experts_per_tok=2, max_position_embeddings=64, router_jitter_noise=0.0,
+                                     attn_implementation="sdpa", experts_implementation="grouped_mm")
+    return transformers.MixtralForCausalLM(cfg)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_xla_core as txc
+from models import tiny_mixtral
 from util import assert_matches_cpu
 
 
@@ -160,11 +161,7 @@ def test_transformers_mixtral_decoder_five_adamw_steps_like_cpu_without_recompil
     """The issue's benchmark model as a test: a tiny Mixtral (8 experts, top-2, GQA attention) from
     `transformers` with random weights, 5 AdamW steps on xla vs CPU eager."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-                                     num_experts_per_tok=2, max_position_embeddings=64, router_jitter_noise=0.0,
-                                     attn_implementation="sdpa", experts_implementation="grouped_mm")
-    model = transformers.MixtralForCausalLM(cfg)
+    model = tiny_mixtral(transformers)
     ids = torch.randint(0, 64, (2, 12))
 
     def train(m, d):
