@@ -370,6 +370,18 @@ def assert_flavor(vpy: Path, flavor: fl.Flavor, cwd: Path) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _built_wheel(flavor: fl.Flavor, version: str, partial: bool, out: dict) -> str | None:
+    """The flavor's wheel name for this Python. partial: None when it was not
+    built (recorded in out["not_built"]); otherwise a missing wheel raises."""
+    try:
+        return wheel_for(flavor, version).name
+    except CheckError:
+        if not partial:
+            raise
+        out["not_built"].append(flavor.name)
+        return None
+
+
 def verify_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
                   partial: bool = False) -> dict:
     """Per flavor: resolve by name / ==v / >=v from its index, install with
@@ -380,12 +392,8 @@ def verify_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
     vpy = fresh_venv(py, where)
     out = {"venv": rel(where), "interpreter": str(py), "torch": None, "not_built": []}
     for f in flavors:
-        try:
-            want = wheel_for(f, version).name
-        except CheckError:
-            if not partial:
-                raise
-            out["not_built"].append(f.name)
+        want = _built_wheel(f, version, partial, out)
+        if want is None:
             log(f"verify {tag} {f.name}: NOT BUILT (--partial): skipped")
             continue
         simple = f"{url}/{f.name}/simple"
@@ -496,12 +504,8 @@ def smoke_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
     out = {"interpreter": str(py), "not_built": []}
     try:
         for f in flavors:
-            try:
-                want = wheel_for(f, version).name
-            except CheckError:
-                if not partial:
-                    raise
-                out["not_built"].append(f.name)
+            want = _built_wheel(f, version, partial, out)
+            if want is None:
                 continue
             simple = f"{url}/{f.name}/simple"
             cmd = f"pip install {fl.DIST} --extra-index-url {simple}"
