@@ -279,7 +279,8 @@ endif()
 pybind11_add_module(ext ext.cpp)
 target_link_libraries(ext PRIVATE torch_xla_core::headers)
 """
-_EXT_CPP = """#include <torch_xla_core/ops/registry.h>
+_EXT_CPP = """#include <pybind11/pybind11.h>
+#include <torch_xla_core/ops/registry.h>
 static_assert(_GLIBCXX_USE_CXX11_ABI == WANT_ABI, "the flavor's ABI reaches the extension");
 PYBIND11_MODULE(ext, m) { m.def("abi", [] { return _GLIBCXX_USE_CXX11_ABI; }); }
 """
@@ -308,4 +309,4 @@ def test_extension_builds_against_wheel_headers(built, name, tmp_path):
                     f"-DCMAKE_CXX_FLAGS=-DWANT_ABI={int(f.cxx11_abi)}"],
                    check=True, capture_output=True)
     res = subprocess.run(["cmake", "--build", str(proj / "b")], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:]
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
