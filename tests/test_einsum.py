@@ -49,6 +49,30 @@ def test_einsum_matches_cpu_with_one_dot_per_product(eq, sa, sb, dots):
     assert metrics.fallbacks() == {}
 
 
+@pytest.mark.parametrize("eq", ["binh,tnh->bnit", "bij,bjk->bik"])
+def test_einsum_result_views_can_be_written_in_place(eq):
+    """A view of the result may be modified in place, as on CPU (transformers' Funnel does
+    `attn = reshape(einsum(...))[..., :n]; attn *= mask`); the result must not be a custom
+    Function's view output, which autograd refuses to modify in place."""
+    g = torch.Generator().manual_seed(0)
+    la, lb = eq.split("->")[0].split(",")
+    sizes = dict(b=2, i=3, n=2, h=4, t=5, j=4, k=3)
+    a = torch.randn([sizes[c] for c in la], generator=g, requires_grad=True)
+    b = torch.randn([sizes[c] for c in lb], generator=g, requires_grad=True)
+    xa, xb = (t.detach().to(DEV).requires_grad_() for t in (a, b))
+    outs = []
+    for u, v in ((a, b), (xa, xb)):
+        r = torch.einsum(eq, u, v)
+        assert r.stride() == torch.einsum(eq, a.detach(), b.detach()).stride()
+        view = r[..., 1:]
+        view *= 2.0
+        (r * r).sum().backward()
+        outs.append(r)
+    torch.testing.assert_close(outs[1].detach().cpu(), outs[0].detach())
+    torch.testing.assert_close(xa.grad.cpu(), a.grad)
+    torch.testing.assert_close(xb.grad.cpu(), b.grad)
+
+
 def test_einsum_errors_are_torchs():
     a, b = torch.randn(2, 3), torch.randn(4, 5)
     with pytest.raises(RuntimeError) as cpu:

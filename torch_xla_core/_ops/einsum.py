@@ -69,34 +69,39 @@ def _parse(equation, a, b):
     return la, lb, lo
 
 
-def _dot(a, b, la, lb, lo):
-    """The product of a and b over their shared labels as one dot node,
-    permuted to lo. Every label of a and b is shared or in lo."""
-    batch = [c for c in la if c in lb and c in lo]
-    contract = [c for c in la if c in lb and c not in lo]
-    attrs = ([la.index(c) for c in batch], [lb.index(c) for c in batch],
-             [la.index(c) for c in contract], [lb.index(c) for c in contract])
-    r = _tensor.op("dot", a, b, attrs=attrs)
-    got = "".join(batch) + "".join(c for c in la if c not in lb) + "".join(c for c in lb if c not in la)
-    return r if got == lo else r.permute([got.index(c) for c in lo])
+def _dot_labels(la, lb, lo):
+    """The label order of the dot node's result: batch, then a's free
+    labels, then b's (dot_general's output order)."""
+    batch = "".join(c for c in la if c in lb and c in lo)
+    return batch + "".join(c for c in la if c not in lb) + "".join(c for c in lb if c not in la)
 
 
 class _EinsumDot(torch.autograd.Function):
+    """The dot node, in dot_general's label order `lr`. It returns a fresh
+    tensor, never a view: the permute to the equation's order happens
+    outside (a plain autograd view), so the result's views may be written
+    in place as CPU's einsum result's may (a custom Function's view output
+    may not)."""
+
     @staticmethod
-    def forward(ctx, a, b, la, lb, lo):
+    def forward(ctx, a, b, la, lb, lr):
         ctx.save_for_backward(a, b)
-        ctx.labels = la, lb, lo
-        return _dot(a, b, la, lb, lo)
+        ctx.labels = la, lb, lr
+        batch = [c for c in la if c in lb and c in lr]
+        contract = [c for c in la if c in lb and c not in lr]
+        attrs = ([la.index(c) for c in batch], [lb.index(c) for c in batch],
+                 [la.index(c) for c in contract], [lb.index(c) for c in contract])
+        return _tensor.op("dot", a, b, attrs=attrs)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        la, lb, lo = ctx.labels
+        la, lb, lr = ctx.labels
         ga = gb = None
         if ctx.needs_input_grad[0]:
-            ga = torch.einsum(f"{lo},{lb}->{la}", g, b)
+            ga = torch.einsum(f"{lr},{lb}->{la}", g, b)
         if ctx.needs_input_grad[1]:
-            gb = torch.einsum(f"{lo},{la}->{lb}", g, a)
+            gb = torch.einsum(f"{lr},{la}->{lb}", g, a)
         return ga, gb, None, None, None
 
 
@@ -113,7 +118,9 @@ def einsum(equation, tensors, *, path=None):
                 a, la = a.sum(lone_a), "".join(c for i, c in enumerate(la) if i not in lone_a)
             if lone_b:
                 b, lb = b.sum(lone_b), "".join(c for i, c in enumerate(lb) if i not in lone_b)
-            return _EinsumDot.apply(a, b, la, lb, lo)
+            lr = _dot_labels(la, lb, lo)
+            r = _EinsumDot.apply(a, b, la, lb, lr)
+            return r if lr == lo else r.permute([lr.index(c) for c in lo])
     return aten.einsum.default.decompose(equation, tensors, path=path)
 
 
