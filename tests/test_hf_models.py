@@ -6,9 +6,11 @@ giving the CPU's tokens.
 
 The zoo covers the attention variants users meet (multi-head, grouped- and
 multi-query, ALiBi, rotary, relative position buckets, sliding window,
-windowed vision attention), encoder-decoders, vision (patches, convolutions
-with batch/layer norm), audio (log-mel encoder; a CTC head over a weight-
-normed positional convolution) and a dual encoder (CLIP's contrastive loss).
+windowed vision attention, disentangled and two-stream relative attention),
+mixture-of-experts routing, a state-space model (Mamba's selective scan),
+encoder-decoders, vision (patches, convolutions with batch/layer norm),
+audio (log-mel encoder; a CTC head over a weight-normed positional
+convolution) and a dual encoder (CLIP's contrastive loss).
 Randomness is switched off (dropout, stochastic depth, layer drop,
 SpecAugment masking) so that CPU and xla compute the same function.
 
@@ -54,12 +56,23 @@ def _lm(name):
                                                   num_attention_heads=4))
     if name == "bloom":  # ALiBi
         return T.BloomForCausalLM(T.BloomConfig(vocab_size=V, hidden_size=32, n_layer=2, n_head=4))
+    if name == "gemma2":  # logit soft-capping, alternating sliding-window layers
+        return T.Gemma2ForCausalLM(T.Gemma2Config(**_S, num_key_value_heads=2, head_dim=8, sliding_window=8))
+    if name == "qwen2_moe":  # top-k routing over experts plus a gated shared expert
+        return T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(**_S, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                                      moe_intermediate_size=32, shared_expert_intermediate_size=32))
+    if name == "mamba":  # selective scan (transformers' PyTorch path, no mamba_ssm kernels)
+        return T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8,
+                                                use_mambapy=False))
+    if name == "xlnet":  # two-stream relative attention
+        return T.XLNetLMHeadModel(T.XLNetConfig(vocab_size=V, d_model=32, n_layer=2, n_head=4, d_inner=64))
     raise KeyError(name)
 
 
 def _model(name):
     """(model, input kind)"""
-    if name in ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "opt", "gpt_neox", "falcon", "bloom"):
+    if name in ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "opt", "gpt_neox", "falcon", "bloom", "gemma2",
+                "qwen2_moe", "mamba", "xlnet"):
         return _lm(name), "lm"
     if name == "bert":
         return T.BertForMaskedLM(T.BertConfig(**_S)), "lm"
@@ -70,6 +83,14 @@ def _model(name):
                                                           max_position_embeddings=64)), "lm"
     if name == "electra":
         return T.ElectraForMaskedLM(T.ElectraConfig(**_S, embedding_size=16)), "lm"
+    if name == "deberta_v2":  # disentangled attention: relative positions gathered both ways
+        return T.DebertaV2ForMaskedLM(T.DebertaV2Config(**_S, relative_attention=True, pos_att_type=["c2p", "p2c"],
+                                                        position_buckets=8)), "lm"
+    if name == "funnel":  # an einsum result's slice scaled in place; pooled (funnel) query lengths
+        return T.FunnelForMaskedLM(T.FunnelConfig(vocab_size=V, d_model=32, n_head=4, d_head=8, d_inner=64,
+                                                  block_sizes=[1, 1], num_decoder_layers=1)), "lm"
+    if name == "longformer":  # sliding-window chunks plus global attention
+        return T.LongformerForMaskedLM(T.LongformerConfig(**_S, attention_window=4, pad_token_id=1)), "lm"
     if name == "t5":  # relative position buckets
         return T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                        num_heads=4, decoder_start_token_id=0)), "s2s"
@@ -91,6 +112,10 @@ def _model(name):
         return T.SwinForImageClassification(T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
                                                          num_heads=[2, 4], window_size=4, drop_path_rate=0.0,
                                                          num_labels=5)), "image"
+    if name == "segformer":  # overlapping patch merging, spatial-reduction attention
+        return T.SegformerForImageClassification(T.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+            patch_sizes=[7, 3], strides=[4, 2], decoder_hidden_size=32, num_labels=5, drop_path_rate=0.0)), "image"
     if name == "clip":
         text = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                     max_position_embeddings=64)
@@ -144,8 +169,9 @@ def _to(dev, x):
     return {k: v.to(dev) if torch.is_tensor(v) else v for k, v in x.items()}
 
 
-ZOO = ["gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "opt", "gpt_neox", "falcon", "bloom", "bert", "roberta",
-       "distilbert", "electra", "t5", "bart", "vit", "convnext", "resnet", "swin", "clip", "whisper", "wav2vec2"]
+ZOO = ["gpt2", "llama", "mistral", "qwen2", "gemma", "phi", "opt", "gpt_neox", "falcon", "bloom", "gemma2", "qwen2_moe",
+       "mamba", "xlnet", "bert", "roberta", "distilbert", "electra", "deberta_v2", "funnel", "longformer", "t5", "bart",
+       "vit", "convnext", "resnet", "swin", "segformer", "clip", "whisper", "wav2vec2"]
 
 
 @pytest.mark.parametrize("name", ZOO)
