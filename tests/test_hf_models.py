@@ -214,6 +214,28 @@ def test_greedy_generate_matches_cpu(name, cache, dev):
     assert dict(txc.metrics.fallbacks()) == before
 
 
+GENERATE = [("gemma2", dict(cache_implementation="static")), ("mamba", {}), ("qwen2_moe", {}),
+            ("llama", dict(num_beams=3, repetition_penalty=1.3)), ("gpt2", dict(num_beams=2, no_repeat_ngram_size=2)),
+            ("t5", {})]
+
+
+@pytest.mark.parametrize("name,extra", GENERATE, ids=[f"{n}-{'-'.join(e) or 'greedy'}" for n, e in GENERATE])
+def test_generate_strategies_match_cpu(name, extra, dev):
+    """Beam search (top-k over beams, beam reordering of the cache), n-gram blocking, repetition
+    penalty, encoder-decoder generation (T5), a hybrid sliding-window static cache and Mamba's recurrent
+    state give CPU's tokens, with no fallback."""
+    torch.manual_seed(0)
+    model = _model(name)[0].eval()
+    xla = copy.deepcopy(model).to(dev)
+    ids = torch.randint(3, V, (2, 6), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids), **extra)
+    want = model.generate(ids, **kw)
+    before = dict(txc.metrics.fallbacks())
+    got = xla.generate(ids.to(dev), **_to(dev, kw)).cpu()
+    assert torch.equal(got, want)
+    assert dict(txc.metrics.fallbacks()) == before
+
+
 @pytest.mark.parametrize("name", ["llama", "t5", "vit"])
 def test_bf16_autocast_step_tracks_cpu_autocast(name, dev):
     """torch.autocast("xla", bfloat16) on a model as users write it tracks CPU's bf16 autocast: float32
