@@ -2,7 +2,8 @@
 tensors: take / put (flat indexing), index_reduce, allclose, resize_,
 _efficientzerotensor (autograd's zero gradients), the functional copy and
 repeat_interleave with a known output_size (without one, its shape depends
-on the repeats' values: a counted CPU fallback).
+on the repeats' values: a counted CPU fallback); _has_same_storage_numel
+(forward-mode AD's check when it makes a dual tensor: storage metadata).
 
 take/put index the flattened tensor, negative indices wrapping; indices out
 of range raise torch's error at the sync (the deferred checks of
@@ -161,3 +162,11 @@ def repeat_interleave(repeats, *, output_size=None):
                         "required size (output_size must be the sum of repeats)", RuntimeError)
     pos = torch.arange(int(output_size), dtype=torch.int64, device=repeats.device)
     return (total.unsqueeze(0) <= pos.unsqueeze(1)).sum(1)
+
+
+# ---- storage metadata -----------------------------------------------------------
+
+@impl(aten._has_same_storage_numel.default)
+def _has_same_storage_numel(a, b):
+    """as ATen: the storages hold the same number of elements of each tensor's dtype (no data read)."""
+    return a.untyped_storage().nbytes() // a.element_size() == b.untyped_storage().nbytes() // b.element_size()
