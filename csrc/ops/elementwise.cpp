@@ -58,26 +58,58 @@ std::vector<std::string> coerced(LowerCtx& cx, const Node& n, DType c) {
   return v;
 }
 
+// "opmath" ops (mul, div and its rounding modes): on f16/bf16 tensors
+// torch's CPU and CUDA kernels take a host scalar operand (a Python number,
+// a 0-d CPU tensor) at float32 precision and compute in float32, rounding
+// once (ATen's opmath_t and original_scalar_value): `bf16 * 4.775` is not
+// `bf16 * bf16(4.775)`. (add, sub, pow, fmod and comparisons do round the
+// scalar to the tensor's dtype first, as TensorIterator's cast does.) So a
+// Python number keeps float32 (number_dtype below), and the op computes in
+// float32 when a float host scalar meets a half-precision promoted dtype.
+// (div's rounding modes too; between two half tensors they compute in the
+// half dtype, as ATen's kernels do.)
+enum class Opmath { Off, WithScalar };
+bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
+
+DType opmath_number_dtype(const std::vector<NodePtr>& xs) {
+  DType p = promoted_dtype(xs);
+  return is_half(p) ? DType::F32 : p;
+}
+
+DType opmath_dtype(const Node& n, DType c, Opmath o) {
+  static const uint16_t scalar = op_id("scalar");
+  if (o == Opmath::Off || !is_half(c)) return c;
+  for (const auto& o : n.operands)
+    if (o->op == scalar && (o->dtype == DType::F32 || o->dtype == DType::F64)) return DType::F32;
+  return c;
+}
+
 // Registers op `name` lowering to the StableHLO op `hlo` over coerced operands.
-uint16_t simple(const char* name, int arity, Kind k, const char* hlo) {
+uint16_t simple(const char* name, int arity, Kind k, const char* hlo, Opmath opmath = Opmath::Off) {
   std::string hlo_s = hlo;
   return register_op(OpDef{
       name, arity, [k](Node& n) { infer(n, k); },
-      [k, hlo_s](LowerCtx& cx, const Node& n) {
+      [k, hlo_s, opmath](LowerCtx& cx, const Node& n) {
         DType c = compute_dtype(n, k);
-        auto args = coerced(cx, n, c);
-        std::vector<std::string> types(args.size(), LowerCtx::type(c, n.dims));
-        return cx.op(hlo_s, args, types, LowerCtx::type(n.dtype, n.dims));
-      }});
+        DType m = opmath_dtype(n, c, opmath);
+        auto args = coerced(cx, n, m);
+        std::vector<std::string> types(args.size(), LowerCtx::type(m, n.dims));
+        if (m == c) return cx.op(hlo_s, args, types, LowerCtx::type(n.dtype, n.dims));
+        return cx.convert(cx.op(hlo_s, args, types, LowerCtx::type(m, n.dims)), m, n.dtype, n.dims);
+      },
+      nullptr, nullptr, 0, opmath == Opmath::Off ? nullptr : &opmath_number_dtype});
 }
 
 using Emit = std::function<std::string(LowerCtx&, const Node&, const std::vector<std::string>&, DType)>;
-uint16_t custom(const char* name, int arity, Kind k, Emit emit) {
+uint16_t custom(const char* name, int arity, Kind k, Emit emit, Opmath opmath = Opmath::Off) {
   return register_op(OpDef{name, arity, [k](Node& n) { infer(n, k); },
-                           [k, emit](LowerCtx& cx, const Node& n) {
+                           [k, emit, opmath](LowerCtx& cx, const Node& n) {
                              DType c = compute_dtype(n, k);
-                             return emit(cx, n, coerced(cx, n, c), c);
-                           }});
+                             DType m = opmath_dtype(n, c, opmath);
+                             std::string r = emit(cx, n, coerced(cx, n, m), m);
+                             return m == c ? r : cx.convert(r, m, n.dtype, n.dims);
+                           },
+                           nullptr, nullptr, 0, opmath == Opmath::Off ? nullptr : &opmath_number_dtype});
 }
 
 uint16_t comparison(const char* name, const char* dir) {
@@ -153,6 +185,24 @@ std::string is_inf(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
 }
 
 std::string is_nan(LowerCtx& cx, const std::string& v, DType t, const Dims& d) { return cx.compare(v, v, t, d, "NE"); }
+
+// floor(a / b) of floats as ATen's div_floor_floating (Python's //): from
+// the exact remainder, not a rounded quotient — (a - fmod(a, b)) / b, one
+// less where the remainder's sign differs from b's, then the nearest
+// integer; a signed zero where that is 0; IEEE a / b where b is 0.
+std::string floor_divide_floats(LowerCtx& cx, const std::string& a, const std::string& b, DType t, const Dims& d) {
+  auto one = cx.constant(1, t, d), zero = cx.constant(0, t, d);
+  auto mod = cx.binary("stablehlo.remainder", a, b, t, d);
+  auto div = cx.binary("stablehlo.divide", cx.binary("stablehlo.subtract", a, mod, t, d), b, t, d);
+  div = cx.select(remainder_needs_floor(cx, mod, b, t, d), cx.binary("stablehlo.subtract", div, one, t, d), div, t, d);
+  auto fl = cx.unary("stablehlo.floor", div, t, d);
+  auto up = cx.compare(cx.binary("stablehlo.subtract", div, fl, t, d), cx.constant(0.5, t, d), t, d, "GT");
+  fl = cx.select(up, cx.binary("stablehlo.add", fl, one, t, d), fl, t, d);
+  auto q = cx.binary("stablehlo.divide", a, b, t, d);
+  auto signed_zero = cx.select(sign_bit(cx, q, t, d), cx.unary("stablehlo.negate", zero, t, d), zero, t, d);
+  fl = cx.select(cx.compare(div, zero, t, d, "EQ"), signed_zero, fl, t, d);
+  return cx.select(cx.compare(b, zero, t, d, "EQ"), q, fl, t, d);
+}
 
 // log(v) / log(base), as jnp.log2/log10 (within an ulp or two of ATen's).
 Emit log_base(double base) {
@@ -257,8 +307,8 @@ namespace {
 [[maybe_unused]] const uint16_t reg_binary[] = {
     simple("add", 2, Kind::Same, "stablehlo.add"),
     simple("sub", 2, Kind::Same, "stablehlo.subtract"),
-    simple("mul", 2, Kind::Same, "stablehlo.multiply"),
-    simple("div", 2, Kind::Float, "stablehlo.divide"),
+    simple("mul", 2, Kind::Same, "stablehlo.multiply", Opmath::WithScalar),
+    simple("div", 2, Kind::Float, "stablehlo.divide", Opmath::WithScalar),
     simple("maximum", 2, Kind::Same, "stablehlo.maximum"),
     simple("minimum", 2, Kind::Same, "stablehlo.minimum"),
     simple("pow", 2, Kind::Same, "stablehlo.power"),
@@ -290,17 +340,17 @@ namespace {
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
              auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
              return is_floating(c) ? round_toward_zero(cx, q, c, n.dims) : q;
-           }),
+           }, Opmath::WithScalar),
     // Division rounding down (rounding_mode='floor', floor_divide).
     custom("div_floor", 2, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             if (is_floating(c)) return floor_divide_floats(cx, a[0], a[1], c, n.dims);
              auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
-             if (is_floating(c)) return cx.unary("stablehlo.floor", q, c, n.dims);
              // integers: q = a / b truncates; one less where the remainder says so
              auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
              auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
              return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), q_minus_1, q, c, n.dims);
-           }),
+           }, Opmath::WithScalar),
     // Python-style modulus: result has the sign of the divisor (torch.remainder).
     custom("remainder", 2, Kind::Same,
            [](LowerCtx& cx, const Node& n, const auto& a, DType c) {

@@ -9,6 +9,7 @@
 // torch_xla does).
 #include <cmath>
 #include "lower/emitter.h"
+#include "ops/arith.h"
 #include "ops/registry.h"
 
 namespace txc {
@@ -447,10 +448,13 @@ void reg_cum(const char* name, const char* body, double init) {
       },
       [body, init](LowerCtx& cx, const Node& n) {
         const Node& x = *n.operands[0];
-        std::string v = cx.convert(cx.in(n, 0), x.dtype, n.dtype, x.dims);
-        if (x.rank() == 0 || x.numel() == 0) return v;
-        double i = std::isinf(init) ? (init < 0 ? lowest_value(n.dtype) : highest_value(n.dtype)) : init;
-        return cumulative(cx, v, n.dtype, x.dims, n.attr_int(0), body, i);
+        // half-precision sums and products accumulate in float32, each
+        // output rounded once (torch's acc_type); max/min are exact
+        DType t = std::isinf(init) ? n.dtype : arith::float_compute_dtype(n.dtype);
+        std::string v = cx.convert(cx.in(n, 0), x.dtype, t, x.dims);
+        if (x.rank() == 0 || x.numel() == 0) return cx.convert(v, t, n.dtype, x.dims);
+        double i = std::isinf(init) ? (init < 0 ? lowest_value(t) : highest_value(t)) : init;
+        return cx.convert(cumulative(cx, v, t, x.dims, n.attr_int(0), body, i), t, n.dtype, x.dims);
       }});
 }
 [[maybe_unused]] const bool registered_cum = [] {

@@ -46,21 +46,49 @@ mul = mapping(aten.mul.Tensor, aten.mul.Scalar, op="mul")
 div = mapping(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, op="div")
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _half_result(*xs):
+    """The result dtype when it is float16/bfloat16 (torch's kernels then compute in float32), else None."""
+    dt = torch.result_type(*xs) if len(xs) == 2 else torch.promote_types(torch.result_type(*xs[:2]),
+                                                                             torch.result_type(xs[0], xs[2]))
+    return dt if dt in _HALF else None
+
+
+def _cast_number(x, dt):
+    """A Python number as TensorIterator casts it to a half dtype (rounded)."""
+    return float(torch.tensor(x, dtype=dt))
+
+
+def _scaled(op, a, b, alpha):
+    """a op alpha*b (add/sub with alpha). On half dtypes as ATen: alpha (and a
+    number operand) cast to the half dtype, then computed in float32 and
+    rounded once — not b*alpha rounded and then added."""
+    if alpha == 1:
+        return _op(op, (a, b), ())
+    dt = _half_result(a, b)
+    if dt is None:
+        return _op(op, (a, _op(_OP_MUL, (b, alpha), ())), ())
+    f = [x.float() if isinstance(x, torch.Tensor) else _cast_number(x, dt) for x in (a, b)]
+    return _op(op, (f[0], _op(_OP_MUL, (f[1], _cast_number(alpha, dt)), ())), ()).to(dt)
+
+
 @impl(aten.add.Tensor, aten.add.Scalar)
 def add_scaled(a, b, *, alpha=1):
     """add's calls with alpha (its mapping takes the others)."""
-    return _op(_OP_ADD, (a, _op(_OP_MUL, (b, alpha), ()) if alpha != 1 else b), ())
+    return _scaled(_OP_ADD, a, b, alpha)
 
 
 @impl(aten.sub.Tensor, aten.sub.Scalar)
 def sub_scaled(a, b, *, alpha=1):
     """sub's calls with alpha (its mapping takes the others)."""
-    return _op(_OP_SUB, (a, _op(_OP_MUL, (b, alpha), ()) if alpha != 1 else b), ())
+    return _scaled(_OP_SUB, a, b, alpha)
 
 
 @impl(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(a, b, *, alpha=1):
-    return sub(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _op(_OP_SUB, (b, a if alpha == 1 else v(wrap(_make(_OP_MUL, (a, alpha), ())))), ())
+    return sub_scaled(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _scaled(_OP_SUB, b, a, alpha)
 
 
 @impl(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -141,25 +169,42 @@ impl(aten.clamp_max.default, aten.clamp_max.Tensor)(lambda x, m: clamp(x, max=m)
 
 @impl(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(a, b, w):
-    # a + w * (b - a)
+    """ATen's formula: a + w (b - a) where |w| < 0.5, else b - (b - a)(1 - w)
+    (exact at w = 0 and w = 1); half dtypes compute in float32 with the
+    weight at full precision and round once."""
+    dt = _half_result(a, b, w)
+    if dt is not None:
+        return lerp(a.float(), b.float(), w.float() if isinstance(w, torch.Tensor) else w).to(dt)
     d = _op(_OP_SUB, (b, a), ())
-    return _op(_OP_ADD, (a, _make(_OP_MUL, (w, d._lt), ())), ())
+    if not isinstance(w, torch.Tensor):
+        if abs(w) < 0.5:
+            return _op(_OP_ADD, (a, _make(_OP_MUL, (w, d._lt), ())), ())
+        # 1 - w in the compute dtype, as ATen (the weight is cast first): 1 - 0.8 in float32 is not 0.2
+        one_minus = float(1 - torch.tensor(w, dtype=torch.promote_types(a.dtype, torch.float32)))
+        return _op(_OP_SUB, (b, _make(_OP_MUL, (d._lt, one_minus), ())), ())
+    low = _op(_OP_ADD, (a, _make(_OP_MUL, (w, d._lt), ())), ())
+    high = _op(_OP_SUB, (b, _make(_OP_MUL, (d._lt, _make(_OP_SUB, (1, w), ())), ())), ())
+    return _op(OP.where, (_make(OP.lt, (_make(OP.abs, (w,), ()), 0.5), ()), low, high), ())
+
+
+def _addc(x, t1, t2, value, core):
+    """x + value * t1 core t2, left to right as ATen's kernels ((value * t1) / t2 for addcdiv);
+    half dtypes in float32 with value at full precision, rounded once."""
+    dt = _half_result(x, t1, t2)
+    if dt is not None:
+        return _addc(x.float(), t1.float(), t2.float(), value, core).to(dt)
+    p = _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())
+    return _op(_OP_ADD, (x, p), ())
 
 
 @impl(aten.addcmul.default)
 def addcmul(x, t1, t2, *, value=1):
-    p = _make(_OP_MUL, (t1, t2), ())
-    if value != 1:
-        p = _make(_OP_MUL, (p, value), ())
-    return _op(_OP_ADD, (x, p), ())
+    return _addc(x, t1, t2, value, _OP_MUL)
 
 
 @impl(aten.addcdiv.default)
 def addcdiv(x, t1, t2, *, value=1):
-    p = _make(OP.div, (t1, t2), ())
-    if value != 1:
-        p = _make(_OP_MUL, (p, value), ())
-    return _op(_OP_ADD, (x, p), ())
+    return _addc(x, t1, t2, value, OP.div)
 
 
 @impl(aten.relu.default)
