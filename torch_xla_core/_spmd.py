@@ -18,8 +18,8 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
   pin_aliased_outputs gives those results their parameter's mhlo.sharding.
   deserialize(data, text, key) loads a persistent-cache entry with the same
   options. This module and runtime.py are the two that touch jaxlib's
-  compile API. check_partitioned refuses an annotation (from a scan body)
-  in a graph that is not partitioned.
+  compile API. check_partitioned refuses sharding custom calls in a graph
+  that is not partitioned (ones a call_jax function emits by itself).
 - bind/execute: inputs go in as global arrays laid out on the mesh (a buffer
   on one device is replicated once per sync; Python numbers once per value),
   execute_sharded runs every partition, and each output becomes one global
@@ -95,16 +95,19 @@ class UnpartitionedAnnotation(RuntimeError):
 
 
 def check_partitioned(key, text: str) -> None:
-    """A graph that holds a sharding annotation must be partitioned. One that
-    is not got it from a scan body (key_field sees the annotations of the
-    top-level graph only, csrc/trace/graph.cpp GraphCut::annotations) with no
-    sharded input: refused rather than run on one device unsharded (the
-    pending tensors stay pending: shard an input and sync again)."""
+    """A graph whose text holds a sharding custom call must be partitioned.
+    key_field sees every annotation node, scan bodies' included
+    (csrc/trace/graph.cpp GraphCut::annotations), and per-shard kernels
+    annotate their inputs, so what is left is a call_jax function that emits
+    shardings itself (jax.lax.with_sharding_constraint, its own shard_map)
+    in a graph with no sharded input: refused rather than run on one device
+    unsharded (the pending tensors stay pending)."""
     if key.spmd is None and 'call_target_name = "Sharding"' in text:
-        raise UnpartitionedAnnotation("mark_sharding inside a scan/scan_layers body is honoured only when the graph is "
-                           "partitioned already: none of this graph's inputs is sharded, so its body's "
-                           "annotation would be ignored. Shard an input the loop reads (the layers' weights, the "
-                           "carry or xs) with torch_xla_core.sharding.mark_sharding before the scan.")
+        raise UnpartitionedAnnotation("this graph holds sharding annotations that no sharded input or "
+                                      "mark_sharding explains (a call_jax function that shards by itself?), so "
+                                      "it is not partitioned and they would be ignored. Shard an input with "
+                                      "torch_xla_core.sharding.mark_sharding, or give call_jax mesh=/in_specs=/"
+                                      "out_specs= to run the function per shard.")
 
 
 def _same(ids, other):
