@@ -1,0 +1,185 @@
+"""Kernels under SPMD run per shard (kernels/per_shard.py) on 8 CPU devices
+(a child process: tests/multidevice.py): call_jax(mesh=, in_specs=,
+out_specs=), flash_attention with segment ids under data parallelism and
+with heads on "model", multi_queries_paged_attention's Pallas kernel
+(interpreted). Checked: the manual region in the StableHLO (@Sharding,
+SPMDFullToShardShape {manual} to shard shapes, SPMDShardToFullShape back),
+numerics and gradients against the unsharded call and CPU references,
+compile counts, no fallback, and the errors before compiling."""
+import re
+
+import pytest
+import torch
+
+import torch_xla_core as txc
+import torch_xla_core.sharding as xs
+from torch_xla_core import executor, kernels, metrics
+from torch_xla_core.kernels import reference
+from multidevice import on_devices
+
+pytestmark = pytest.mark.xdist_group("devices8_kernels")
+
+
+def _mesh():
+    return xs.Mesh(range(8), (4, 2), ("data", "model"))
+
+
+def _manual_region(text):
+    """(full shape, shard shape) of each SPMDFullToShardShape, and the
+    shapes each SPMDShardToFullShape restores."""
+    to_shard = re.findall(r"@SPMDFullToShardShape\(%\w+\) \{[^}]*mhlo\.sharding = \"\{manual\}\"\} : "
+                          r"\(tensor<([^>]*)>\) -> tensor<([^>]*)>", text)
+    to_full = re.findall(r"@SPMDShardToFullShape\(%\w+\) \{[^\n]*?\"\} : \(tensor<([^>]*)>\) -> tensor<([^>]*)>", text)
+    return to_shard, to_full
+
+
+@on_devices(8)
+def test_call_jax_per_shard_emits_a_manual_region_and_matches_cpu():
+    mesh = _mesh()
+
+    def f(x, w):  # per device: its rows of x, all of w
+        return (x * w).sum(-1), x * 2
+
+    x, w = torch.randn(8, 6), torch.randn(6)
+    X, W = x.to("xla").requires_grad_(), w.to("xla").requires_grad_()
+    a, b = kernels.call_jax(f, X, W, mesh=mesh, in_specs=[("data", None), None], out_specs=("data",))
+    text = txc.debug.stablehlo([a, b])
+    assert "mhlo.num_partitions = 8 : i32" in text  # nothing else is sharded: the kernel's inputs decide
+    to_shard, to_full = _manual_region(text)
+    assert to_shard == [("8x6xf32", "2x6xf32"), ("6xf32", "6xf32")]
+    assert to_full == [("2xf32", "8xf32"), ("2x6xf32", "8x6xf32")]
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ar, br = (xr * wr).sum(-1), xr * 2
+    (ar.sum() * 3 + (br * br).sum()).backward()
+    executor.clear_cache()
+    metrics.clear()
+    (a.sum() * 3 + (b * b).sum()).backward()
+    txc.sync()
+    assert metrics.counters().get("compile", 0) == 1
+    torch.testing.assert_close(a.cpu(), ar.detach())
+    torch.testing.assert_close(b.cpu(), br.detach())
+    torch.testing.assert_close(X.grad.cpu(), xr.grad)
+    torch.testing.assert_close(W.grad.cpu(), wr.grad)  # w's cotangent summed over the "data" shards
+    assert xs.get_sharding(a).partition_spec == ("data",)
+    assert not metrics.fallbacks()
+
+
+def _flash_inputs(b=8, h=4, hkv=4, s=16, d=8):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(b, h, s, d), torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
+    seg = torch.randint(0, 3, (b, s)).sort(1).values  # packed sequences
+    return q, k, v, seg
+
+
+def _flash_step(q, k, v, seg, **kw):
+    """Output and q/k/v gradients of flash attention with segment ids on xla
+    (kw: partition_spec, mesh), synced."""
+    Q, K, V = (t.to("xla").requires_grad_() for t in (q, k, v))
+    S = seg.to("xla")
+    out = kernels.flash_attention(Q, K, V, causal=True, q_segment_ids=S, kv_segment_ids=S, sm_scale=0.5, **kw)
+    text = txc.debug.stablehlo([out])
+    (out * out).sum().backward()
+    txc.sync()
+    return out, (Q.grad, K.grad, V.grad), text
+
+
+@on_devices(8)
+def test_flash_attention_with_segment_ids_data_parallel_runs_per_shard():
+    mesh = _mesh()
+    q, k, v, seg = _flash_inputs()
+    base, base_grads, base_text = _flash_step(q, k, v, seg)  # unsharded: one device
+    assert "SPMDFullToShardShape" not in base_text and xs.get_sharding(base) is None
+    executor.clear_cache()
+    metrics.clear()
+    out, grads, text = _flash_step(q, k, v, seg, partition_spec=("data", None, None, None), mesh=mesh)
+    assert metrics.counters().get("compile", 0) == 1  # forward and backward in one partitioned graph
+    assert metrics.counters().get("kernel_per_shard") == 1
+    to_shard, to_full = _manual_region(text)
+    # q, k, v: batch 8 split over "data" (4); the segment ids alike
+    assert to_shard == [("8x4x16x8xf32", "2x4x16x8xf32")] * 3 + [("8x16xi32", "2x16xi32")] * 2
+    assert to_full == [("2x4x16x8xf32", "8x4x16x8xf32")]
+    torch.testing.assert_close(out.cpu(), base.cpu(), rtol=1e-5, atol=1e-5)
+    for g, bg in zip(grads, base_grads):
+        torch.testing.assert_close(g.cpu(), bg.cpu(), rtol=1e-5, atol=1e-5)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = reference.flash_attention(qr, kr, vr, causal=True, q_segment_ids=seg, kv_segment_ids=seg, sm_scale=0.5)
+    (ref * ref).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, (qr, kr, vr)):
+        torch.testing.assert_close(g.cpu(), r.grad, rtol=1e-4, atol=1e-5)
+    assert xs.get_sharding(out).partition_spec[0] == "data"
+    assert not metrics.fallbacks()
+
+
+@on_devices(8)
+def test_flash_attention_follows_a_sharded_q_and_splits_gqa_heads_on_model():
+    mesh = _mesh()
+    q, k, v, seg = _flash_inputs(h=4, hkv=2)
+    base, base_grads, _ = _flash_step(q, k, v, seg)
+    Q, K, V = (t.to("xla").requires_grad_() for t in (q, k, v))
+    S = seg.to("xla")
+    with torch.no_grad():
+        xs.mark_sharding(Q, mesh, ("data", "model", None, None))  # no partition_spec: q's layout decides
+    out = kernels.flash_attention(Q, K, V, causal=True, q_segment_ids=S, kv_segment_ids=S, sm_scale=0.5)
+    to_shard, _ = _manual_region(txc.debug.stablehlo([out]))
+    # q heads 4 -> 2 and kv heads 2 -> 1 per device: each keeps its GQA group
+    assert to_shard[:3] == [("8x4x16x8xf32", "2x2x16x8xf32"), ("8x2x16x8xf32", "2x1x16x8xf32"),
+                            ("8x2x16x8xf32", "2x1x16x8xf32")]
+    (out * out).sum().backward()
+    txc.sync()
+    torch.testing.assert_close(out.cpu(), base.cpu(), rtol=1e-5, atol=1e-5)
+    for g, bg in zip((Q.grad, K.grad, V.grad), base_grads):
+        torch.testing.assert_close(g.cpu(), bg.cpu(), rtol=1e-5, atol=1e-5)
+
+
+@on_devices(8)
+def test_paged_attention_pallas_kernel_runs_per_shard():
+    from test_paged_attention import _inputs
+    mesh = _mesh()
+    torch.manual_seed(0)
+    args = _inputs(4, 4, 4, 2, 8, 4, 4, [7, 16, 1, 12], [3, 4, 1, 2])
+    ref = reference.multi_queries_paged_attention(*args)
+    dev = [a.to("xla") for a in args]
+    executor.clear_cache()
+    metrics.clear()
+    out = kernels.multi_queries_paged_attention(*dev, 2, 4, impl="pallas", partition_spec=("data", None, "model", None),
+                                                mesh=mesh)
+    to_shard, to_full = _manual_region(txc.debug.stablehlo([out]))
+    assert to_shard == [("4x4x4x8xf32", "1x4x2x8xf32"), ("2x18x4x8xf32", "1x18x4x8xf32"),
+                        ("2x18x4x8xf32", "1x18x4x8xf32"), ("4xi32", "1xi32"), ("4x4xi32", "1x4xi32"),
+                        ("4xi32", "1xi32")]
+    assert to_full == [("1x4x2x8xf32", "4x4x4x8xf32")]
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
+    assert metrics.counters().get("kernel_per_shard") == 1 and not metrics.fallbacks()
+
+
+@on_devices(8)
+def test_per_shard_errors_name_the_setting_before_compiling():
+    mesh = _mesh()
+    q, k, v, seg = (t.to("xla") for t in _flash_inputs(h=4, hkv=2))
+    metrics.clear()
+    with pytest.raises(ValueError, match=r"flash_attention: partition_spec .* splits dims \[2\] of q"):
+        kernels.flash_attention(q, k, v, partition_spec=("data", None, "model", None), mesh=mesh)
+    with pytest.raises(ValueError, match=r"k/v has 2 heads, which do not split alike"):
+        kernels.flash_attention(q, k, v, partition_spec=(None, "data", None, None), mesh=mesh)
+    with pytest.raises(ValueError, match=r"flash_attention: unknown mesh axis 'rows'"):
+        kernels.flash_attention(q, k, v, partition_spec=("rows", None, None, None), mesh=mesh)
+    with pytest.raises(ValueError, match=r"partition_spec needs mesh="):
+        kernels.flash_attention(q, k, v, partition_spec=("data", None, None, None))
+    with pytest.raises(ValueError, match=r"mesh= given without partition_spec="):
+        kernels.flash_attention(q, k, v, mesh=mesh)
+    f = lambda a: a * 2  # noqa: E731
+    with pytest.raises(ValueError, match=r"in_specs must hold one partition spec per tensor argument \(1\)"):
+        kernels.call_jax(f, q, mesh=mesh, in_specs=[None, None], out_specs=())
+    with pytest.raises(ValueError, match=r"needs both in_specs="):
+        kernels.call_jax(f, q, mesh=mesh, in_specs=[None])
+    with pytest.raises(ValueError, match=r"dim 0 of size 6 is not divisible by 8 .*in_specs\[0\]"):
+        kernels.call_jax(f, torch.ones(6, device="xla"), mesh=mesh, in_specs=[(("data", "model"),)],
+                         out_specs=(("data", "model"),))
+    assert metrics.counters().get("compile", 0) == 0
+    xs.set_global_mesh(mesh)  # torch_xla's default mesh for partition_spec without mesh=
+    try:
+        out = kernels.flash_attention(q, k, v, partition_spec=("data", None, None, None))
+        assert "SPMDFullToShardShape" in txc.debug.stablehlo([out])
+    finally:
+        xs.set_global_mesh(None)
