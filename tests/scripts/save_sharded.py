@@ -24,4 +24,4 @@ if rank == 0:  # alone: the gather would block for good
             torch.save(what(), io.BytesIO())
         except RuntimeError as e:
             errors.append(str(e))
-json.dump({"every": every.tolist(), "errors": errors}, os.path.join(out_dir, f"save{rank}.json"), "w"))
+json.dump({"every": every.tolist(), "errors": errors}, open(os.path.join(out_dir, f"save{rank}.json"), "w"))
