@@ -231,3 +231,37 @@ def test_flash_attention_per_shard_inside_scan_layers():
     assert 'call_target_name = "Sharding"' in body and '{devices=[4,1,1,1,2]<=[8] last_tile_dim_replicate}' in body
     to_shard, to_full = _manual_region(text)
     assert ("8x2x16x8xf32", "2x2x16x8xf32") in to_shard and ("2x2x16x8xf32", "8x2x16x8xf32") in to_full
+
+
+@on_devices(8)
+def test_tpu_flash_kernel_lowers_inside_the_manual_region():
+    """The TPU path (jax's Pallas flash kernel, a Mosaic custom call XLA
+    cannot partition), lowered for TPU on the CPU: the tpu_custom_call sits
+    in the per-shard body, on shard shapes (batch 8 -> 2), forward and
+    backward."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src import config
+
+    from torch_xla_core.kernels import per_shard
+    from torch_xla_core.kernels.attention import _flash_entry
+    sd = jax.ShapeDtypeStruct
+    shapes = (sd((8, 4, 256, 128), jnp.float32), sd((8, 2, 256, 128), jnp.float32),
+              sd((8, 2, 256, 128), jnp.float32), sd((8, 256), jnp.int32), sd((8, 256), jnp.int32))
+    qs = ("data", None, None, None)
+    ps = per_shard.PerShard(_flash_entry, (True,) * 5, _mesh(), [qs] * 3 + [("data", None)] * 2, qs, False,
+                            check_vma=False)
+
+    def fwd(q, k, v, a, b):
+        return ps(q, k, v, a, b, has_ab=False, has_seg=True, causal=True, sm_scale=0.5, impl="pallas")
+
+    def bwd(q, k, v, a, b):
+        return jax.grad(lambda x, y, z: fwd(x, y, z, a, b).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    for fn, calls in ((fwd, 1), (bwd, 3)):
+        with config.use_shardy_partitioner(False):
+            text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
+        body = text[text.index("func.func private @shmap_body"):]
+        assert body.count("tpu_custom_call") >= calls and "tensor<2x4x256x128xf32>" in body
+        to_shard, _ = _manual_region(text)
+        assert ("8x4x256x128xf32", "2x4x256x128xf32") in to_shard

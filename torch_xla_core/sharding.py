@@ -17,6 +17,10 @@ on the mesh's devices, no full copy per device); a pending value gets an
 annotation in the graph (a custom_call @Sharding, part of the graph's hash).
 Sharded tensors are on xla:0, the mesh's virtual device, as in torch_xla;
 outputs of a partitioned graph keep the shardings the compiler chose.
+Annotations inside scan/scan_layers bodies count as ones outside do (a
+body annotation alone partitions the graph). Kernels (call_jax,
+flash_attention, multi_queries_paged_attention) run per shard given specs
+(kernels/per_shard.py); set_global_mesh gives them a default mesh.
 Devices: TXC_NUM_CPU_DEVICES=N gives the CPU platform N devices."""
 import collections
 import math

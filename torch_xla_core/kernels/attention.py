@@ -39,6 +39,16 @@ TXC_SDPA_KERNEL allow it (default "auto": on TPU, for calls the kernel takes,
 kv length >= 1024; "flash": every platform; "xla": never), counted as
 "sdpa_flash" in metrics; the rest keeps the fused core sdpa op.
 
+Under SPMD both kernels run per shard (kernels/per_shard.py: jax.shard_map's
+manual region around the call) when given partition_spec= (q's layout,
+torch_xla's name; only batch and heads may be split) and mesh= (default
+sharding.get_global_mesh()), or, without them, when q's layout is known
+while tracing (device data laid out by mark_sharding, or a value
+mark_sharding annotated): its batch and heads entries. Otherwise the call
+is one node the partitioner handles (the interpreted/reference paths are
+plain HLO and get partitioned; a Mosaic custom call on TPU would be
+gathered), counted as "kernel_per_shard" when it runs per shard.
+
 Bad input raises before anything compiles (shapes, dtypes, head ratios,
 block sizes); page indices out of range raise at the sync that computes
 them (a deferred check, as the index ops do)."""
