@@ -130,6 +130,15 @@ def test_flash_attention_follows_a_sharded_q_and_splits_gqa_heads_on_model():
     torch.testing.assert_close(out.cpu(), base.cpu(), rtol=1e-5, atol=1e-5)
     for g, bg in zip((Q.grad, K.grad, V.grad), base_grads):
         torch.testing.assert_close(g.cpu(), bg.cpu(), rtol=1e-5, atol=1e-5)
+    # a pending q that mark_sharding annotated decides as well; one left to propagation does not
+    with torch.no_grad():
+        q2 = q.to("xla") * 1
+        xs.mark_sharding(q2, mesh, ("data", None, None, None))
+        out2 = kernels.flash_attention(q2, K, V, causal=True, q_segment_ids=S, kv_segment_ids=S, sm_scale=0.5)
+        assert _manual_region(txc.debug.stablehlo([out2]))[0][0] == ("8x4x16x8xf32", "2x4x16x8xf32")
+        torch.testing.assert_close(out2.cpu(), base.cpu(), rtol=1e-5, atol=1e-5)
+        out3 = kernels.flash_attention(q2 * 1, K, V, causal=True, q_segment_ids=S, kv_segment_ids=S, sm_scale=0.5)
+        assert "SPMDFullToShardShape" not in txc.debug.stablehlo([out3])
 
 
 @on_devices(8)
