@@ -274,3 +274,26 @@ def test_tpu_flash_kernel_lowers_inside_the_manual_region():
         assert body.count("tpu_custom_call") >= calls and "tensor<2x4x256x128xf32>" in body
         to_shard, _ = _manual_region(text)
         assert ("8x4x256x128xf32", "2x4x256x128xf32") in to_shard
+
+
+@on_devices(8)
+def test_a_function_that_shards_by_itself_in_an_unpartitioned_graph_is_refused():
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from torch_xla_core import _spmd
+    mesh = _mesh()
+
+    def f(x):  # shards inside jax, with no mesh our graph knows of
+        return jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh._jax, PartitionSpec("data")))
+
+    y = kernels.call_jax(f, torch.ones(8, device="xla"))
+    metrics.clear()
+    with pytest.raises(_spmd.UnpartitionedAnnotation, match="give call_jax mesh=/in_specs=/out_specs="):
+        y.cpu()
+    assert metrics.counters().get("compile", 0) == 0
+    x = torch.ones(8, device="xla")
+    xs.mark_sharding(x, mesh, ("data",))  # a sharded input: the graph is partitioned, the constraint honoured
+    z = kernels.call_jax(f, x)
+    torch.testing.assert_close(z.cpu(), torch.full((8,), 2.0))
+    assert xs.get_sharding(z).partition_spec == ("data",)

@@ -102,7 +102,7 @@ def check_partitioned(key, text: str) -> None:
     shardings itself (jax.lax.with_sharding_constraint, its own shard_map)
     in a graph with no sharded input: refused rather than run on one device
     unsharded (the pending tensors stay pending)."""
-    if key.spmd is None and 'call_target_name = "Sharding"' in text:
+    if key.spmd is None and ('call_target_name = "Sharding"' in text or "custom_call @Sharding(" in text):
         raise UnpartitionedAnnotation("this graph holds sharding annotations that no sharded input or "
                                       "mark_sharding explains (a call_jax function that shards by itself?), so "
                                       "it is not partitioned and they would be ignored. Shard an input with "
