@@ -83,8 +83,11 @@ def key_field(cut):
             shardings.append(hlo_sharding(s, p.ndim))
         else:
             shardings.append(_REPLICATED)
-    for _, mesh_ids, _, _ in cut.annotations():
-        ids = _same(ids, tuple(mesh_ids))
+    annotations = cut.annotations()
+    if annotations:
+        devs = runtime.global_devices()
+        for _, mesh_ids, _, _ in annotations:  # a Mesh's device ids are ordinals; the key holds PJRT ids
+            ids = _same(ids, tuple(int(devs[i].id) for i in mesh_ids))
     if ids is None:
         return None
     return Spmd(ids, tuple(shardings))
