@@ -190,6 +190,8 @@ def test_per_shard_errors_name_the_setting_before_compiling():
     f = lambda a: a * 2  # noqa: E731
     with pytest.raises(ValueError, match=r"in_specs must hold one partition spec per tensor argument \(1\)"):
         kernels.call_jax(f, q, mesh=mesh, in_specs=[None, None], out_specs=())
+    with pytest.raises(ValueError, match=r"tensor arguments \[0\] are not on xla:0"):
+        kernels.call_jax(f, torch.ones(8, device="xla:1"), mesh=mesh, in_specs=[None], out_specs=())
     with pytest.raises(ValueError, match=r"needs both in_specs="):
         kernels.call_jax(f, q, mesh=mesh, in_specs=[None])
     with pytest.raises(ValueError, match=r"dim 0 of size 6 is not divisible by 8 .*in_specs\[0\]"):

@@ -96,6 +96,11 @@ def wrap(fn, fname, layout, tensors, mesh, in_specs, out_specs, check_vma=True) 
     if not isinstance(in_specs, (tuple, list)) or len(in_specs) != len(tensors):
         raise ValueError(f"call_jax({fname}): in_specs must hold one partition spec per tensor argument "
                          f"({len(tensors)}), got {in_specs!r}")
+    from .._tensor import index_of
+    off = [k for k, t in enumerate(tensors) if index_of(t) != 0]
+    if off:
+        raise ValueError(f"call_jax({fname}): tensor arguments {off} are not on xla:0; sharded values live on "
+                         f"xla:0 (the mesh's virtual device): move them with .to('xla:0')")
     specs = []
     for k, (t, s) in enumerate(zip(tensors, in_specs)):
         try:
