@@ -252,8 +252,8 @@ def test_tpu_flash_kernel_lowers_inside_the_manual_region():
     backward."""
     import jax
     import jax.numpy as jnp
-    from jax._src import config
 
+    from torch_xla_core import _spmd
     from torch_xla_core.kernels import per_shard
     from torch_xla_core.kernels.attention import _flash_entry
     sd = jax.ShapeDtypeStruct
@@ -270,7 +270,7 @@ def test_tpu_flash_kernel_lowers_inside_the_manual_region():
         return jax.grad(lambda x, y, z: fwd(x, y, z, a, b).sum(), argnums=(0, 1, 2))(q, k, v)
 
     for fn, calls in ((fwd, 1), (bwd, 3)):
-        with config.use_shardy_partitioner(False):
+        with _spmd.gspmd_lowering():
             text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
         body = text[text.index("func.func private @shmap_body"):]
         assert body.count("tpu_custom_call") >= calls and "tensor<2x4x256x128xf32>" in body

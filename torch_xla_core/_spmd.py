@@ -4,7 +4,7 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
 
 - key_field(cut): a graph is partitioned when a parameter is a buffer laid
   out over several devices or the graph holds a sharding annotation (core
-  op "sharding"); the key then holds the mesh's device assignment and each
+  op "sharding", scan bodies included); the key then holds the mesh's device assignment and each
   parameter's sharding (XLA HloSharding text; "{replicated}" for one that is
   not sharded). All sharded values of one graph must use the same devices in
   the same order.
@@ -59,6 +59,14 @@ def activate(jmesh) -> None:
 
 def _ids(jmesh) -> tuple:
     return tuple(int(d.id) for d in jmesh.devices.flat)
+
+
+def gspmd_lowering():
+    """A context in which jax lowers shardings as GSPMD's mhlo.sharding
+    annotations (not Shardy's sdy dialect): what compile() partitions.
+    call_jax lowers under it (a shard_map'd kernel, kernels/per_shard.py)."""
+    from jax._src import config
+    return config.use_shardy_partitioner(False)
 
 
 def hlo_sharding(sharding, ndim: int) -> str:

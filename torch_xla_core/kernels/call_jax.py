@@ -122,12 +122,10 @@ def _lower(fn, fname, args, static_kwargs, x64):
 
     shapes = [jax.ShapeDtypeStruct(args[i].shape, np.dtype(_TORCH_TO_JAX[args[i].dtype])
                                    if args[i].dtype != torch.bfloat16 else jax.numpy.bfloat16) for i in dyn]
-    from jax._src import config
-
-    from .. import runtime
+    from .. import _spmd, runtime
     # GSPMD's annotations (mhlo.sharding), not Shardy's: the partitioner our
-    # compile runs (_spmd.py); only functions that shard (PerShard) emit any.
-    with jax.enable_x64(bool(x64)), config.use_shardy_partitioner(False):
+    # compile runs; only functions that shard (PerShard) emit any.
+    with jax.enable_x64(bool(x64)), _spmd.gspmd_lowering():
         # for the runtime's platform, which need not be jax's default backend (PJRT_DEVICE=CPU on a GPU host)
         traced = jax.jit(flat_fn, keep_unused=True).trace(*shapes)
         lowered = traced.lower(lowering_platforms=(runtime.platform(),))
