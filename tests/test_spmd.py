@@ -331,6 +331,32 @@ def test_annotation_only_inside_a_scan_body_partitions_the_graph():
 
 
 @on_devices(8)
+def test_annotation_only_inside_a_nested_scan_body_partitions_the_graph():
+    from torch_xla_core.scan import scan
+    mesh = _mesh()
+    w, init, xs_ = torch.randn(8, 8), torch.randn(4, 8), torch.randn(2, 3, 4, 8)
+    W = w.to("xla")
+
+    def inner(c, x):
+        h = c @ W + x
+        xs.mark_sharding(h, mesh, ("data", "model"))  # the only sharding: two loops deep
+        return torch.tanh(h), h.sum(1)
+
+    c, ys = scan(lambda c, x: scan(inner, c, x), init.to("xla"), xs_.to("xla"))
+    text = txc.debug.stablehlo([c, ys])
+    assert "mhlo.num_partitions = 8 : i32" in text and text.count("stablehlo.while") == 2
+    rc, ry = init, []
+    for i in range(2):
+        for j in range(3):
+            h = rc @ w + xs_[i, j]
+            rc = torch.tanh(h)
+            ry.append(h.sum(1))
+    torch.testing.assert_close(c.cpu(), rc, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ys.cpu(), torch.stack(ry).reshape(2, 3, 4), rtol=1e-5, atol=1e-5)
+    assert xs.get_sharding(c).partition_spec == ("data", "model")
+
+
+@on_devices(8)
 def test_scan_layers_weights_sharded_only_inside_the_body():
     import copy
 
