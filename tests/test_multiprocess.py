@@ -55,3 +55,53 @@ def test_a_dead_process_stops_the_others(tmp_path):
     assert r.returncode == 3
     assert "process 1 of 2 exited with status 3; stopping the others" in r.stderr
     assert not (tmp_path / "rank0.json").exists()
+
+
+def test_torch_save_of_sharded_tensors_is_a_collective(tmp_path):
+    """txc.save in every process writes one checkpoint (process 0) holding
+    the whole values; torch.save in every process works; torch.save in one
+    process alone raises an error naming the tensor instead of blocking."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    env["TXC_COLLECTIVE_TIMEOUT"] = "3"
+    script = os.path.join(os.path.dirname(__file__), "scripts", "save_sharded.py")
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    w = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    ckpt = torch.load(tmp_path / "ckpt.pt", map_location="cpu")
+    assert ckpt["step"] == 3
+    torch.testing.assert_close(ckpt["w"], w)
+    torch.testing.assert_close(ckpt["p"], w * 2)
+    rank0 = json.loads((tmp_path / "save0.json").read_text())
+    rank1 = json.loads((tmp_path / "save1.json").read_text())
+    for out in (rank0, rank1):
+        torch.testing.assert_close(torch.tensor(out["every"]), w)
+    assert rank1["errors"] == []
+    data_error, pending_error = rank0["errors"]
+    assert "torch.save of a sharded xla tensor (a float32[8, 4] tensor sharded ('data', None))" in data_error
+    assert "torch.save of a pending xla tensor float32[8, 4]" in pending_error
+    for e in (data_error, pending_error):
+        assert "every process must take it at the same point, but not all 2 processes did within 3 s" in e
+        assert "torch_xla_core.save(obj, path)" in e
+
+
+def test_flash_attention_per_shard_over_two_processes(tmp_path):
+    """Data-parallel flash attention with segment ids, run per shard on a
+    mesh spanning both processes: output and gradients equal CPU's in each."""
+    from torch_xla_core.kernels import reference
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    script = os.path.join(os.path.dirname(__file__), "scripts", "flash_dp.py")
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 2, 16, 8, generator=g).requires_grad_() for _ in range(3))
+    seg = torch.randint(0, 3, (8, 16), generator=g).sort(1).values
+    o = reference.flash_attention(q, k, v, causal=True, q_segment_ids=seg, kv_segment_ids=seg)
+    (o * o * 2).sum().backward()
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"flash{rank}.json").read_text())
+        assert out["shards"] == [[2, 2, 16, 8], [2, 2, 16, 8]]  # this process's two devices: a quarter each
+        torch.testing.assert_close(torch.tensor(out["out"]), o.detach(), rtol=1e-5, atol=1e-5)
+        for gr, t in zip(out["grads"], (q, k, v)):
+            torch.testing.assert_close(torch.tensor(gr), t.grad, rtol=1e-4, atol=1e-4)

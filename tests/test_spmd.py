@@ -301,19 +301,101 @@ def test_mark_sharding_inside_scan_and_scan_layers_bodies():
 
 
 @on_devices(8)
-def test_annotation_only_inside_a_scan_body_is_refused_not_ignored():
+def test_annotation_only_inside_a_scan_body_partitions_the_graph():
     from torch_xla_core.scan import scan
     mesh = _mesh()
-    W = torch.randn(8, 8).to("xla")  # nothing sharded outside the body
+    w, init, xs_ = torch.randn(8, 8), torch.randn(4, 8), torch.randn(3, 4, 8)
+    W = w.to("xla")  # nothing sharded outside the body
 
     def fn(c, x):
         h = c @ W + x
         xs.mark_sharding(h, mesh, ("data", "model"))
         return torch.tanh(h), h.sum(1)
 
-    c, ys = scan(fn, torch.zeros(4, 8).to("xla"), torch.randn(3, 4, 8).to("xla"))
+    c, ys = scan(fn, init.to("xla"), xs_.to("xla"))
+    text = txc.debug.stablehlo([c, ys])
+    assert "mhlo.num_partitions = 8 : i32" in text  # the body's annotation decides the mesh
+    assert 'mhlo.sharding = "{devices=[4,2]<=[8]}"' in text[text.index("stablehlo.while"):]
+    executor.clear_cache()
     metrics.clear()
-    with pytest.raises(_spmd.UnpartitionedAnnotation, match="none of this graph's inputs is sharded"):
-        txc.sync()
-    assert metrics.counters().get("compile", 0) == 0  # refused before compiling
-    assert not c._lt.is_data  # still pending: shard an input and sync again
+    txc.sync()
+    assert metrics.counters().get("compile", 0) == 1
+    rc, ry = init, []
+    for i in range(3):
+        h = rc @ w + xs_[i]
+        rc = torch.tanh(h)
+        ry.append(h.sum(1))
+    torch.testing.assert_close(c.cpu(), rc, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ys.cpu(), torch.stack(ry), rtol=1e-5, atol=1e-5)
+    assert xs.get_sharding(c) is not None  # computed on the mesh, not on one device
+
+
+@on_devices(8)
+def test_annotation_only_inside_a_nested_scan_body_partitions_the_graph():
+    from torch_xla_core.scan import scan
+    mesh = _mesh()
+    w, init, xs_ = torch.randn(8, 8), torch.randn(4, 8), torch.randn(2, 3, 4, 8)
+    W = w.to("xla")
+
+    def inner(c, x):
+        h = c @ W + x
+        xs.mark_sharding(h, mesh, ("data", "model"))  # the only sharding: two loops deep
+        return torch.tanh(h), h.sum(1)
+
+    c, ys = scan(lambda c, x: scan(inner, c, x), init.to("xla"), xs_.to("xla"))
+    text = txc.debug.stablehlo([c, ys])
+    assert "mhlo.num_partitions = 8 : i32" in text and text.count("stablehlo.while") == 2
+    rc, ry = init, []
+    for i in range(2):
+        for j in range(3):
+            h = rc @ w + xs_[i, j]
+            rc = torch.tanh(h)
+            ry.append(h.sum(1))
+    torch.testing.assert_close(c.cpu(), rc, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ys.cpu(), torch.stack(ry).reshape(2, 3, 4), rtol=1e-5, atol=1e-5)
+    assert xs.get_sharding(c).partition_spec == ("data", "model")
+
+
+@on_devices(8)
+def test_scan_layers_weights_sharded_only_inside_the_body():
+    import copy
+
+    from torch_xla_core.scan import scan_layers
+    mesh = _mesh()
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+    x = torch.randn(4, 8)
+
+    class Sharded(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, h):
+            # the body's slice of the stacked weights: the only sharding in the program
+            xs.mark_sharding(self.layer.weight, mesh, ("model", None))
+            return torch.relu(self.layer(h))
+
+    mods = torch.nn.ModuleList([Sharded(copy.deepcopy(layer)) for layer in layers]).to("xla")
+    ref = x
+    for layer in layers:
+        ref = torch.relu(layer(ref))
+    ref.sum().backward()
+    out = scan_layers(mods, x.to("xla"))
+    text = txc.debug.stablehlo([out])
+    assert "mhlo.num_partitions = 8 : i32" in text
+    body = text[text.index("stablehlo.while"):]
+    # the weight [8, 8] split in 2 over "model" (rows), replicated over "data"
+    assert re.search(r'call_target_name = "Sharding".*mhlo\.sharding = "\{devices=\[2,1,4\]<=\[4,2\]T\(1,0\) '
+                     r'last_tile_dim_replicate\}".*tensor<8x8xf32>', body)
+    assert all(xs.get_sharding(m.layer.weight) is None for m in mods)  # outside the body: untouched
+    executor.clear_cache()
+    metrics.clear()
+    out.sum().backward()
+    txc.sync()
+    assert metrics.counters().get("compile", 0) == 1  # forward and backward: one partitioned graph
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for m, layer in zip(mods, layers):
+        torch.testing.assert_close(m.layer.weight.grad.cpu(), layer.weight.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(m.layer.bias.grad.cpu(), layer.bias.grad, rtol=1e-5, atol=1e-5)
+    assert xs.get_sharding(out) is not None

@@ -59,6 +59,7 @@ amp.install()  # torch.autocast("xla"): cast policies on the AutocastPrivateUse1
 from . import memory, offload, scan  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
 
 serialization.register()  # torch.save/torch.load of xla tensors
+save = serialization.save  # torch_xla's xm.save: every process calls it, process 0 writes
 
 from . import _tying  # noqa: E402
 

@@ -4,7 +4,7 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
 
 - key_field(cut): a graph is partitioned when a parameter is a buffer laid
   out over several devices or the graph holds a sharding annotation (core
-  op "sharding"); the key then holds the mesh's device assignment and each
+  op "sharding", scan bodies included); the key then holds the mesh's device assignment and each
   parameter's sharding (XLA HloSharding text; "{replicated}" for one that is
   not sharded). All sharded values of one graph must use the same devices in
   the same order.
@@ -18,8 +18,8 @@ graph partitioned over a mesh adds to a sync, as one field of the cache key
   pin_aliased_outputs gives those results their parameter's mhlo.sharding.
   deserialize(data, text, key) loads a persistent-cache entry with the same
   options. This module and runtime.py are the two that touch jaxlib's
-  compile API. check_partitioned refuses an annotation (from a scan body)
-  in a graph that is not partitioned.
+  compile API. check_partitioned refuses sharding custom calls in a graph
+  that is not partitioned (ones a call_jax function emits by itself).
 - bind/execute: inputs go in as global arrays laid out on the mesh (a buffer
   on one device is replicated once per sync; Python numbers once per value),
   execute_sharded runs every partition, and each output becomes one global
@@ -61,6 +61,14 @@ def _ids(jmesh) -> tuple:
     return tuple(int(d.id) for d in jmesh.devices.flat)
 
 
+def gspmd_lowering():
+    """A context in which jax lowers shardings as GSPMD's mhlo.sharding
+    annotations (not Shardy's sdy dialect): what compile() partitions.
+    call_jax lowers under it (a shard_map'd kernel, kernels/per_shard.py)."""
+    from jax._src import config
+    return config.use_shardy_partitioner(False)
+
+
 def hlo_sharding(sharding, ndim: int) -> str:
     """The HloSharding text of a jax sharding for a value of rank ndim."""
     return str(sharding._to_xla_hlo_sharding(ndim))
@@ -83,8 +91,11 @@ def key_field(cut):
             shardings.append(hlo_sharding(s, p.ndim))
         else:
             shardings.append(_REPLICATED)
-    for _, mesh_ids, _, _ in cut.annotations():
-        ids = _same(ids, tuple(mesh_ids))
+    annotations = cut.annotations()
+    if annotations:
+        devs = runtime.global_devices()
+        for _, mesh_ids, _, _ in annotations:  # a Mesh's device ids are ordinals; the key holds PJRT ids
+            ids = _same(ids, tuple(int(devs[i].id) for i in mesh_ids))
     if ids is None:
         return None
     return Spmd(ids, tuple(shardings))
@@ -95,16 +106,19 @@ class UnpartitionedAnnotation(RuntimeError):
 
 
 def check_partitioned(key, text: str) -> None:
-    """A graph that holds a sharding annotation must be partitioned. One that
-    is not got it from a scan body (key_field sees the annotations of the
-    top-level graph only, csrc/trace/graph.cpp GraphCut::annotations) with no
-    sharded input: refused rather than run on one device unsharded (the
-    pending tensors stay pending: shard an input and sync again)."""
-    if key.spmd is None and 'call_target_name = "Sharding"' in text:
-        raise UnpartitionedAnnotation("mark_sharding inside a scan/scan_layers body is honoured only when the graph is "
-                           "partitioned already: none of this graph's inputs is sharded, so its body's "
-                           "annotation would be ignored. Shard an input the loop reads (the layers' weights, the "
-                           "carry or xs) with torch_xla_core.sharding.mark_sharding before the scan.")
+    """A graph whose text holds a sharding custom call must be partitioned.
+    key_field sees every annotation node, scan bodies' included
+    (csrc/trace/graph.cpp GraphCut::annotations), and per-shard kernels
+    annotate their inputs, so what is left is a call_jax function that emits
+    shardings itself (jax.lax.with_sharding_constraint, its own shard_map)
+    in a graph with no sharded input: refused rather than run on one device
+    unsharded (the pending tensors stay pending)."""
+    if key.spmd is None and ('call_target_name = "Sharding"' in text or "custom_call @Sharding(" in text):
+        raise UnpartitionedAnnotation("this graph holds sharding annotations that no sharded input or "
+                                      "mark_sharding explains (a call_jax function that shards by itself?), so "
+                                      "it is not partitioned and they would be ignored. Shard an input with "
+                                      "torch_xla_core.sharding.mark_sharding, or give call_jax mesh=/in_specs=/"
+                                      "out_specs= to run the function per shard.")
 
 
 def _same(ids, other):

@@ -292,6 +292,18 @@ def sync(lts=None, wait=False) -> None:
             _checks.verify()
 
 
+def spans_processes(lts=None) -> bool:
+    """Whether a sync of these LazyTensors (default: all live) would run a
+    graph over other processes' devices too: a collective step every
+    process must take (runtime.collective_barrier)."""
+    if len(runtime.global_devices()) == runtime.device_count():
+        return False
+    local = {d.id for d in runtime.devices()}
+    with _lock:
+        plans = [plan(lts)] if not _multi else [plan(lts, d) for d in _C.pending_devices()]
+    return any(p.key.spmd is not None and not set(p.key.spmd.device_ids) <= local for p in plans)
+
+
 def run_recorded(exe, params, wait=False):
     """Executes an executable recorded from an earlier sync on new parameters
     (torch_xla_core/replay.py): the execute timers and counter as a sync's."""

@@ -241,11 +241,52 @@ def move(buf, device_index: int):
     return r
 
 
-def to_host(buf) -> torch.Tensor:
-    """Copies a device buffer to a new CPU tensor."""
+_collectives = 0  # collective_barrier calls made by this process (each barrier's id)
+
+
+def collective_barrier(what: str) -> None:
+    """Before a step every process must take together (a gather of a value
+    with pieces in other processes, a sync of a graph over their devices):
+    waits until every process reaches the same step. A process that takes it
+    alone (torch.save or .cpu() under `if rank == 0:`) would block in the
+    collective for good; here it raises after TXC_COLLECTIVE_TIMEOUT seconds
+    (default TXC_DISTRIBUTED_TIMEOUT, 60) with an error naming `what`. The
+    barrier's id is this process's count of such steps and a hash of
+    `what`, so processes that gather different values also stop. One
+    process: nothing to wait for."""
+    import jax
+    backend()
+    n = jax.process_count()
+    if n == 1:
+        return
+    global _collectives
+    import zlib
+    from jax._src import distributed
+    _collectives += 1
+    timeout = float(os.environ.get("TXC_COLLECTIVE_TIMEOUT", os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60")))
+    key = f"txc_collective_{_collectives}_{zlib.crc32(what.encode()):08x}"
+    try:
+        with metrics.timed("collective_barrier"):
+            distributed.global_state.client.wait_at_barrier(key, int(timeout * 1000))
+    except Exception as e:
+        raise RuntimeError(
+            f"{what}: this is a collective step (the value has pieces on other processes' devices), so every "
+            f"process must take it at the same point, but not all {n} processes did within {timeout:g} s "
+            f"(process {jax.process_index()} waited; {type(e).__name__}: {str(e).splitlines()[0][:200]}). Call "
+            f"it in every process, e.g. torch_xla_core.save(obj, path) in all of them (process 0 writes), or "
+            f"save the pieces with torch_xla_core.distributed_checkpoint. The processes are now out of step: "
+            f"end the run.") from None
+
+
+def to_host(buf, what: str = "copying an xla tensor to the CPU") -> torch.Tensor:
+    """Copies a device buffer to a new CPU tensor. A buffer with pieces in
+    other processes is gathered, a collective (collective_barrier(what))."""
     with metrics.timed("transfer_to_host"):
         if not buf.is_fully_addressable and not buf.is_fully_replicated:  # pieces in other processes
             from jax.experimental import multihost_utils
+            spec = getattr(buf.sharding, "spec", None)
+            collective_barrier(f"{what} (a {buf.dtype}{list(buf.shape)} tensor sharded "
+                               f"{tuple(spec) if spec is not None else buf.sharding})")
             buf = multihost_utils.process_allgather(buf, tiled=True)
         a = np.asarray(buf)
         if a.dtype == _dtypes.NUMPY[_dtypes.BF16]:

@@ -18,6 +18,13 @@ Tensors of one core storage saved together share one CPU storage (a view
 keeps its offset and strides, found by running its view chain on an arange),
 so torch.load restores the sharing.
 
+Several processes (torch_xla_core.launch): saving a tensor sharded over
+several processes' devices gathers it, a collective every process must take
+(torch.save in every process, or save() below: every process calls it, one
+writes). A process saving alone raises, after TXC_COLLECTIVE_TIMEOUT
+seconds, an error naming the tensor (runtime.collective_barrier) rather
+than blocking for good. Tensors held by one process save as usual.
+
 torch.load: our deserializer hands the storage on as an XlaHostStorage (its
 data on the host, its device xla:N); torch's rebuild then runs
 torch.empty(device=xla).set_(storage, offset, size, stride), and our set_
@@ -32,8 +39,9 @@ import weakref
 
 import torch
 
-from . import _tensor, runtime
+from . import _tensor, executor, runtime
 
+_SAVING = "torch.save of a sharded xla tensor"
 _PRIORITY = 9  # ahead of torch's "cpu" tagger (10): our host storages are CPU storages
 _MEMO_KEY = "torch_xla_core.storage"
 
@@ -122,20 +130,26 @@ def _host_storage(t):
     root = lt.copy_storage()
     if not root.is_data:
         # Compute everything pending at once (as txc.sync()): saving a state
-        # dict after a step is then one graph, not one per tensor.
+        # dict after a step is then one graph, not one per tensor. With
+        # several processes that graph may span their devices: then every
+        # process must save (runtime.collective_barrier).
         del root
+        if executor.spans_processes():
+            runtime.collective_barrier(f"torch.save of a pending xla tensor {str(t.dtype)[6:]}{list(t.shape)} "
+                                       f"(computing it runs a graph over several processes' devices)")
         _tensor.sync_lazy(None, wait=True)
         root = lt.copy_storage()
     geometry = _geometry(lt, root.shape)
     if geometry is None:  # no strided layout over the storage: save the view's value alone
-        return _tag(runtime.to_host(_tensor.materialize(t)).untyped_storage(), t, None), 0, _contiguous(t.shape)
+        return (_tag(runtime.to_host(_tensor.materialize(t), _SAVING).untyped_storage(), t, None), 0,
+                _contiguous(t.shape))
     buf = root.data
     key = (lt.storage_id, id(buf))
     known = _by_value.get(key)
     hit = _tags.get(known[0]) if known else None
     storage = hit[0]() if hit else None
     if storage is None:
-        storage = _tag(runtime.to_host(buf).untyped_storage(), t, key)
+        storage = _tag(runtime.to_host(buf, _SAVING).untyped_storage(), t, key)
         _by_value[key] = (id(storage), buf)
     return storage, geometry[0], geometry[1]
 
@@ -187,6 +201,27 @@ def _tagger(storage):
     if hit is not None and hit[0]() is storage:
         return hit[1]
     return None
+
+
+def save(obj, f, master_only: bool = True, global_master: bool = True) -> None:
+    """torch.save for several processes (torch_xla's xm.save): every process
+    calls it; tensors sharded over several processes are gathered (a
+    collective, so all must take part) and only process 0 writes `f`
+    (master_only; global_master=False: the first process of each machine,
+    local rank 0; master_only=False: every process writes its own `f`).
+    With one process it is torch.save."""
+    import io
+    import os
+
+    import jax
+    runtime.backend()
+    if master_only:
+        rank = jax.process_index() if global_master else int(os.environ.get("TXC_LOCAL_RANK", "0"))
+        write = rank == 0
+    else:
+        write = True
+    # the others pickle too, into a buffer they drop: the gathers of sharded tensors pair up in order
+    torch.save(obj, f if write else io.BytesIO())
 
 
 # ---- torch.load -------------------------------------------------------------------

@@ -17,6 +17,10 @@ on the mesh's devices, no full copy per device); a pending value gets an
 annotation in the graph (a custom_call @Sharding, part of the graph's hash).
 Sharded tensors are on xla:0, the mesh's virtual device, as in torch_xla;
 outputs of a partitioned graph keep the shardings the compiler chose.
+Annotations inside scan/scan_layers bodies count as ones outside do (a
+body annotation alone partitions the graph). Kernels (call_jax,
+flash_attention, multi_queries_paged_attention) run per shard given specs
+(kernels/per_shard.py); set_global_mesh gives them a default mesh.
 Devices: TXC_NUM_CPU_DEVICES=N gives the CPU platform N devices."""
 import collections
 import math
@@ -28,7 +32,10 @@ from . import _C, _dtypes, _spmd, _tensor, runtime
 from ._tensor import XlaTensor
 
 __all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "clear_sharding",
-           "Shard"]
+           "Shard", "set_global_mesh", "get_global_mesh"]
+
+_global_mesh = None
+_annotated = {}  # hash of an annotation node -> (Mesh, spec in axis names): what mark_sharding asked for
 
 
 class Mesh:
@@ -94,12 +101,26 @@ class Shard(collections.namedtuple("Shard", "device index shape")):
     whole it holds, and its shape."""
 
 
-def _names(mesh: Mesh, spec, t) -> tuple:
-    """The partition spec in axis names (a tuple of names or None per dim), checked."""
+def set_global_mesh(mesh: Mesh) -> None:
+    """The mesh kernels use when given a partition_spec and no mesh (torch_xla's xs.set_global_mesh)."""
+    global _global_mesh
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"set_global_mesh: expected a torch_xla_core.sharding.Mesh, got {type(mesh).__name__}")
+    _global_mesh = mesh
+
+
+def get_global_mesh():
+    """The mesh set_global_mesh set, or None."""
+    return _global_mesh
+
+
+def _names(mesh: Mesh, spec, t, op="mark_sharding") -> tuple:
+    """The partition spec in axis names (a tuple of names or None per dim),
+    checked; `op` names the caller in errors."""
     if not isinstance(spec, (tuple, list)):
-        raise ValueError(f"mark_sharding: partition_spec must be a tuple (one entry per dimension), got {spec!r}")
+        raise ValueError(f"{op}: partition_spec must be a tuple (one entry per dimension), got {spec!r}")
     if len(spec) != t.dim():
-        raise ValueError(f"mark_sharding: partition_spec {tuple(spec)} has {len(spec)} entries but the tensor has "
+        raise ValueError(f"{op}: partition_spec {tuple(spec)} has {len(spec)} entries but the tensor has "
                          f"{t.dim()} dimensions {list(t.shape)}; give one entry per dimension (None: not split)")
     used = set()
     out = []
@@ -112,18 +133,18 @@ def _names(mesh: Mesh, spec, t) -> tuple:
         for a in axes:
             if isinstance(a, int) and not isinstance(a, bool):
                 if not 0 <= a < len(mesh.axis_names):
-                    raise ValueError(f"mark_sharding: mesh axis index {a} (dim {d}) is not an axis of {mesh}")
+                    raise ValueError(f"{op}: mesh axis index {a} (dim {d}) is not an axis of {mesh}")
                 a = mesh.axis_names[a]
             if a not in mesh.axis_names:
-                raise ValueError(f"mark_sharding: unknown mesh axis {a!r} (dim {d}); {mesh} has axes "
+                raise ValueError(f"{op}: unknown mesh axis {a!r} (dim {d}); {mesh} has axes "
                                  f"{list(mesh.axis_names)}")
             if a in used:
-                raise ValueError(f"mark_sharding: mesh axis {a!r} is used twice in {tuple(spec)}")
+                raise ValueError(f"{op}: mesh axis {a!r} is used twice in {tuple(spec)}")
             used.add(a)
             names.append(a)
         parts = math.prod(mesh.shape()[a] for a in names)
         if t.shape[d] % parts:
-            raise ValueError(f"mark_sharding: dim {d} of size {t.shape[d]} is not divisible by {parts} (mesh axes "
+            raise ValueError(f"{op}: dim {d} of size {t.shape[d]} is not divisible by {parts} (mesh axes "
                              f"{names}); pad the tensor or choose other axes")
         out.append(names[0] if len(names) == 1 else tuple(names))
     return tuple(out)
@@ -153,10 +174,42 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
         buf = _spmd.lay_out(lt.data, ns)
         lt.assign(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), 0))
     else:
-        hlo = _spmd.hlo_sharding(ns, t.dim())
-        attrs = (hlo, list(mesh.device_ids), list(mesh.mesh_shape), ",".join(mesh.axis_names))
-        lt.assign(_tensor._make(_tensor.OP.sharding, (lt,), attrs))
+        lt.assign(_annotate(lt, mesh, names))
     return t
+
+
+def _annotate(lt, mesh: Mesh, names: tuple):
+    """A new LazyTensor: lt's value with a sharding annotation (checked
+    spec in axis names); remembered for known_spec."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    _spmd.activate(mesh._jax)
+    hlo = _spmd.hlo_sharding(NamedSharding(mesh._jax, PartitionSpec(*names)), len(names))
+    attrs = (hlo, list(mesh.device_ids), list(mesh.mesh_shape), ",".join(mesh.axis_names))
+    out = _tensor._make(_tensor.OP.sharding, (lt,), attrs)
+    if len(_annotated) > 4096:
+        _annotated.clear()
+    _annotated[out.hash] = (mesh, names)
+    return out
+
+
+def known_spec(t):
+    """(Mesh, partition spec in axis names) of an xla tensor whose layout is
+    known while tracing: device data laid out over a mesh, or a value
+    mark_sharding annotated last; else None (a pending value's layout is
+    chosen by the compiler later)."""
+    lt = _whole(t) if isinstance(t, XlaTensor) else None
+    if lt is None:
+        return None
+    if lt.is_data:
+        s = lt.data.sharding if type(lt.data) is not tuple else None
+        jm = getattr(s, "mesh", None)
+        if s is None or len(s.device_set) == 1 or not hasattr(jm, "axis_names") or jm.axis_names == ("devices",):
+            return None
+        spec = tuple(s.spec) + (None,) * (t.dim() - len(s.spec))
+        return _mesh_of(jm), spec
+    if lt.op == "sharding":
+        return _annotated.get(lt.hash)
+    return None
 
 
 def _whole(t: XlaTensor):

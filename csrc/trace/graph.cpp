@@ -140,10 +140,21 @@ std::vector<int> GraphCut::param_devices() const {
 }
 
 py::list GraphCut::annotations() const {
+  // The top-level nodes, then the nodes of each distinct sub-graph (scan
+  // bodies, and bodies nested in them): an annotation inside a loop body
+  // decides the graph's mesh as one outside does.
   static const uint16_t sharding = op_id("sharding");
   py::list r;
-  for (const Node* n : order_)
-    if (n->op == sharding) r.append(py::make_tuple(n->attr_str(0), n->attr_dims(1), n->attr_dims(2), n->attr_str(3)));
+  std::vector<const Body*> bodies;
+  auto visit = [&](const std::vector<const Node*>& nodes) {
+    for (const Node* n : nodes) {
+      if (n->op == sharding) r.append(py::make_tuple(n->attr_str(0), n->attr_dims(1), n->attr_dims(2), n->attr_str(3)));
+      if (n->body && std::find(bodies.begin(), bodies.end(), n->body.get()) == bodies.end())
+        bodies.push_back(n->body.get());
+    }
+  };
+  visit(order_);
+  for (size_t k = 0; k < bodies.size(); ++k) visit(bodies[k]->order);  // grows while nested bodies are found
   return r;
 }
 

@@ -36,8 +36,9 @@ class GraphCut {
   // Each parameter's device (-1: any, e.g. the RNG state; the executor moves
   // such a buffer to the graph's device when it lies elsewhere).
   std::vector<int> param_devices() const;
-  // The attributes of the SPMD sharding annotations in the cut (core op
-  // "sharding": hlo sharding text, mesh device ids, mesh shape, axis names).
+  // The attributes of the SPMD sharding annotations in the cut, scan bodies
+  // included (core op "sharding": hlo sharding text, mesh device ids, mesh
+  // shape, axis names).
   pybind11::list annotations() const;
   // StableHLO text of the cut (see LowerOptions: precision, donation).
   std::string lower(const LowerOptions& options) const;

@@ -39,12 +39,24 @@ TXC_SDPA_KERNEL allow it (default "auto": on TPU, for calls the kernel takes,
 kv length >= 1024; "flash": every platform; "xla": never), counted as
 "sdpa_flash" in metrics; the rest keeps the fused core sdpa op.
 
+Under SPMD both kernels run per shard (kernels/per_shard.py: jax.shard_map's
+manual region around the call) when given partition_spec= (q's layout,
+torch_xla's name; only batch and heads may be split) and mesh= (default
+sharding.get_global_mesh()), or, without them, when q's layout is known
+while tracing (device data laid out by mark_sharding, or a value
+mark_sharding annotated): its batch and heads entries. Otherwise the call
+is one node the partitioner handles (the interpreted/reference paths are
+plain HLO and get partitioned; a Mosaic custom call on TPU would be
+gathered), counted as "kernel_per_shard" when it runs per shard.
+
 Bad input raises before anything compiles (shapes, dtypes, head ratios,
 block sizes); page indices out of range raise at the sync that computes
 them (a deferred check, as the index ops do)."""
 import torch
 
-from .. import _checks, runtime
+from .. import _checks, metrics, runtime
+from .. import sharding as xs
+from . import per_shard
 from .call_jax import call_jax
 from .reference import MASK_VALUE
 
@@ -107,10 +119,46 @@ def _need(cond, msg):
         raise ValueError(msg)
 
 
-def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=None, sm_scale=1.0, ab=None, *,
-                    impl=None):
+def _shard_plan(op, q, partition_spec, mesh, batch_dim, head_dim, kv_heads, kv_name):
+    """How a kernel runs per shard: (mesh, batch entry, heads entry), or None
+    to run it once on whole tensors. With partition_spec (q's layout, as in
+    torch_xla) only the batch and heads dims may be split (the kernel needs
+    whole sequences and head_dim), and the kv heads must split as q's do.
+    Without one, q's layout where it is known while tracing (device data
+    laid out on a mesh, or mark_sharding's annotation) decides: its batch
+    and heads entries (heads only when the kv heads split alike)."""
+    if partition_spec is None:
+        _need(mesh is None, f"{op}: mesh= given without partition_spec=; give q's partition_spec too")
+        known = xs.known_spec(q)
+        if known is None:
+            return None
+        mesh, spec = known
+        b, h = spec[batch_dim], spec[head_dim]
+        if h is not None and kv_heads % per_shard.axis_size(mesh, h):
+            h = None
+        return (mesh, b, h) if (b, h) != (None, None) else None
+    mesh = mesh if mesh is not None else xs.get_global_mesh()
+    _need(isinstance(mesh, xs.Mesh), f"{op}: partition_spec needs mesh= (a torch_xla_core.sharding.Mesh) or "
+                                     f"sharding.set_global_mesh(mesh); got {mesh!r}")
+    spec = xs._names(mesh, partition_spec, q, op=op)
+    split = [d for d in range(len(spec)) if d not in (batch_dim, head_dim) and spec[d] is not None]
+    _need(not split, f"{op}: partition_spec {spec} splits dims {split} of q; per shard only its batch (dim "
+                     f"{batch_dim}) and heads (dim {head_dim}) may be split: the kernel needs whole sequences and "
+                     f"head_dim")
+    h = spec[head_dim]
+    _need(h is None or kv_heads % per_shard.axis_size(mesh, h) == 0,
+          f"{op}: partition_spec splits q's heads over {h!r} ({per_shard.axis_size(mesh, h)} pieces), but "
+          f"{kv_name} has {kv_heads} heads, which do not split alike; shard only the batch, or use a mesh axis "
+          f"that divides the kv heads")
+    return mesh, spec[batch_dim], h
+
+
+def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=None, sm_scale=1.0, ab=None,
+                    partition_spec=None, mesh=None, *, impl=None):
     """See the module comment. impl: None (the platform's best), "pallas"
-    (jax's TPU kernel: TPU only) or "reference" (jax einsum/softmax)."""
+    (jax's TPU kernel: TPU only) or "reference" (jax einsum/softmax).
+    partition_spec/mesh (torch_xla's): q's layout, e.g. ("data", None,
+    None, None): the kernel runs per shard (_shard_plan)."""
     op = "flash_attention"
     _need(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
           f"{op}: q, k, v must be [batch, heads, seq, head_dim], got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
@@ -145,8 +193,17 @@ def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=No
         arrays.append(ab.to(q.dtype) if ab.dtype != q.dtype else ab)
     if q_segment_ids is not None:
         arrays += [q_segment_ids.to(torch.int32), kv_segment_ids.to(torch.int32)]
+    kw = {}
+    plan = _shard_plan(op, q, partition_spec, mesh, 0, 1, k.shape[1], "k/v")
+    if plan is not None:
+        m, bs, hs = plan
+        qs = (bs, hs, None, None)
+        kw = dict(mesh=m, in_specs=[qs] * (len(arrays) - (2 if q_segment_ids is not None else 0)) +
+                  [(bs, None)] * (2 if q_segment_ids is not None else 0), out_specs=qs,
+                  check_vma=impl != "pallas")  # a pallas_call's results carry no varying-axes types
+        metrics.counter_add("kernel_per_shard")
     return call_jax(_flash_entry, *arrays, has_ab=ab is not None, has_seg=q_segment_ids is not None,
-                    causal=bool(causal), sm_scale=float(sm_scale), impl=impl)
+                    causal=bool(causal), sm_scale=float(sm_scale), impl=impl, **kw)
 
 
 def _mqpa_entry(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, *, impl, ppcb, bq, soft_cap):
@@ -175,11 +232,14 @@ def paged_attention_impl(platform=None) -> str:
 
 def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens,
                                   num_kv_pages_per_compute_block, num_queries_per_compute_block,
-                                  attn_logits_soft_cap=None, *, impl=None):
+                                  attn_logits_soft_cap=None, *, impl=None, partition_spec=None, mesh=None):
     """See the module comment. impl: None (paged_attention_impl()), "pallas"
     (the Pallas kernel of paged_attention.py: compiled by Mosaic on TPU, run
     as plain HLO through Pallas' interpreter elsewhere) or "xla" (the gather
-    implementation)."""
+    implementation). partition_spec/mesh: q's layout ([batch, queries,
+    heads, head_dim]; batch and heads may be split): the kernel runs per
+    shard, each device on its sequences (the pages whole) and its kv heads'
+    pages (_shard_plan)."""
     op = "multi_queries_paged_attention"
     _need(q.dim() == 4, f"{op}: q must be [batch, queries, q_heads, head_dim], got {list(q.shape)}")
     _need(k_pages.dim() == 4 and k_pages.shape == v_pages.shape,
@@ -223,9 +283,18 @@ def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, ef
         _need(d < 128 or d % 128 == 0, f"{op}: the TPU kernel needs head_dim < 128 or a multiple of 128 (got {d})")
     if impl == "pallas" and platform != "tpu":
         impl = "interpret"
+    kw = {}
+    plan = _shard_plan(op, q, partition_spec, mesh, 0, 2, hkv, "k_pages/v_pages")
+    if plan is not None:
+        m, bs, hs = plan
+        pages = (hs, None, None, None)
+        # a pallas_call's results carry no varying-axes types: jax's check_vma must be off for it
+        kw = dict(mesh=m, in_specs=[(bs, None, hs, None), pages, pages, (bs,), (bs, None), (bs,)],
+                  out_specs=(bs, None, hs, None), check_vma=impl == "xla")
+        metrics.counter_add("kernel_per_shard")
     return call_jax(_mqpa_entry, q, k_pages, v_pages, kv_lens, page_indices, effective_q_lens, impl=impl,
                     ppcb=int(num_kv_pages_per_compute_block), bq=int(bq),
-                    soft_cap=None if attn_logits_soft_cap is None else float(attn_logits_soft_cap))
+                    soft_cap=None if attn_logits_soft_cap is None else float(attn_logits_soft_cap), **kw)
 
 
 

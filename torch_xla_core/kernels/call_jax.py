@@ -36,6 +36,7 @@ import threading
 import torch
 
 from .. import _dtypes, metrics, scan
+from . import per_shard
 from .._tensor import OP, XlaTensor, _make, wrap
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]
@@ -121,8 +122,10 @@ def _lower(fn, fname, args, static_kwargs, x64):
 
     shapes = [jax.ShapeDtypeStruct(args[i].shape, np.dtype(_TORCH_TO_JAX[args[i].dtype])
                                    if args[i].dtype != torch.bfloat16 else jax.numpy.bfloat16) for i in dyn]
-    from .. import runtime
-    with jax.enable_x64(bool(x64)):
+    from .. import _spmd, runtime
+    # GSPMD's annotations (mhlo.sharding), not Shardy's: the partitioner our
+    # compile runs; only functions that shard (PerShard) emit any.
+    with jax.enable_x64(bool(x64)), _spmd.gspmd_lowering():
         # for the runtime's platform, which need not be jax's default backend (PJRT_DEVICE=CPU on a GPU host)
         traced = jax.jit(flat_fn, keep_unused=True).trace(*shapes)
         lowered = traced.lower(lowering_platforms=(runtime.platform(),))
@@ -195,9 +198,14 @@ def _platform():
     return runtime.platform()
 
 
-def _emit(low, tensors):
-    """The jax_call node over `tensors` (xla tensors) and its results."""
-    call = _make(OP.jax_call, tuple(t._lt for t in tensors), low.attrs)
+def _emit(low, tensors, annotate=None):
+    """The jax_call node over `tensors` (xla tensors) and its results;
+    annotate: (PerShard, one spec per tensor) to give each operand its full
+    layout on the mesh (per_shard.annotate)."""
+    lts = tuple(t._lt for t in tensors)
+    if annotate is not None:
+        lts = per_shard.annotate(annotate[0], lts, annotate[1])
+    call = _make(OP.jax_call, lts, low.attrs)
     outs = [wrap(_make(OP.jax_result, (call,), (k,))) for k in range(len(low.out_specs))]
     scan.note_op(tensors, outs)  # a scan body being traced sees what the call reads (captures)
     return outs
@@ -248,7 +256,7 @@ class _CallJaxFn(torch.autograd.Function):
         it = iter(tensors)
         args = [next(it) if a is _DYN else a for a in args_layout]
         low = _lowering(fn, args, dict(static_kwargs), x64)
-        outs = _emit(low, tensors)
+        outs = _emit(low, tensors, (fn, fn.in_specs) if isinstance(fn, per_shard.PerShard) else None)
         ctx.fn, ctx.layout, ctx.static, ctx.x64 = fn, args_layout, static_kwargs, x64
         ctx.out_float = tuple(dt.is_floating_point for dt, _ in low.out_specs)
         ctx.diff = tuple(j for j, t in enumerate(tensors) if t.is_floating_point() and ctx.needs_input_grad[4 + j])
@@ -266,26 +274,42 @@ class _CallJaxFn(torch.autograd.Function):
         # cotangents of the float results; zeros where nothing depended on one
         cts = [(g if g is not None else torch.zeros(shape, dtype=dt, device=primals[0].device)).contiguous()
                for g, (dt, shape), fl in zip(grads, ctx.out_specs, ctx.out_float) if fl]
+        annotate = None
+        if isinstance(ctx.fn, per_shard.PerShard):  # the vjp of the per-shard function: its inputs' layouts
+            annotate = (ctx.fn, ctx.fn.in_specs + tuple(ctx.fn.out_spec(k, len(shape)) for k, ((_, shape), fl)
+                                                         in enumerate(zip(ctx.out_specs, ctx.out_float)) if fl))
         res = call_jax(_vjp_fn, *primals, *cts, fn=ctx.fn, args_layout=ctx.layout, static_kwargs=ctx.static,
                        diff=ctx.diff, out_float=ctx.out_float, n_primals=len(primals), x64=ctx.x64,
-                       _differentiable=False)
+                       _differentiable=False, _annotate=annotate)
         grads_in = [None] * len(primals)
         for j, r in zip(ctx.diff, res):
             grads_in[j] = r
         return (None, None, None, None, *grads_in)
 
 
-def call_jax(fn, /, *args, x64=None, _differentiable=True, **static):
+def call_jax(fn, /, *args, x64=None, mesh=None, in_specs=None, out_specs=None, check_vma=True,
+             _differentiable=True, _annotate=None, **static):
     """fn(*args, **static) computed by jax inside the xla graph.
 
     Tensor positional arguments (xla tensors) are the function's arrays; other
     positional arguments and all keyword arguments are static (hashable)
     Python values. Returns what fn returns, with jax arrays replaced by xla
-    tensors (a tensor, or a tuple/list/dict pytree of them)."""
+    tensors (a tensor, or a tuple/list/dict pytree of them).
+
+    Per shard (SPMD): with in_specs= (a partition spec per tensor argument)
+    and out_specs= (one spec, or a list of one per result), fn runs once per
+    device of `mesh` (default sharding.get_global_mesh()) on its blocks, as
+    jax.shard_map(fn, mesh, in_specs, out_specs, check_vma) does
+    (kernels/per_shard.py). mesh, in_specs, out_specs and check_vma are
+    therefore not passed to fn."""
     import jax
     fname = _name(fn)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     _check_tensors(fname, tensors)
+    if mesh is not None or in_specs is not None or out_specs is not None:
+        fn = per_shard.wrap(fn, fname, tuple(isinstance(a, torch.Tensor) for a in args), tensors, mesh, in_specs,
+                            out_specs, check_vma)
+        _annotate = (fn, fn.in_specs)
     layout = tuple(_DYN if isinstance(a, torch.Tensor) else a for a in args)
     static_items = tuple(sorted(static.items()))
     grad = (_differentiable and torch.is_grad_enabled()
@@ -295,7 +319,7 @@ def call_jax(fn, /, *args, x64=None, _differentiable=True, **static):
         low = _lowering(fn, list(args), static, x64)
     else:
         low = _lowering(fn, list(args), static, x64)
-        outs = _emit(low, tensors)
+        outs = _emit(low, tensors, _annotate)
     return jax.tree_util.tree_unflatten(low.out_tree, list(outs))
 
 
