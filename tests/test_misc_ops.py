@@ -420,3 +420,27 @@ def test_handler_error_in_autograd_surfaces(how, monkeypatch):
     finally:
         monkeypatch.undo()
         _C.dispatch_clear()
+
+
+def test_distributions_log_prob_and_kl_without_fallback(dev):
+    """torch.distributions with argument validation (torch._is_all_true checks) matches CPU,
+    gradients included, with no CPU fallback."""
+    D = torch.distributions
+
+    def run(d):
+        mu = torch.zeros(3, device=d, requires_grad=True)
+        sc = torch.ones(3, device=d, requires_grad=True)
+        v = torch.tensor([0.5, -1.0, 2.0], device=d)
+        lp = (D.Normal(mu, sc).log_prob(v).sum() + D.Categorical(logits=mu).log_prob(torch.tensor(1, device=d))
+              + D.Beta(sc + 1, sc + 2).log_prob(torch.tensor([0.3, 0.5, 0.7], device=d)).sum()
+              + D.Dirichlet(sc + 1).log_prob(torch.tensor([0.2, 0.3, 0.5], device=d))
+              + D.MultivariateNormal(mu, torch.eye(3, device=d) * 2).log_prob(v)
+              + D.kl_divergence(D.Normal(mu, sc), D.Normal(mu + 1, sc * 2)).sum())
+        lp.backward()
+        return lp, mu.grad, sc.grad
+    want = run("cpu")
+    before = dict(txc.metrics.fallbacks())
+    got = run(dev)
+    assert dict(txc.metrics.fallbacks()) == before
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,7 @@
 """Views and in-place ops, including in-place writes through views, against
 CPU eager."""
+import copy
+
 import pytest
 import torch
 
@@ -331,3 +333,45 @@ def test_autograd_through_strided_views():
     assert_matches_cpu(lambda t: t[1:].as_strided((2, 3), (2, 1), 3) * 3, x)
     w = torch.randn(5, 6, requires_grad=True)
     assert_matches_cpu(lambda t, u: (t @ u.t()).relu() @ u, x, w)
+
+
+# ---- tensor identity: .data =, set_, Module dtype conversion ----------------------------
+
+def test_data_setter_takes_the_new_value(dev):
+    """`t.data = other` makes t hold other's value (it was silently ignored: the wrapper took
+    other's shape and dtype but kept its old payload)."""
+    p = torch.nn.Parameter(torch.zeros(3, device=dev))
+    p.data = torch.arange(3.0, device=dev)
+    assert torch.equal(p.cpu(), torch.arange(3.0)) and p.requires_grad
+    p.data = torch.ones(2, 2, device=dev)  # a new shape
+    assert p.shape == (2, 2) and torch.equal(p.cpu(), torch.ones(2, 2))
+    lin = torch.nn.Linear(2, 3).to(dev)
+    lin.weight.data = torch.ones(3, 2, device=dev)
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(lin(x.to(dev)).cpu(), x.sum(1, keepdim=True) + lin.bias.cpu().detach())
+    with pytest.raises(RuntimeError):
+        p.data = torch.ones(3)  # a CPU tensor: torch's own refusal
+
+
+def test_module_dtype_conversion_on_device(dev):
+    """model.to(dev).bfloat16() / .half().float(): Module._apply sets param.data on the device."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    xla = copy.deepcopy(cpu).to(dev).bfloat16()
+    assert xla.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(xla(x.to(dev).bfloat16()).cpu(), cpu.bfloat16()(x.bfloat16()), atol=1e-2, rtol=1e-2)
+    back = xla.float()
+    assert back.weight.cpu().dtype == torch.float32
+    torch.testing.assert_close(back.weight.cpu(), cpu.weight.float().detach())  # cpu is bfloat16 now too
+
+
+def test_set_aliases_the_source(dev):
+    p, q = torch.zeros(3, device=dev), torch.arange(3.0, device=dev)
+    p.set_(q[1:])
+    q.add_(1)
+    assert p.shape == (2,) and torch.equal(p.cpu(), torch.tensor([2.0, 3.0]))
+    p.set_()
+    assert p.shape == (0,)
+    with pytest.raises(RuntimeError, match="Could not set|dtypes must match"):
+        torch.zeros(2, device=dev).set_(torch.zeros(2, dtype=torch.int64, device=dev))

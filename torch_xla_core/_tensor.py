@@ -39,6 +39,7 @@ def _view(op, base, attrs=()):
     return _C.view(op, base, attrs, True)
 
 _mws = torch.Tensor._make_wrapper_subclass
+_TENSOR_DATA = torch._C.TensorBase.data
 _TORCH = _dtypes.TORCH
 
 
@@ -71,6 +72,19 @@ class XlaTensor(torch.Tensor):
 
     def tolist(self):
         return to_cpu(self).tolist()
+
+    # `t.data = other` (and Module._apply's `param.data = fn(param)`, as in
+    # `model.to(dev).bfloat16()`): torch's setter swaps the TensorImpl's
+    # metadata (shape, dtype, storage); the payload lives in _lt, which must
+    # follow, or the tensor would keep its old value under the new metadata.
+    @property
+    def data(self):
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        _TENSOR_DATA.__set__(self, new)  # torch's checks (same device type, ...) and metadata
+        self._lt = new._lt  # now an alias of new, as torch's set_data makes it
 
     def numpy(self, *, force=False):
         if self.requires_grad and not force:
@@ -207,12 +221,15 @@ def set_meta(t: XlaTensor, shape, stride=None, storage_offset=0) -> None:
     offset in place (t_, squeeze_, as_strided_, resize_, out= and friends);
     the caller sets t._lt to a value that has them."""
     with no_dispatch():
-        # Taking a fresh wrapper's metadata (.data =) works for any size: the
-        # wrapper's placeholder storage is too small for as_strided_ to grow.
+        # Taking a fresh wrapper's metadata (torch's .data setter, not
+        # XlaTensor.data's, which would take its missing _lt too) works for
+        # any size: the wrapper's placeholder storage is too small for
+        # as_strided_ to grow.
         if stride is None:
-            t.data = _mws(XlaTensor, list(shape), dtype=t.dtype, device=t.device)
+            meta = _mws(XlaTensor, list(shape), dtype=t.dtype, device=t.device)
         else:
-            t.data = _mws(XlaTensor, list(shape), list(stride), storage_offset, dtype=t.dtype, device=t.device)
+            meta = _mws(XlaTensor, list(shape), list(stride), storage_offset, dtype=t.dtype, device=t.device)
+        _TENSOR_DATA.__set__(t, meta)
 
 
 _warned = set()

@@ -317,6 +317,13 @@ def _fallback(func):
         flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
         cpu_flat = [to_cpu(x) for x in flat]
         cargs, ckwargs = torch.utils._pytree.tree_unflatten(cpu_flat, spec)
+        if mutated:  # host copies the CPU kernel may write and resize (a view of device memory may not be resized)
+            cargs = list(cargs)
+            for i in mutated:
+                if i < len(cargs) and isinstance(cargs[i], torch.Tensor):
+                    cargs[i] = cargs[i].clone()
+                elif i < len(cargs) and isinstance(cargs[i], (list, tuple)):
+                    cargs[i] = [c.clone() if isinstance(c, torch.Tensor) else c for c in cargs[i]]
         try:
             with _cpu_view_keys():
                 r = func(*cargs, **ckwargs)
@@ -327,7 +334,11 @@ def _fallback(func):
             # Write back mutated arguments.
             for i in mutated:  # a Tensor or a Tensor[] (foreach, fused optimizers)
                 if i < len(args) and isinstance(args[i], XlaTensor):
-                    assign(args[i], _tensor.from_cpu(cargs[i]))
+                    if args[i].shape != cargs[i].shape:  # resized by the kernel
+                        _tensor.set_meta(args[i], cargs[i].shape)
+                        args[i]._lt = _tensor.from_cpu(cargs[i])._lt
+                    else:
+                        assign(args[i], _tensor.from_cpu(cargs[i]))
                 elif i < len(args) and isinstance(args[i], (list, tuple)):
                     for x, c in zip(args[i], cargs[i]):
                         if isinstance(x, XlaTensor):
@@ -348,4 +359,4 @@ def load_all():
     from . import linalg_lapack  # noqa: F401
     from . import special  # noqa: F401
     from . import order, misc, nn_extra, nn_grads, transformer  # noqa: F401
-    from . import complex, fft  # noqa: F401
+    from . import complex, fft, quantize  # noqa: F401

@@ -159,6 +159,11 @@ def all_(x, dim=None, keepdim=False):
     return _reduce("all", x, dim, keepdim)
 
 
+# torch.distributions' argument checks: a bool 0-d tensor (the caller's `if` reads it)
+impl(aten._is_all_true.default)(lambda x: all_(x))
+impl(aten._is_any_true.default)(lambda x: any_(x))
+
+
 @impl(aten.var.correction)
 def var(x, dim=None, *, correction=None, keepdim=False):
     c = 1.0 if correction is None else float(correction)

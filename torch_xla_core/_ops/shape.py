@@ -301,3 +301,23 @@ impl(aten.transpose_.default)(_inplace_view(transpose))
 impl(aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims)(_inplace_view(squeeze))
 impl(aten.unsqueeze_.default)(_inplace_view(unsqueeze))
 impl(aten.as_strided_.default)(_inplace_view(as_strided))
+
+
+# set_(source): self becomes an alias of source (its storage, shape, strides);
+# set_(): an empty tensor. (The CPU fallback would have broken the aliasing.)
+@impl(aten.set_.source_Tensor)
+def set_source(x, src):
+    if not isinstance(src, XlaTensor):
+        raise RuntimeError(f"set_: expected source on {x.device}, got a tensor on {src.device}")
+    if src.dtype != x.dtype:
+        raise RuntimeError(f"set_: could not set a {x.dtype} tensor to a {src.dtype} source (the dtypes must match)")
+    _tensor.set_meta(x, src.shape, src.stride(), src.storage_offset())
+    x._lt = src._lt
+    return x
+
+
+@impl(aten.set_.default)
+def set_empty(x):
+    _tensor.set_meta(x, (0,))
+    x._lt = torch.empty(0, dtype=x.dtype, device=x.device)._lt
+    return x
