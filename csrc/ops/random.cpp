@@ -12,11 +12,10 @@
 // kernel of its own per draw, and the chain duplicated into each kernel,
 // so compile time grew superlinearly with the number of draws.)
 //
-// The bits are counter-based: one Philox stream per graph, keyed by
-// mix(seed + counter * G) (G the 64-bit golden ratio, mix SplitMix64's
-// finalizer), where the draw at offset c starts at block c * 2^40: one
-// stablehlo.rng_bit_generator (PHILOX) per draw, the same bits on every
-// backend (see draw_bits).
+// The bits are counter-based (SplitMix64 over a per-graph key, G the 64-bit
+// golden ratio, mix its finalizer): element i of the draw at offset c is
+// mix(key + (c * 2^40 + i) * G): a few elementwise integer ops per draw,
+// the same bits on every backend (see draw_bits).
 //
 // Ops (operands; attributes after ';'):
 //   rng_advance(state, count)                          -> state + [0, count]
@@ -68,14 +67,16 @@ std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
 
 // The bits of one draw: tensor<dims x elem> (elem "ui32" or "ui64") from
 // operands 0 (the state, i64[2] = [seed, counter]) and 1 (the offset, an
-// i64 scalar): one stablehlo.rng_bit_generator with the PHILOX algorithm
-// (named, so every backend gives the same bits), whose initial state is
-// [c * 2^40, key]: key = mix(seed + counter * G) + G is the same for every
-// draw of a graph (XLA computes it once), and the draw at offset c starts
-// its Philox counter at c * 2^40, so draws never share a block. One op per
-// draw: XLA expands it into one shared Philox computation per shape, so a
-// graph of many draws compiles about as fast as the same graph with its
-// random tensors given as inputs (bench/rng_compile.py).
+// i64 scalar), counter-based, as SplitMix64: element i of the draw at
+// offset c is mix(key + (c * 2^40 + i) * G), where key = mix(seed +
+// counter * G) + G is the same for every draw of a graph (XLA computes it
+// once) and draws never share a counter (a draw has fewer than 2^40
+// elements); ui32 takes the high half. Plain integer arithmetic on the
+// device: the same bits on every backend, elementwise ops that XLA fuses
+// into the draw's consumer. (One stablehlo.rng_bit_generator per draw,
+// before, expanded into a Philox computation per draw: a graph of 500
+// randn compiled 3x slower than the same graph with its random inputs
+// uploaded, and superlinearly in the draws.)
 constexpr int kOffsetShift = 40;  // a draw has fewer than 2^40 elements
 
 std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* elem) {
@@ -99,12 +100,18 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
     op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
   std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
   off = cx.op("stablehlo.shift_left", {off, ucon(cx, std::to_string(kOffsetShift), {})}, {s0, s0}, s0);
-  std::string state = cx.op("stablehlo.concatenate",
-                            {cx.op("stablehlo.reshape", {off}, {s0}, u1), cx.op("stablehlo.reshape", {key}, {s0}, u1)},
-                            {u1, u1}, u2, "dimension = 0 : i64");
-  std::string r = cx.op_multi("stablehlo.rng_bit_generator", {state}, {u2}, {u2, tstr(d, elem)},
-                              "rng_algorithm = #stablehlo<rng_algorithm PHILOX>");
-  return r + "#1";
+  // z = key + (off + i) * G over the draw's elements, i = 0 .. numel - 1 in row-major order
+  std::string flat = tstr({numel}, "ui64"), ty = tstr(d, "ui64");
+  std::string i = cx.op("stablehlo.iota", {}, {}, flat, "iota_dimension = 0 : i64");
+  i = cx.op("stablehlo.reshape", {i}, {flat}, ty);
+  auto splat = [&](const std::string& v) {
+    return d.empty() ? v : cx.op("stablehlo.broadcast_in_dim", {v}, {s0}, ty, "broadcast_dimensions = array<i64>");
+  };
+  std::string c = bin("stablehlo.add", i, splat(off), ty);
+  std::string z = bin("stablehlo.add", splat(key), bin("stablehlo.multiply", c, splat(g), ty), ty);
+  std::string bits = mix64(cx, z, d);
+  if (std::string(elem) == "ui64") return bits;
+  return cx.op("stablehlo.convert", {ushift(cx, bits, d, "ui64", 32)}, {ty}, tstr(d, elem));
 }
 
 // Uniform floats of type c (F32 or F64) from m random bits k (m <= 24 for
