@@ -85,28 +85,46 @@ TXC_OP("layer_norm", -1,
          return cx.convert(r, ct, n.dtype, d);
        });
 
+// What layer_norm's and rms_norm's backward lowerings start from: grad
+// (operand 0) and x (operand 1) in the compute dtype, the normalized axes
+// (axis..rank: ax), the ones before them (bx), and the result's conversion.
+struct NormGrad {
+  const Node& n;
+  Dims d, ax, bx, rd;
+  DType ct;
+  Arith k;
+  std::string g;
+  NormGrad(LowerCtx& cx, const Node& node)
+      : n(node), d(node.operands[1]->dims), ax(range(node.attr_int(0), int64_t(d.size()))),
+        bx(range(0, node.attr_int(0))), rd(drop(d, ax)), ct(float_compute_dtype(node.operands[1]->dtype)),
+        k{cx, ct}, g(k.in(node, 0, d)) {}
+  // The mean of v over the normalized axes, broadcast back over d.
+  std::string mean_back(const std::string& v) {
+    double cnt = 1;
+    for (auto a : ax) cnt *= double(d[a]);
+    return k.back(k.div(k.sum(v, d, ax), k.c(cnt, rd), rd), d, ax);
+  }
+  // A result in the compute dtype, converted to the node's (its dims: n.dims).
+  std::string out(const std::string& r) { return k.cx.convert(r, ct, n.dtype, n.dims); }
+  // grad_weight: sum over the batch axes of grad * xhat.
+  std::string weight_grad(const std::string& xhat) { return out(k.sum(k.mul(g, xhat, d), d, bx)); }
+  // The gradient reaching the normalized value: grad * weight (operand w, when has_w).
+  std::string through_weight(size_t w) { return n.attr_int(2) ? k.mul(g, k.in(n, w, d), d) : g; }
+};
+
 // layer_norm_backward(grad, x, mean, rstd, [w]; axis, which, has_w, out_dtype)
 // which: 0 grad_input, 1 grad_weight, 2 grad_bias
 TXC_OP("layer_norm_backward", -1,
        [](Node& n) { infer_norm_backward(n, 2, "mean/rstd"); },
        [](LowerCtx& cx, const Node& n) {
-         const Node& x = *n.operands[1];
-         int64_t axis = n.attr_int(0);
-         Dims d = x.dims, ax = range(axis, x.rank()), bx = range(0, axis), rd = drop(d, ax);
-         DType ct = float_compute_dtype(x.dtype);
-         Arith k{cx, ct};
-         std::string g = k.in(n, 0, d);
-         int64_t which = n.attr_int(1);
-         if (which == 2) return cx.convert(k.sum(g, d, bx), ct, n.dtype, n.dims);
-         std::string xhat = k.mul(k.sub(k.in(n, 1, d), k.in(n, 2, d), d), k.in(n, 3, d), d);
-         if (which == 1) return cx.convert(k.sum(k.mul(g, xhat, d), d, bx), ct, n.dtype, n.dims);
-         double cnt = 1;
-         for (auto a : ax) cnt *= double(d[a]);
-         std::string dx = n.attr_int(2) ? k.mul(g, k.in(n, 4, d), d) : g;
-         std::string a = k.back(k.div(k.sum(dx, d, ax), k.c(cnt, rd), rd), d, ax);
-         std::string b = k.back(k.div(k.sum(k.mul(dx, xhat, d), d, ax), k.c(cnt, rd), rd), d, ax);
-         std::string r = k.mul(k.in(n, 3, d), k.sub(k.sub(dx, a, d), k.mul(xhat, b, d), d), d);
-         return cx.convert(r, ct, n.dtype, d);
+         NormGrad s(cx, n);
+         Arith& k = s.k;
+         const Dims& d = s.d;
+         if (n.attr_int(1) == 2) return s.out(k.sum(s.g, d, s.bx));  // grad_bias
+         std::string rstd = k.in(n, 3, d), xhat = k.mul(k.sub(k.in(n, 1, d), k.in(n, 2, d), d), rstd, d);
+         if (n.attr_int(1) == 1) return s.weight_grad(xhat);
+         std::string dx = s.through_weight(4), a = s.mean_back(dx), b = s.mean_back(k.mul(dx, xhat, d));
+         return s.out(k.mul(rstd, k.sub(k.sub(dx, a, d), k.mul(xhat, b, d), d), d));
        });
 
 // rms_norm(x, [w]; axis, eps, which, has_w) which: 0 out, 1 rstd (f32 for half inputs)
@@ -141,19 +159,13 @@ TXC_OP("rms_norm", -1,
 TXC_OP("rms_norm_backward", -1,
        [](Node& n) { infer_norm_backward(n, 1, "rstd"); },
        [](LowerCtx& cx, const Node& n) {
-         const Node& x = *n.operands[1];
-         int64_t axis = n.attr_int(0);
-         Dims d = x.dims, ax = range(axis, x.rank()), bx = range(0, axis), rd = drop(d, ax);
-         DType ct = float_compute_dtype(x.dtype);
-         Arith k{cx, ct};
-         std::string g = k.in(n, 0, d), rstd = k.in(n, 2, d);
-         std::string xhat = k.mul(k.in(n, 1, d), rstd, d);
-         if (n.attr_int(1) == 1) return cx.convert(k.sum(k.mul(g, xhat, d), d, bx), ct, n.dtype, n.dims);
-         double cnt = 1;
-         for (auto a : ax) cnt *= double(d[a]);
-         std::string dx = n.attr_int(2) ? k.mul(g, k.in(n, 3, d), d) : g;
-         std::string b = k.back(k.div(k.sum(k.mul(dx, xhat, d), d, ax), k.c(cnt, rd), rd), d, ax);
-         return cx.convert(k.mul(rstd, k.sub(dx, k.mul(xhat, b, d), d), d), ct, n.dtype, d);
+         NormGrad s(cx, n);
+         std::string rstd = s.k.in(n, 2, s.d), xhat = s.k.mul(s.k.in(n, 1, s.d), rstd, s.d);
+         if (n.attr_int(1) == 1) return s.weight_grad(xhat);
+         std::string dx = s.through_weight(3);
+         Arith& k = s.k;
+         const Dims& d = s.d;
+         return s.out(k.mul(rstd, k.sub(dx, k.mul(xhat, s.mean_back(k.mul(dx, xhat, d)), d), d), d));
        });
 
 // ---- batch norm (channel dim 1; statistics over every other dim) ----
