@@ -13,6 +13,15 @@ namespace arith {
 // f16/bf16 compute in f32 (as torch's CPU kernels accumulate); other dtypes as they are.
 inline DType float_compute_dtype(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
 
+// f(v, t) on operand 0 of n as v in its compute dtype t, the result (dims
+// n.dims) converted to n.dtype: the frame of a lowering that only computes.
+template <class F>
+std::string in_compute_dtype(LowerCtx& cx, const Node& n, F f) {
+  const Node& x = *n.operands[0];
+  DType t = float_compute_dtype(x.dtype);
+  return cx.convert(f(cx.convert(cx.in(n, 0), x.dtype, t, x.dims), t), t, n.dtype, n.dims);
+}
+
 // [a, b)
 inline Dims range(int64_t a, int64_t b) {
   Dims d;

@@ -12,6 +12,7 @@ namespace txc {
 namespace {
 
 using arith::float_compute_dtype;
+using arith::in_compute_dtype;
 using namespace window;
 
 // torch's pooling_output_shape.
@@ -288,13 +289,12 @@ TXC_OP("avg_pool", 1,
          n.dims = pool_dims(n, x.dims, avg_pool_params(n));  // a negative divisor_override divides, as on CPU
        },
        [](LowerCtx& cx, const Node& n) {
-         const Node& x = *n.operands[0];
-         DType t = float_compute_dtype(x.dtype);
-         Window w = pool_window(x.dims, n.dims, avg_pool_params(n));
-         std::string v = cx.convert(cx.in(n, 0), x.dtype, t, x.dims);
-         std::string s = reduce_window(cx, v, t, x.dims, n.dims, w, "stablehlo.add", 0);
-         std::string r = cx.binary("stablehlo.divide", s, avg_divisor(cx, n, x.dims, n.dims, t), t, n.dims);
-         return cx.convert(r, t, x.dtype, n.dims);
+         const Dims& xd = n.operands[0]->dims;
+         return in_compute_dtype(cx, n, [&](const std::string& v, DType t) {
+           Window w = pool_window(xd, n.dims, avg_pool_params(n));
+           std::string s = reduce_window(cx, v, t, xd, n.dims, w, "stablehlo.add", 0);
+           return cx.binary("stablehlo.divide", s, avg_divisor(cx, n, xd, n.dims, t), t, n.dims);
+         });
        });
 
 // avg_pool_backward(grad; avg_pool attrs..., input dims)
@@ -370,7 +370,14 @@ std::string adaptive_apply(LowerCtx& cx, std::string v, Dims vd, DType t, size_t
 }
 
 // Input checks shared by the adaptive pools: (N,) C, spatial... with no empty non-batch dim.
-void check_adaptive_input(const Node& n, const Node& x, size_t ns) {
+// The input of an adaptive pool with output_size os (attribute 0): (N,) C,
+// spatial dims, none empty; output sizes non-negative (avg) or positive (max).
+void check_adaptive_input(const Node& n, const Node& x, bool zero_ok) {
+  const Dims& os = n.attr_dims(0);
+  size_t ns = os.size();
+  for (auto o : os)
+    if (zero_ok ? o < 0 : o <= 0)
+      op_error(n, std::string("output_size must be ") + (zero_ok ? "non-negative" : "positive") + ", got " + dims_str(os));
   if (x.dims.size() != ns + 1 && x.dims.size() != ns + 2)
     op_error(n, "Expected " + std::to_string(ns + 1) + "D or " + std::to_string(ns + 2) +
                     "D tensor for input, but got a tensor of shape " + dims_str(x.dims));
@@ -386,21 +393,18 @@ TXC_OP("adaptive_avg_pool", 1,
          const Node& x = *n.operands[0];
          const Dims& os = n.attr_dims(0);
          size_t ns = os.size();
-         check_adaptive_input(n, x, ns);
-         for (auto o : os)
-           if (o < 0) op_error(n, "output_size must be non-negative, got " + dims_str(os));
+         check_adaptive_input(n, x, true);
          if (!is_floating(x.dtype)) op_error(n, std::string("expected a floating point input, got ") + dtype_name(x.dtype));
          n.dtype = x.dtype;
          n.dims = Dims(x.dims.begin(), x.dims.end() - ns);
          n.dims.insert(n.dims.end(), os.begin(), os.end());
        },
        [](LowerCtx& cx, const Node& n) {
-         const Node& x = *n.operands[0];
+         const Dims& xd = n.operands[0]->dims;
          size_t ns = n.attr_dims(0).size();
-         DType t = float_compute_dtype(x.dtype);
-         std::string v = cx.convert(cx.in(n, 0), x.dtype, t, x.dims);
-         v = adaptive_apply(cx, v, x.dims, t, ns, Dims(x.dims.end() - ns, x.dims.end()), n.attr_dims(0), false);
-         return cx.convert(v, t, x.dtype, n.dims);
+         return in_compute_dtype(cx, n, [&](const std::string& v, DType t) {
+           return adaptive_apply(cx, v, xd, t, ns, Dims(xd.end() - ns, xd.end()), n.attr_dims(0), false);
+         });
        });
 
 // adaptive_avg_pool_backward(grad; input dims)
@@ -412,13 +416,12 @@ TXC_OP("adaptive_avg_pool_backward", 1,
          if (n.rank() != g.rank()) op_error(n, "grad and input ranks differ");
        },
        [](LowerCtx& cx, const Node& n) {
-         const Node& g = *n.operands[0];
+         const Dims& gd = n.operands[0]->dims;
          size_t ns = size_t(n.attr_int(1));
-         DType t = float_compute_dtype(g.dtype);
-         std::string v = cx.convert(cx.in(n, 0), g.dtype, t, g.dims);
-         v = adaptive_apply(cx, v, g.dims, t, ns, Dims(n.dims.end() - ns, n.dims.end()),
-                            Dims(g.dims.end() - ns, g.dims.end()), true);
-         return cx.convert(v, t, g.dtype, n.dims);
+         return in_compute_dtype(cx, n, [&](const std::string& v, DType t) {
+           return adaptive_apply(cx, v, gd, t, ns, Dims(n.dims.end() - ns, n.dims.end()), Dims(gd.end() - ns, gd.end()),
+                                 true);
+         });
        });
 
 // adaptive_max_pool(x; output_size, want_indices): values (or int64 flat
@@ -431,9 +434,7 @@ TXC_OP("adaptive_max_pool", 1,
          const Node& x = *n.operands[0];
          const Dims& os = n.attr_dims(0);
          size_t ns = os.size();
-         check_adaptive_input(n, x, ns);
-         for (auto o : os)
-           if (o <= 0) op_error(n, "output_size must be positive, got " + dims_str(os));
+         check_adaptive_input(n, x, false);
          n.dtype = n.attr_int(1) ? DType::I64 : x.dtype;
          n.dims = Dims(x.dims.begin(), x.dims.end() - ns);
          n.dims.insert(n.dims.end(), os.begin(), os.end());
