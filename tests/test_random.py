@@ -404,3 +404,20 @@ def test_partial_sync_then_full_sync_continue_the_stream(dev):
     a1, b1 = run(True)
     a2, b2 = run(False)
     assert torch.equal(a1, a2) and torch.equal(b1, b2) and not torch.equal(a1, b1)
+
+
+def test_counter_based_bits_look_uniform_and_independent(dev):
+    """The SplitMix64 counter-based bits: a million uniforms fill 64 bins evenly (chi-square far
+    below its 1e-4 tail, 112 for 63 degrees of freedom), neighbours within a draw and the two draws
+    of one graph are uncorrelated, and integer draws hit every value of a 2^16 range about equally."""
+    torch.manual_seed(123)
+    u, v = torch.rand(1 << 20, device=dev), torch.rand(1 << 20, device=dev)
+    k = torch.randint(0, 1 << 16, (1 << 20,), device=dev)
+    u, v, k = u.cpu().double(), v.cpu().double(), k.cpu()
+    counts = torch.histc(u, bins=64, min=0, max=1)
+    expected = u.numel() / 64
+    assert ((counts - expected) ** 2 / expected).sum().item() < 112
+    for a, b in ((u[:-1], u[1:]), (u, v)):
+        assert abs(torch.corrcoef(torch.stack([a, b]))[0, 1].item()) < 5e-3
+    per_value = torch.bincount(k, minlength=1 << 16).double()
+    assert per_value.min().item() > 0 and per_value.std().item() < 1.2 * per_value.mean().sqrt().item()
