@@ -175,7 +175,7 @@ def bench_memory(session: nox.Session) -> None:
 @nox.session(python=PY, reuse_venv=True, default=False)
 def bench(session: nox.Session) -> None:
     """Both ABI flavors side by side: reuse wheelhouse/<flavor>/ when it holds
-    a wheel of the current version that has _C.bench_core (else build it with
+    a wheel of the current version that has torch_xla_core._bench_core (else build it with
     build/wheels.py), install each flavor with its documented command into its
     own venv (.nox/bench-flavors/<flavor>; build_info() checked), then
     bench/flavors.py: interleaved runs, one table, bench/results/flavors.json
@@ -218,9 +218,8 @@ def _stale_wheel(f: "flavors.Flavor", base: str) -> str | None:
     if whls[0].name.split("-")[1] != want:
         return f"{whls[0].name} is not version {want}"
     with zipfile.ZipFile(whls[0]) as z:
-        sos = [n for n in z.namelist() if "/_C." in n and ".libs/" not in n]
-        if not sos or b"bench_core" not in z.read(sos[0]):
-            return f"{whls[0].name} predates _C.bench_core"
+        if not any("/_bench_core." in n for n in z.namelist()):
+            return f"{whls[0].name} predates torch_xla_core._bench_core"
     return None
 
 

@@ -20,7 +20,7 @@ goes first, so drifts in machine load hit every flavor alike. Figures:
                   forward / forward+backward traced without syncing, wall and
                   process-CPU µs per aten op
   cached overhead trace + sync (compile-cache hit) + wait minus device execution
-  core ns/node    _C.bench_core: the C++ work alone (thread CPU time) on a graph
+  core ns/node    torch_xla_core._bench_core: the C++ work alone (thread CPU time) on a graph
                   of --core-n op nodes built through the op registry: build
                   (make_node: shape rules, attributes, node hash), hash
                   (GraphCut walk + graph hash), lower (StableHLO text)
@@ -70,15 +70,21 @@ class FlavorWorker(to.Worker):
             from torch_xla_core import _C
             bi = txc.build_info()
             info.update(build_info=bi, flavor=bi["flavor"], package_file=txc.__file__,
-                        core_file=_C.__file__, has_bench_core=hasattr(_C, "bench_core"))
+                        core_file=_C.__file__, has_bench_core=_has_bench_core())
         return info
 
     def bench_core(self, kind, n, repeats):
-        from torch_xla_core import _C
-        if not hasattr(_C, "bench_core"):
-            raise RuntimeError(f"{_C.__file__} has no bench_core (a wheel built before "
-                               "csrc/bench_core.cpp: rebuild it)")
-        return _C.bench_core(kind, n, repeats)
+        if not _has_bench_core():
+            import torch_xla_core
+            raise RuntimeError(f"{torch_xla_core.__file__}: no torch_xla_core._bench_core "
+                               "(a wheel built before csrc/bench/bench_core.cpp: rebuild it)")
+        from torch_xla_core import _bench_core
+        return _bench_core.bench_core(kind, n, repeats)
+
+
+def _has_bench_core():
+    import importlib.util
+    return importlib.util.find_spec("torch_xla_core._bench_core") is not None
 
 
 def worker_main(backend_name):
@@ -142,7 +148,7 @@ def flavor_check(workers, expected):
 
 
 def run_core(workers, n, inner, rounds):
-    """Interleaved _C.bench_core rounds: {kind: {flavor: [ns/node per round]}}."""
+    """Interleaved _bench_core.bench_core rounds: {kind: {flavor: [ns/node per round]}}."""
     out = {k: {w.name: [] for w in workers} for k in CORE_KINDS}
     for k in CORE_KINDS:                      # warm caches, op id lookups, allocator
         for w in workers:

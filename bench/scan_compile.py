@@ -13,13 +13,15 @@ compile and trace caches:
   first       wall seconds of the first step: trace + lower + compile + run
   step        median wall seconds of later steps (trace + cache hit + run)
   step_trace  median seconds to trace a later step (scan reuses its body)
+  overhead    first - step: what the first step costs beyond a cached one
 
 (after a warm-up run of each method at N=2, so first-use costs such as
 imports are not counted)
 
 and the ratios loop/scan. Usage:
 
-  python bench/scan_compile.py [--quick] [--layers 16 64] [--out FILE.json]
+  python bench/scan_compile.py [--quick] [--layers 16 64] [--methods loop scan scan:save]
+                               [--out FILE.json]
 """
 import argparse
 import datetime
@@ -63,8 +65,8 @@ def run_case(n, phase, method, args):
     gc.collect()
 
     def forward():
-        if method == "scan":
-            return scan_layers(layers, x)
+        if method.startswith("scan"):
+            return scan_layers(layers, x, policy=method.partition(":")[2] or "recompute")
         h = x
         for layer in layers:
             h = layer(h)
@@ -95,8 +97,9 @@ def run_case(n, phase, method, args):
         traces.append(t)
         walls.append(w)
     later_compiles = txc.metrics.counters().get("compile", 0) - compiles0 - compiles
+    step_s = statistics.median(walls)
     return {"trace": trace, "compile": compile_s, "first": first, "compiles_first": compiles,
-            "step": statistics.median(walls), "step_trace": statistics.median(traces),
+            "step": step_s, "overhead": first - step_s, "step_trace": statistics.median(traces),
             "compiles_later": later_compiles}
 
 
@@ -110,6 +113,9 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--methods", nargs="*", default=["loop", "scan"],
+                    choices=["loop", "scan", "scan:save", "scan:offload"],
+                    help="the first is the reference of the ratios")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scan_compile.json"))
     args = ap.parse_args()
     if args.layers is None:
@@ -117,29 +123,34 @@ def main():
     if args.quick:
         args.repeats = 2
     for phase in args.phases:  # warm-up: first-use costs (imports, torch.func) out of the measurements
-        for method in ("loop", "scan"):
+        for method in args.methods:
             run_case(2, phase, method, argparse.Namespace(**{**vars(args), "repeats": 1}))
     rows = []
-    hdr = (f"{'N':>4} {'phase':8} {'method':6} {'trace s':>8} {'compile s':>9} {'first s':>8} {'step s':>8} "
-           f"{'steptrace s':>11} {'compiles':>8}")
+    hdr = (f"{'N':>4} {'phase':8} {'method':12} {'trace s':>8} {'compile s':>9} {'first s':>8} {'step s':>8} "
+           f"{'overhead s':>10} {'steptrace s':>11} {'compiles':>8}")
     print(f"decoder stack: Block(d={args.d}, heads={args.heads}), x [{args.batch}, {args.seq}, {args.d}], "
           f"platform {runtime.platform()}")
     print(hdr)
     for n in args.layers:
         for phase in args.phases:
             res = {}
-            for method in ("loop", "scan"):
+            for method in args.methods:
                 r = run_case(n, phase, method, args)
                 res[method] = r
-                print(f"{n:>4} {phase:8} {method:6} {r['trace']:8.3f} {r['compile']:9.3f} {r['first']:8.3f} "
-                      f"{r['step']:8.4f} {r['step_trace']:11.4f} {r['compiles_first']:>4}+{r['compiles_later']}",
-                      flush=True)
-            ratio = {k: (res["loop"][k] / res["scan"][k] if res["scan"][k] else None)
-                     for k in ("trace", "compile", "first", "step", "step_trace")}
-            print(f"{'':4} {'':8} {'ratio':6} " + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v),
-                  flush=True)
-            rows.append({"layers": n, "phase": phase, "loop": res["loop"], "scan": res["scan"],
-                         "loop_over_scan": ratio})
+                print(f"{n:>4} {phase:8} {method:12} {r['trace']:8.3f} {r['compile']:9.3f} {r['first']:8.3f} "
+                      f"{r['step']:8.4f} {r['overhead']:10.3f} {r['step_trace']:11.4f} "
+                      f"{r['compiles_first']:>4}+{r['compiles_later']}", flush=True)
+            ref = args.methods[0]
+            ratios = {}
+            for method in args.methods[1:]:
+                ratio = {k: (res[ref][k] / res[method][k] if res[method][k] > 0 else None)
+                         for k in ("trace", "compile", "first", "step", "overhead", "step_trace")}
+                ratios[method] = ratio
+                print(f"{'':4} {'':8} {ref + '/' + method:12} "
+                      + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if v), flush=True)
+            rows.append({"layers": n, "phase": phase, **res, "ratios_to_" + ref: ratios,
+                         # the schema's first field, kept for readers of older files
+                         "loop_over_scan": ratios.get("scan")})
     doc = {"schema": SCHEMA, "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
            "platform": runtime.platform(), "config": vars(args), "results": rows}

@@ -4,7 +4,6 @@
 // lists); everything about shapes, dtypes, hashing and lowering happens here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include "bench_core.h"
 #include "build_info.h"
 #include "lower/emitter.h"
 #include "ops/registry.h"
@@ -29,7 +28,6 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_xla_core's C++ lazy-tensor core";
   bind_build_info(m);
   ext::bind_ext_api(m);
-  bind_bench_core(m);
 
   m.def("op_ids", [] {
     py::dict d;

@@ -4,10 +4,18 @@
 // ext/extension.h; nothing here is called from the core itself.
 #include "ext/api.h"
 #include <pybind11/pybind11.h>
+#include "trace/graph.h"
+#include "trace/tensor.h"
 
 namespace txc {
 namespace ext {
 namespace {
+
+GraphCut cut_of(const std::vector<NodePtr>& roots) {
+  std::vector<std::shared_ptr<Storage>> storages;
+  for (const NodePtr& r : roots) storages.push_back(LazyTensor(r).storage());
+  return GraphCut(std::move(storages), false);  // the cut keeps the storages alive
+}
 
 const Api kApi = {
     {TXC_API_MAGIC, TXC_API_VERSION, uint32_t(sizeof(Api)), int32_t(_GLIBCXX_USE_CXX11_ABI), TXC_API_FLAVOR,
@@ -66,6 +74,13 @@ const Api kApi = {
     [](LowerCtx& cx, const Body& b, const std::vector<std::string>& args) { return cx.lower_body(b, args); },
     [](LowerCtx& cx, const std::vector<std::string>& args, const std::vector<std::string>& types,
        const std::function<void()>& emit) { return cx.region_text(args, types, emit); },
+    // node: data leaves
+    [](DType t, Dims* d, std::shared_ptr<const LeafData>* data, int16_t device, uint8_t memory) {
+      return txc::make_data(t, std::move(*d), std::move(*data), device, memory);
+    },
+    // graph
+    [](const std::vector<NodePtr>& roots) { return cut_of(roots).hash(); },
+    [](const std::vector<NodePtr>& roots) { return cut_of(roots).lower(LowerOptions{}); },
 };
 
 }  // namespace

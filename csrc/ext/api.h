@@ -113,6 +113,14 @@ struct Api {
   std::vector<std::string> (*lower_body)(LowerCtx& cx, const Body& b, const std::vector<std::string>& args);
   std::string (*region_text)(LowerCtx& cx, const std::vector<std::string>& args, const std::vector<std::string>& types,
                              const std::function<void()>& emit);
+
+  // ir/node.h: a device data leaf (a graph parameter)
+  NodePtr (*make_data)(DType dtype, Dims* dims, std::shared_ptr<const LeafData>* data, int16_t device, uint8_t memory);
+  // trace/graph.h, for an extension's own checks and benchmarks: the graph
+  // that computes `roots`, cut as a sync cuts it (post-order walk + graph
+  // hash), and its StableHLO text (default lowering options)
+  uint64_t (*graph_hash)(const std::vector<NodePtr>& roots);
+  std::string (*graph_stablehlo)(const std::vector<NodePtr>& roots);
 };
 
 }  // namespace ext

@@ -27,7 +27,8 @@
 // Python from the module's `ops` dict, or torch_xla_core._C.op_ids()). Ops
 // registered inside the module body get their id at once. Forwarded: the
 // functions of ops/registry.h, ir/node.h, ir/dtype.h and LowerCtx
-// (lower/emitter.h); using another core function fails at import with an
+// (lower/emitter.h), and ext::graph_hash / ext::graph_stablehlo (a graph's
+// cut, as a sync makes it); using another core function fails at import with an
 // undefined symbol (add it to the table: ext/api.h).
 #pragma once
 #include <Python.h>
@@ -164,6 +165,11 @@ inline void publish_ops(pybind11::module_& m) {
   }
 }
 
+// The graph that computes `roots` as a sync would cut it: its hash (the
+// compile-cache key's graph part) and its StableHLO text.
+inline uint64_t graph_hash(const std::vector<NodePtr>& roots) { return api().graph_hash(roots); }
+inline std::string graph_stablehlo(const std::vector<NodePtr>& roots) { return api().graph_stablehlo(roots); }
+
 }  // namespace ext
 
 // ---- The core's functions, forwarded through the table (hidden: they are
@@ -194,7 +200,10 @@ void op_error(const Node& n, const std::string& msg) {
 Dims broadcast_dims(const Node& n, const Dims& a, const Dims& b) { return ext::api().broadcast_dims(n, a, b); }
 int64_t norm_dim(const Node& n, int64_t d, int64_t rank) { return ext::api().norm_dim(n, d, rank); }
 
-NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs) {
+NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::shared_ptr<const Body> body) {
+  if (body)  // sub-graph ops (scan) are the core's own
+    throw std::invalid_argument("make_node: the extension API builds nodes without a body (core op '" +
+                                op_def(op).name + "' was given one)");
   return ext::api().make_node(op, &operands, &attrs);
 }
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims) {
@@ -204,6 +213,9 @@ void rehash(Node& n) { ext::api().rehash(n); }
 std::string dims_str(const Dims& d) { return ext::api().dims_str(d); }
 uint64_t hash_attrs(uint64_t h, const Attrs& attrs) { return ext::api().hash_attrs(h, attrs); }
 int64_t Node::numel() const { return ext::api().numel(*this); }
+NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, int16_t device, uint8_t memory) {
+  return ext::api().make_data(dtype, &dims, &data, device, memory);
+}
 
 const char* mlir_name(DType t) { return ext::api().mlir_name(t); }
 const char* dtype_name(DType t) { return ext::api().dtype_name(t); }

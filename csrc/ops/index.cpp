@@ -124,6 +124,8 @@ IndexPlan index_plan(const Node& n, const Node& x, size_t first, const Dims& dim
 // attribute 0, index tensors from operand `first`): the plan, and the
 // indices stacked as one gather/scatter operand of dims (B..., k).
 struct IndexLowering {
+  const Node& x;      // the indexed tensor (operand 0)
+  const Dims& dims;   // the indexed dims (attribute 0)
   IndexPlan p;
   std::string idx;
   Dims idx_dims;
@@ -131,7 +133,7 @@ struct IndexLowering {
 IndexLowering lower_indices(LowerCtx& cx, const Node& n, size_t first) {
   const Node& x = *n.operands[0];
   const Dims& dims = n.attr_dims(0);
-  IndexLowering r{index_plan(n, x, first, dims), "", {}};
+  IndexLowering r{x, dims, index_plan(n, x, first, dims), "", {}};
   std::vector<std::string> comps;
   for (size_t j = 0; j < dims.size(); ++j) comps.push_back(index_operand(cx, n, first + j, r.p.B, x.dims[dims[j]]));
   r.idx = index_vector(cx, comps, r.p.B);
@@ -148,13 +150,11 @@ TXC_OP("index", -1,
          n.dims = p.out;
        },
        [](LowerCtx& cx, const Node& n) {
-         const Node& x = *n.operands[0];
-         const Dims& dims = n.attr_dims(0);
          IndexLowering l = lower_indices(cx, n, 1);
-         Dims slice = x.dims;
-         for (auto d : dims) slice[d] = 1;
-         return cx.op("stablehlo.gather", {cx.in(n, 0), l.idx}, {LowerCtx::type(x), LowerCtx::type(DType::I64, l.idx_dims)},
-                      LowerCtx::type(n), gather_props(l.p.rest_pos, dims, dims, int64_t(l.p.B.size()), slice));
+         Dims slice = l.x.dims;
+         for (auto d : l.dims) slice[d] = 1;
+         return cx.op("stablehlo.gather", {cx.in(n, 0), l.idx}, {LowerCtx::type(l.x), LowerCtx::type(DType::I64, l.idx_dims)},
+                      LowerCtx::type(n), gather_props(l.p.rest_pos, l.dims, l.dims, int64_t(l.p.B.size()), slice));
        });
 
 // index_put(x, values, i_0 .. i_k-1; dims, accumulate): x with x[indices] =
@@ -176,13 +176,12 @@ TXC_OP("index_put", -1,
          n.dims = x.dims;
        },
        [](LowerCtx& cx, const Node& n) {
-         const Node& x = *n.operands[0];
-         const Dims& dims = n.attr_dims(0);
          IndexLowering l = lower_indices(cx, n, 2);
-         std::string upd = cx.coerce(n, 1, x.dtype, l.p.out);
-         const char* body = n.attr_int(1) ? (is_bool(x.dtype) ? "stablehlo.or" : "stablehlo.add") : "";
-         return scatter(cx, cx.in(n, 0), l.idx, upd, x.dtype, x.dims, l.idx_dims, l.p.out,
-                        scatter_props(l.p.rest_pos, dims, dims, int64_t(l.p.B.size())), body);
+         DType t = l.x.dtype;
+         std::string upd = cx.coerce(n, 1, t, l.p.out);
+         const char* body = n.attr_int(1) ? (is_bool(t) ? "stablehlo.or" : "stablehlo.add") : "";
+         return scatter(cx, cx.in(n, 0), l.idx, upd, t, l.x.dims, l.idx_dims, l.p.out,
+                        scatter_props(l.p.rest_pos, l.dims, l.dims, int64_t(l.p.B.size())), body);
        });
 
 // ---- torch.gather / scatter ---------------------------------------------

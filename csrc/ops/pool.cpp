@@ -369,10 +369,10 @@ std::string adaptive_apply(LowerCtx& cx, std::string v, Dims vd, DType t, size_t
   return v;
 }
 
-// Input checks shared by the adaptive pools: (N,) C, spatial... with no empty non-batch dim.
-// The input of an adaptive pool with output_size os (attribute 0): (N,) C,
-// spatial dims, none empty; output sizes non-negative (avg) or positive (max).
-void check_adaptive_input(const Node& n, const Node& x, bool zero_ok) {
+// The output dims of an adaptive pool with output_size os (attribute 0):
+// x's leading dims, then os. Checks the input, (N,) C, spatial dims, none
+// empty, and the output sizes: non-negative (avg) or positive (max).
+Dims adaptive_out_dims(const Node& n, const Node& x, bool zero_ok) {
   const Dims& os = n.attr_dims(0);
   size_t ns = os.size();
   for (auto o : os)
@@ -385,19 +385,18 @@ void check_adaptive_input(const Node& n, const Node& x, bool zero_ok) {
     if (x.dims[i] == 0)
       op_error(n, "Expected input to have non-zero size for non-batch dimensions, but input has sizes " +
                       dims_str(x.dims) + " with dimension " + std::to_string(i) + " being empty");
+  Dims out(x.dims.begin(), x.dims.end() - ns);
+  out.insert(out.end(), os.begin(), os.end());
+  return out;
 }
 
 // adaptive_avg_pool(x; output_size)
 TXC_OP("adaptive_avg_pool", 1,
        [](Node& n) {
          const Node& x = *n.operands[0];
-         const Dims& os = n.attr_dims(0);
-         size_t ns = os.size();
-         check_adaptive_input(n, x, true);
+         n.dims = adaptive_out_dims(n, x, true);
          if (!is_floating(x.dtype)) op_error(n, std::string("expected a floating point input, got ") + dtype_name(x.dtype));
          n.dtype = x.dtype;
-         n.dims = Dims(x.dims.begin(), x.dims.end() - ns);
-         n.dims.insert(n.dims.end(), os.begin(), os.end());
        },
        [](LowerCtx& cx, const Node& n) {
          const Dims& xd = n.operands[0]->dims;
@@ -432,12 +431,8 @@ TXC_OP("adaptive_avg_pool_backward", 1,
 TXC_OP("adaptive_max_pool", 1,
        [](Node& n) {
          const Node& x = *n.operands[0];
-         const Dims& os = n.attr_dims(0);
-         size_t ns = os.size();
-         check_adaptive_input(n, x, false);
+         n.dims = adaptive_out_dims(n, x, false);
          n.dtype = n.attr_int(1) ? DType::I64 : x.dtype;
-         n.dims = Dims(x.dims.begin(), x.dims.end() - ns);
-         n.dims.insert(n.dims.end(), os.begin(), os.end());
        },
        [](LowerCtx& cx, const Node& n) {
          const Node& x = *n.operands[0];

@@ -33,6 +33,16 @@ def _draw(kind, dtype, shape, a, b, generator):
     return wrap(_make(_RNG, _key(generator), (kind, code(dtype), sizes(shape), float(a), float(b))))
 
 
+def _fill(self, name, kind, a, b, generator, refused=None):
+    """`self` filled in place with a draw of `kind` (parameters a, b);
+    `refused`: torch's message when it refuses the parameters."""
+    _float_check(name, self.dtype)
+    if refused:
+        raise RuntimeError(refused)
+    assign(self, _draw(kind, self.dtype, self.shape, a, b, generator))
+    return self
+
+
 def _dt(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
 
@@ -41,11 +51,8 @@ def _dt(dtype):
 
 @impl(aten.normal_.default)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
-    _float_check("normal_", self.dtype)
-    if std < 0:
-        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
-    assign(self, _draw(NORMAL, self.dtype, self.shape, mean, std, generator))
-    return self
+    return _fill(self, "normal_", NORMAL, mean, std, generator,
+                 std < 0 and f"normal expects std >= 0.0, but found std {std:g}")
 
 
 @impl(aten.uniform.default)
@@ -80,20 +87,14 @@ def exponential_(self, lambd=1.0, *, generator=None):
 
 @impl(aten.log_normal_.default)
 def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
-    _float_check("log_normal_", self.dtype)
-    if not std > 0:
-        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
-    assign(self, _draw(LOG_NORMAL, self.dtype, self.shape, mean, std, generator))
-    return self
+    return _fill(self, "log_normal_", LOG_NORMAL, mean, std, generator,
+                 not std > 0 and f"log_normal_ expects std > 0.0, but found std={std:g}")
 
 
 @impl(aten.cauchy_.default)
 def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
-    _float_check("cauchy_", self.dtype)
-    if not sigma > 0:
-        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
-    assign(self, _draw(CAUCHY, self.dtype, self.shape, median, sigma, generator))
-    return self
+    return _fill(self, "cauchy_", CAUCHY, median, sigma, generator,
+                 not sigma > 0 and f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
 
 
 # --- normal with tensor mean/std --------------------------------------------

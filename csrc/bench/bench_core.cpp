@@ -1,25 +1,28 @@
-// Core-only microbenchmarks (see bench_core.h). One graph, built through the
-// real op registry exactly as tracing builds it: per layer, like one block of
+// torch_xla_core._bench_core: the core-only microbenchmark that
+// bench/flavors.py compares across the C++-ABI flavors. A module of its own,
+// built as an extension of the core (ext/extension.h: the core's functions
+// through its API table, the flavor checked at import), so _C holds no
+// benchmark code. One graph, built through the real op registry exactly as
+// tracing builds it: per layer, like one block of
 // an MLP, dot(h, W) (dims attributes) + bias (broadcast), gelu (a string
 // attribute, "none"/"tanh" alternating), reshape to 1-d and back (dims
 // attributes), a gate mul(., h) and a residual add(h, .). n counts op nodes
 // (make_node calls); the data leaves (W, bias, input) come on top.
 //
 //   bench_core("build", n, repeats)  make_node of n ops: shape rules, attrs, node hashes
-//   bench_core("hash",  n, repeats)  a GraphCut of the graph: post-order walk + graph hash
-//   bench_core("lower", n, repeats)  GraphCut.lower(): the StableHLO text
+//   bench_core("hash",  n, repeats)  the graph's cut as a sync makes it: post-order walk + graph hash
+//   bench_core("lower", n, repeats)  the cut's StableHLO text
 //
 // Each returns seconds of the calling thread's CPU time per repeat (one
-// repeat = the whole graph once).
-#include "bench_core.h"
+// repeat = the whole graph once). Each core call goes through the API
+// table: one indirect call more per node than inside _C, the same for both
+// flavors.
 #include <pybind11/stl.h>
 #include <time.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
-#include "ops/registry.h"
-#include "trace/graph.h"
-#include "trace/tensor.h"
+#include "ext/extension.h"
 
 namespace py = pybind11;
 
@@ -66,11 +69,6 @@ NodePtr build_graph(int64_t n) {
   return last;
 }
 
-GraphCut cut_of(const NodePtr& out) {
-  LazyTensor t(out);
-  return GraphCut({t.storage()}, false);  // the cut keeps the storage alive
-}
-
 // The calling thread's CPU time: the C++ work alone, without the time other
 // processes held the core (the machine this runs on is often shared).
 struct Clock {
@@ -97,24 +95,22 @@ std::vector<double> bench_core(const std::string& kind, int64_t n, int64_t repea
       // freed here, outside the timed region
     }
   } else if (kind == "hash") {
-    NodePtr g = build_graph(n);
-    LazyTensor t(g);
+    std::vector<NodePtr> g = {build_graph(n)};
     uint64_t h0 = 0;
     for (int64_t i = 0; i < repeats; ++i) {
       auto t0 = Clock::now();
-      GraphCut cut({t.storage()}, false);
+      uint64_t h = ext::graph_hash(g);
       auto t1 = Clock::now();
       out.push_back(secs(t0, t1));
-      if (i == 0) h0 = cut.hash();
-      else if (cut.hash() != h0) throw std::runtime_error("bench_core: graph hash is not stable");
+      if (i == 0) h0 = h;
+      else if (h != h0) throw std::runtime_error("bench_core: graph hash is not stable");
     }
   } else if (kind == "lower") {
-    NodePtr g = build_graph(n);
-    GraphCut cut = cut_of(g);
+    std::vector<NodePtr> g = {build_graph(n)};
     size_t len = 0;
     for (int64_t i = 0; i < repeats; ++i) {
       auto t0 = Clock::now();
-      std::string text = cut.lower(LowerOptions{});
+      std::string text = ext::graph_stablehlo(g);
       auto t1 = Clock::now();
       out.push_back(secs(t0, t1));
       if (i == 0) len = text.size();
@@ -127,17 +123,18 @@ std::vector<double> bench_core(const std::string& kind, int64_t n, int64_t repea
 }
 
 }  // namespace
+}  // namespace txc
 
-void bind_bench_core(py::module_& m) {
+TXC_EXTENSION_MODULE(_bench_core, m) {
+  using namespace txc;
+  m.doc() = "Core-only microbenchmarks of torch_xla_core (bench/flavors.py), an extension of the core";
   m.def("bench_core", &bench_core, py::arg("kind"), py::arg("n"), py::arg("repeats"),
         "Core-only microbenchmark over a graph of n op nodes (dot/add/gelu/reshape/mul through the\n"
         "op registry): kind 'build' (make_node), 'hash' (GraphCut walk + hash) or 'lower'\n"
         "(StableHLO text). Returns seconds of thread CPU time per repeat.");
   m.def("bench_core_text", [](int64_t n) {
           if (n < 1 || n > 1000000) throw py::value_error("bench_core_text: n must be in [1, 1000000]");
-          return cut_of(build_graph(n)).lower(LowerOptions{});
+          return ext::graph_stablehlo({build_graph(n)});
         },
         py::arg("n"), "The StableHLO text that bench_core('lower', n, ...) emits.");
 }
-
-}  // namespace txc
