@@ -20,6 +20,7 @@ namespace txc {
 void bind_dispatch(py::module_& m);              // py/dispatch.cpp: the C++ __torch_dispatch__
 namespace ext { void bind_ext_api(py::module_& m); }  // ext/api.cpp: C++ API for extensions
 void bind_scan(py::module_& m);                 // ops/scan.cpp
+void bind_replay(py::module_& m);               // py/replay.cpp: replay's per-tensor loops
 
 }  // namespace txc
 
@@ -112,4 +113,5 @@ PYBIND11_MODULE(_C, m) {
       .def("poison", &GraphCut::poison);
 
   bind_scan(m);
+  bind_replay(m);
 }

@@ -300,3 +300,43 @@ def test_write_to_a_tensor_it_was_not_given_is_refused(dev):
             step(torch.ones(2).to(dev))
     assert _bag[0].cpu().tolist() == [3.0, 3.0]   # every call traced: no update lost
     assert txc.metrics.counters().get("replay", 0) == 0
+
+
+def test_tensor_signature_tells_apart_what_changes_the_graph(dev):
+    # the tensors' part of the guard (csrc/py/replay.cpp): dtype, shape,
+    # requires_grad, aliasing among inputs, and a view's layout each make a
+    # new signature; equal inputs replay
+    calls = []
+
+    def f(a, b):
+        calls.append(1)
+        return a * 2 + b
+
+    step = txc.compile(f)
+    base = torch.arange(12.0).reshape(3, 4)
+    a, b = base.to(dev), (base + 1).to(dev)
+    cases = [
+        ((a, b), "first"),
+        ((a, b), "replay"),
+        (((base * 3).to(dev), (base - 1).to(dev)), "replay"),       # new buffers, same signature
+        ((a, a), "trace"),                                            # the same buffer twice: aliasing
+        ((a.double(), b.double()), "trace"),                          # dtype
+        ((a[:2], b[:2]), "trace"),                                    # shape (a view of its own storage)
+        ((a.t().contiguous(), b.t().contiguous()), "trace"),          # shape
+        ((a.clone().requires_grad_(), b), "trace"),                   # requires_grad
+    ]
+    seen = 0
+    for (x, y), want in cases:
+        before = len(calls)
+        out = step(x, y)
+        torch.testing.assert_close(out.cpu(), x.detach().cpu() * 2 + y.cpu())
+        traced = len(calls) > before
+        assert traced == (want != "replay"), (want, x.shape, x.dtype)
+        seen += 1
+    assert txc.metrics.counters()["replay"] == 2
+
+
+def test_cpu_tensor_input_is_refused_naming_it(dev):
+    step = txc.compile(lambda x: x + 1)
+    with pytest.warns(RuntimeWarning, match=r"a cpu tensor \[2\] is an input; move it to xla"):
+        step(torch.ones(2))

@@ -104,41 +104,32 @@ def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
 # --- the walk: every input tensor, where it lives, and the signature ----------
 
 class _Walk:
-    __slots__ = ("sig", "locs", "tensors", "refusal", "first")
+    __slots__ = ("sig", "locs", "tensors", "refusal")
 
     def __init__(self):
         self.sig = []
         self.locs = []      # (kind, obj, key) per input slot
         self.tensors = []   # the tensor (or None) at each slot
         self.refusal = None
-        self.first = {}     # buffer (or storage) -> the first slot holding it: aliasing among inputs
 
     def tensor(self, t, loc):
+        # the tensors' part of the signature is made in one pass (signature())
         self.locs.append(loc)
         self.tensors.append(t)
-        if t is None:
-            self.sig.append(None)
-            return
-        if not isinstance(t, _XlaTensor):
+
+    def signature(self):
+        """The guard: what the walk saw, and per tensor slot (_C.replay_signature,
+        csrc/py/replay.cpp) None or the value's dims and dtype, requires_grad,
+        the first slot holding the same buffer or storage (aliasing among
+        inputs) and, for a view sharing its storage, its view ops, storage
+        dims, strides and offset (it reads that storage). None when an input
+        is not an xla tensor (then self.refusal says which)."""
+        tensor_sig, bad = _C.replay_signature(self.tensors, _XlaTensor)
+        if tensor_sig is None:
+            t = self.tensors[bad]
             self.refusal = self.refusal or f"a {t.device.type} tensor {list(t.shape)} is an input; move it to xla"
-            self.sig.append(("cpu", id(t)))
-            return
-        lt = t._lt
-        view = None
-        if lt.is_data:
-            key = id(lt.data)
-        elif lt.is_view:
-            lone = lt.storage_refs == 1 and t.is_contiguous()  # (before root(), another reference)
-            r = lt.root()
-            key = id(r.data) if r.is_data else lt.storage_id
-            ops = tuple(op for op in lt.view_ops if op != "alias")
-            if (ops or lt.shape != r.shape) and not lone:
-                # a view sharing its storage (_own_storage leaves it): it reads its storage, so the same
-                # ops, strides and offset over the same storage shape
-                view = (ops, r.shape, t.stride(), t.storage_offset())
-        else:
-            key = lt.storage_id
-        self.sig.append((t.shape, t.dtype, t.requires_grad, self.first.setdefault(key, len(self.tensors) - 1), view))
+            return None
+        return tuple(self.sig), tensor_sig
 
     def value(self, v, where, seen):
         if isinstance(v, torch.Tensor):
@@ -175,9 +166,8 @@ class _Walk:
                 continue
             seen.add(id(mod))
             d = mod.__dict__
-            for k, v in d.items():  # training, and numbers/strings the forward may read
-                if k[0] != "_" and isinstance(v, _SCALARS):
-                    self.sig.append((k, v))
+            # training, and numbers/strings the forward may read; the hooks
+            self.sig.append(tuple([(k, v) for k, v in d.items() if k[0] != "_" and isinstance(v, _SCALARS)]))
             self.sig.append((tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"]),
                              tuple(d["_backward_hooks"])))
             for name, p in mod._parameters.items():
@@ -339,7 +329,7 @@ def _set(loc, tensors, t):
 
 
 class _Recording:
-    __slots__ = ("exe", "binds", "donated", "writes", "ret", "rng_out", "checks", "specs")
+    __slots__ = ("exe", "binds", "donated", "writes", "inplace", "inplace_of", "others", "ret", "rng_out", "checks", "specs")
 
 
 def _lazy_of(buf, spec):
@@ -401,9 +391,9 @@ class Compiled:
             metrics.counter_add("replay_trace")
             return self._run(args, kwargs)
         w = _walk(src, args, kwargs)
+        sig = w.signature()
         if w.refusal is not None:
             return self._traced(w.refusal, args, kwargs)
-        sig = tuple(w.sig)
         rec = self._recordings.get(sig)
         if rec is not None:
             out, why = self._replay(rec, w)
@@ -549,7 +539,7 @@ class Compiled:
                 rec.specs[k] = (t._lt.dtype, list(t._lt.shape))
             return k
         # where each output goes
-        transitional = tuple(post.sig) != sig
+        transitional = post.signature() != sig
         writes = []
         for i, t in enumerate(post.tensors):
             before = pre.tensors[i] if i < len(pre.tensors) else None
@@ -564,6 +554,9 @@ class Compiled:
                 continue
             writes.append((i, k, "inplace" if t is before else "new"))
         rec.writes = writes
+        rec.inplace = [(i, k) for i, k, mode in writes if mode == "inplace"]
+        rec.inplace_of = {k: i for i, k in rec.inplace}
+        rec.others = [w for w in writes if w[2] != "inplace"]
         ret = []
         for j, t in enumerate(leaves):
             if j in views:
@@ -616,35 +609,27 @@ class Compiled:
     def _replay(self, rec, w):
         tensors = w.tensors
         pending = False
-        for t in tensors:
-            if t is not None and not t._lt.is_data and _buffer(t) is None:  # pending, or a view
-                if _own_storage(t) or _root_buffer(t) is None:  # (a shared view reads its storage)
-                    pending = True
+        if not _C.replay_ready(tensors):  # (the common case, every input device data, in one C++ pass)
+            for t in tensors:
+                if t is not None and not t._lt.is_data and _buffer(t) is None:  # pending, or a view
+                    if _own_storage(t) or _root_buffer(t) is None:  # (a shared view reads its storage)
+                        pending = True
         st = _random._state
         if st is None:
             st = _random._state = _random._upload(_random.initial_seed())
         if not st.is_data or pending:
             executor.sync(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
             st = _random._state
-        for i in rec.donated:
-            if not tensors[i]._lt.data_exclusive:
-                return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
-        params = []
-        for kind, v in rec.binds:
-            if kind == "slot":
-                t = tensors[v]
-                params.append(t._lt.data if t._lt.is_data else _root_buffer(t))
-            elif kind == "const":
-                params.append(v)
-            else:
-                params.append(st.data)
+        if _C.replay_exclusive(tensors, rec.donated) >= 0:
+            return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
+        params = _C.replay_params(tensors, rec.binds, st.data)
         outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
+        del params  # (the inputs' buffers: donated ones must not stay referenced)
         specs = rec.specs
+        _C.replay_write(tensors, outs, rec.inplace, specs)
         from_data, wrap = _C.from_data, _C.wrap
-        for i, k, mode in rec.writes:
-            if mode == "inplace":
-                tensors[i]._lt.assign(from_data(outs[k], *specs[k]))
-            elif mode == "new":
+        for i, k, mode in rec.others:
+            if mode == "new":
                 _set(w.locs[i], tensors, wrap(from_data(outs[k], *specs[k])))
             else:
                 _set(w.locs[i], tensors, None)
@@ -665,12 +650,14 @@ def _returned(rec, tensors, outs):
     specs = rec.specs
     # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
     # input written in place is a view of that input
-    made = {k: tensors[i]._lt for i, k, mode in rec.writes if mode == "inplace"}
+    made = {}
+    inplace_of = rec.inplace_of
 
     def out_lt(k):
         lt = made.get(k)
         if lt is None:
-            lt = made[k] = _lazy_of(outs[k], specs[k])
+            i = inplace_of.get(k)
+            lt = made[k] = tensors[i]._lt if i is not None else _lazy_of(outs[k], specs[k])
         return lt
     leaves = []
     for r in ret:
