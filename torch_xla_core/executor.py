@@ -168,6 +168,18 @@ def _compile(key, text):
             _inflight.pop(key, None)
 
 
+def _compile_into(fut, key, text):
+    """_compile, its result into `fut`: a Future put in _inflight before the
+    work was queued, so that no Ctrl-C can land between queueing a compile and
+    registering it (the next sync would not find it and compile again)."""
+    if not fut.set_running_or_notify_cancel():  # cancelled while being queued (executable)
+        return
+    try:
+        fut.set_result(_compile(key, text))
+    except BaseException as e:  # noqa: BLE001  (handed to whoever waits for it)
+        fut.set_exception(e)
+
+
 def _dump(key, text):
     d = os.environ.get("TXC_DUMP_DIR")
     if d:
@@ -231,8 +243,20 @@ def executable(p: Plan):
             text = p.stablehlo()
         with _cache_lock:
             fut = _inflight.get(key)  # another thread may have started it meanwhile
-            if fut is None:
-                fut = _inflight[key] = _workers().submit(_compile, key, text)
+            start = fut is None
+            if start:
+                fut = _inflight[key] = concurrent.futures.Future()
+        if start:
+            try:
+                _workers().submit(_compile_into, fut, key, text)
+            except BaseException:
+                # Ctrl-C (or a failure) while queueing: a compile that has started goes on and the next
+                # sync reuses it; one that has not is cancelled and forgotten
+                if fut.cancel():
+                    with _cache_lock:
+                        if _inflight.get(key) is fut:
+                            del _inflight[key]
+                raise
     else:
         metrics.counter_add("compile_reused")
     progress = _Progress(p)
@@ -244,6 +268,8 @@ def executable(p: Plan):
         except concurrent.futures.TimeoutError:
             progress.tick()
             continue
+        except concurrent.futures.CancelledError:  # its queueing was interrupted in another thread
+            return executable(p)
 
 
 class _Progress:
