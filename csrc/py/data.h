@@ -22,10 +22,24 @@ inline NodePtr make_py_data(py::object buffer, DType dtype, Dims dims, int16_t d
   return make_data(dtype, std::move(dims), std::make_shared<const PyData>(std::move(buffer)), device, memory);
 }
 
+// The buffer of a data leaf, borrowed from the node (nullptr for other nodes
+// or a payload of another kind).
+inline PyObject* py_data_ptr(const Node& n) {
+  auto* d = dynamic_cast<const PyData*>(n.data.get());
+  return d ? d->buffer.ptr() : nullptr;
+}
+
 // The buffer of a data leaf (None for other nodes or a payload of another kind).
 inline py::object py_data(const Node& n) {
-  auto* d = dynamic_cast<const PyData*>(n.data.get());
-  return d ? d->buffer : py::none();
+  PyObject* b = py_data_ptr(n);
+  return b ? py::reinterpret_borrow<py::object>(b) : py::none();
+}
+
+// Whether the node's reference is the only one to its buffer (no tensor,
+// list or user variable holds it): what donating the buffer needs.
+inline bool buffer_held_by_node_only(const Node& n) {
+  PyObject* b = py_data_ptr(n);
+  return b && Py_REFCNT(b) == 1;
 }
 
 }  // namespace txc

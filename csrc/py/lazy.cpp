@@ -36,6 +36,12 @@ std::vector<NodePtr> view_chain(LazyTensor& t) {
 
 }  // namespace
 
+bool data_exclusive(LazyTensor& t) {
+  if (t.is_view()) return false;
+  const NodePtr& v = t.storage()->value;
+  return v.use_count() == 1 && buffer_held_by_node_only(*v);
+}
+
 PyObject* new_lazy(LazyTensor&& t) {
   PyObject* o = g_lazy_type->tp_alloc(g_lazy_type, 0);
   if (!o) throw py::error_already_set();
@@ -71,17 +77,8 @@ void bind_lazy(py::module_& m) {
          return v->op == data_op ? py_data(*v) : py::none();
        }));
   prop("op", py::cpp_function([](LazyTensor& t) { return op_def(t.value()->op).name; }));
-  // For replay (torch_xla_core/replay.py): may this tensor's buffer be donated
-  // (overwritten in place)? Device data held by its storage alone: no view,
-  // no other storage or view chain holding the node, no other Python
-  // reference to the buffer (GraphCut::donations() asks the same of a cut).
-  prop("data_exclusive", py::cpp_function([](LazyTensor& t) {
-         if (t.is_view()) return false;
-         const NodePtr& v = t.storage()->value;
-         if (v->op != data_op || v.use_count() != 1) return false;
-         py::object buffer = py_data(*v);
-         return !buffer.is_none() && Py_REFCNT(buffer.ptr()) == 2;  // ours and the node's
-       }));
+  // may this tensor's buffer be donated (lazy.h)
+  prop("data_exclusive", py::cpp_function(&data_exclusive));
   prop("memory_kind", py::cpp_function([](LazyTensor& t) { return memory_kind_name(memory_kind_of(*t.value())); }));
   prop("hash", py::cpp_function([](LazyTensor& t) { return t.value()->hash; }));
   prop("storage_id", py::cpp_function([](LazyTensor& t) { return uintptr_t(t.storage().get()); }));

@@ -20,6 +20,11 @@ inline bool is_lazy(PyObject* o) { return g_lazy_type && Py_TYPE(o) == g_lazy_ty
 inline LazyTensor& lazy_ref(PyObject* o) { return reinterpret_cast<PyLazy*>(o)->t; }
 PyObject* new_lazy(LazyTensor&& t);  // a new reference
 LazyTensor& lazy_arg(py::handle h);  // h's LazyTensor, or TypeError
+// For donation (replay): may this tensor's buffer be overwritten in place?
+// Device data held by its storage alone: no view, no other storage or view
+// chain holding the node, no other Python reference to the buffer
+// (GraphCut::donations() asks the same of a cut).
+bool data_exclusive(LazyTensor& t);
 void bind_lazy(py::module_& m);      // the type, its properties and methods
 }  // namespace txc
 

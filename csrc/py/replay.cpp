@@ -17,7 +17,6 @@
 //   replay_params(tensors, binds, rng) -> list   the executable's arguments
 //   replay_write(tensors, outs, writes, specs)   in-place writes of outputs
 #include <pybind11/stl.h>
-#include <cstring>
 #include <unordered_map>
 #include "ops/registry.h"
 #include "py/data.h"
@@ -50,11 +49,7 @@ LazyTensor& lazy_of(py::handle t) {
 bool is_data(const NodePtr& v) { return v->op == data_op(); }
 
 // The buffer object of a data node (borrowed from the node), or nullptr.
-PyObject* buffer_of(const NodePtr& v) {
-  if (!is_data(v)) return nullptr;
-  auto* d = dynamic_cast<const PyData*>(v->data.get());
-  return d ? d->buffer.ptr() : nullptr;
-}
+PyObject* buffer_of(const NodePtr& v) { return py_data_ptr(*v); }
 
 // An alias of its whole storage (x.detach()): view ops all "alias", same dims.
 bool alias_only(LazyTensor& lt) {
@@ -98,15 +93,16 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
     const NodePtr& v = lt.value();
     const void* key;
     bool view_entry = false;
+    std::vector<int64_t> ops;
     if (is_data(v)) {
       key = buffer_of(v);
     } else if (lt.is_view()) {
       bool lone = lt.storage().use_count() == 1 && py::cast<bool>(t.attr("is_contiguous")());
       const NodePtr& root = lt.storage()->value;
       key = is_data(root) ? static_cast<const void*>(buffer_of(root)) : static_cast<const void*>(lt.storage().get());
-      bool has_ops = false;
-      for (NodePtr n = v; n != root; n = n->operands.at(0)) has_ops |= n->op != alias_op();
-      view_entry = (has_ops || v->dims != root->dims) && !lone;
+      for (NodePtr n = v; n != root; n = n->operands.at(0))  // the view ops, from t back to its storage
+        if (n->op != alias_op()) ops.push_back(n->op);
+      view_entry = (!ops.empty() || v->dims != root->dims) && !lone;
     } else {
       key = lt.storage().get();
     }
@@ -118,9 +114,6 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
     put(sig, first.emplace(key, i).first->second);
     if (view_entry) {
       const NodePtr& root = lt.storage()->value;
-      std::vector<int64_t> ops;
-      for (NodePtr n = v; n != root; n = n->operands.at(0))
-        if (n->op != alias_op()) ops.push_back(n->op);
       put(sig, int64_t(ops.size()));
       for (auto it = ops.rbegin(); it != ops.rend(); ++it) put(sig, *it);
       put_dims(sig, root->dims);
@@ -146,14 +139,8 @@ bool ready(py::list tensors) {
 }
 
 int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
-  for (int64_t i : slots) {
-    LazyTensor& lt = lazy_of(tensors[size_t(i)]);
-    if (lt.is_view()) return i;
-    const NodePtr& v = lt.storage()->value;
-    PyObject* b = buffer_of(v);
-    // ours (the node's) and the list's reference below are the only ones
-    if (!b || v.use_count() != 1 || Py_REFCNT(b) != 1) return i;
-  }
+  for (int64_t i : slots)
+    if (!data_exclusive(lazy_of(tensors[size_t(i)]))) return i;
   return -1;
 }
 

@@ -220,8 +220,7 @@ std::vector<std::pair<int, int>> GraphCut::donations() const {
     auto it = refs.find(n);
     if (n->op != data || it == refs.end() || it->second.first != it->second.second) continue;
     if (n->memory != kDevice) continue;  // a host buffer never aliases a device result
-    py::object buffer = py_data(*n);
-    if (buffer.is_none() || Py_REFCNT(buffer.ptr()) != 2) continue;  // someone else holds it (2: ours, the node's)
+    if (!buffer_held_by_node_only(*n)) continue;  // someone else holds it
     for (size_t o = 0; o < outputs_.size(); ++o) {
       if (taken[o] || outputs_[o]->dtype != n->dtype || outputs_[o]->dims != n->dims) continue;
       if (memory_kind_of(*outputs_[o]) != kDevice) continue;
