@@ -329,7 +329,7 @@ def _set(loc, tensors, t):
 
 
 class _Recording:
-    __slots__ = ("exe", "binds", "donated", "writes", "inplace", "inplace_of", "others", "ret", "rng_out", "checks", "specs")
+    __slots__ = ("exe", "binds", "donated", "inplace", "inplace_of", "others", "ret", "rng_out", "checks", "specs")
 
 
 def _lazy_of(buf, spec):
@@ -553,7 +553,6 @@ class Compiled:
                     raise _Refused("it put an existing tensor where another was (an input moved)")
                 continue
             writes.append((i, k, "inplace" if t is before else "new"))
-        rec.writes = writes
         rec.inplace = [(i, k) for i, k, mode in writes if mode == "inplace"]
         rec.inplace_of = {k: i for i, k in rec.inplace}
         rec.others = [w for w in writes if w[2] != "inplace"]
