@@ -340,3 +340,49 @@ def test_cpu_tensor_input_is_refused_naming_it(dev):
     step = txc.compile(lambda x: x + 1)
     with pytest.warns(RuntimeWarning, match=r"a cpu tensor \[2\] is an input; move it to xla"):
         step(torch.ones(2))
+
+
+class _Scaled(torch.nn.Module):
+    """A module whose forward reads a number attribute, with a None child slot
+    and a buffer, sharing a submodule with another argument."""
+
+    def __init__(self, shared):
+        super().__init__()
+        self.shared = shared
+        self.empty = None  # a None entry in _modules
+        self.register_module("nothing", None)
+        self.register_buffer("offset", torch.zeros(3))
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.shared(x) * self.scale + self.offset
+
+
+def test_walk_sees_attributes_buffers_and_shared_submodules(dev):
+    """The module walk (csrc/py/replay.cpp) guards a number attribute the
+    forward reads, a replaced buffer and a submodule shared by two arguments."""
+    torch.manual_seed(0)
+    shared = torch.nn.Linear(3, 3).to(dev)
+    m = _Scaled(shared).to(dev)
+    calls = {"n": 0}
+
+    def f(a, b, x):
+        calls["n"] += 1
+        return a(x) + b(x)
+
+    step = txc.compile(f)
+    x = torch.randn(2, 3).to(dev)
+    ref = lambda: (m(x) + shared(x)).cpu()
+    with torch.no_grad():
+        out = [step(m, shared, x).cpu() for _ in range(3)]
+        assert calls["n"] == 1 and txc.metrics.counters()["replay"] == 2
+        torch.testing.assert_close(out[2], ref())
+        m.scale = 3.0  # a number the forward reads: a new signature
+        torch.testing.assert_close(step(m, shared, x).cpu(), ref())
+        assert calls["n"] == 2
+        m.offset = torch.ones(3).to(dev)  # a new buffer tensor of the same shape: replayed, reading it
+        torch.testing.assert_close(step(m, shared, x).cpu(), ref())
+        assert calls["n"] == 2
+        shared.weight.data.mul_(2)  # the shared weight, written between calls
+        torch.testing.assert_close(step(m, shared, x).cpu(), ref())
+        assert calls["n"] == 2

@@ -156,28 +156,9 @@ class _Walk:
             self.sig.append(("?", id(v)))
 
     def module(self, m, seen):
-        if id(m) in seen:
-            self.sig.append(("seen", id(m)))
-            return
-        seen.add(id(m))
-        self.sig.append(("module", id(m)))
-        for mod in m.modules():
-            if id(mod) != id(m) and id(mod) in seen:
-                continue
-            seen.add(id(mod))
-            d = mod.__dict__
-            # training, and numbers/strings the forward may read; the hooks
-            self.sig.append(tuple([(k, v) for k, v in d.items() if k[0] != "_" and isinstance(v, _SCALARS)]))
-            self.sig.append((tuple(d["_forward_pre_hooks"]), tuple(d["_forward_hooks"]),
-                             tuple(d["_backward_hooks"])))
-            for name, p in mod._parameters.items():
-                self.sig.append(name)
-                self.tensor(p, ("param", mod, name))
-                if p is not None:
-                    self.tensor(p.grad, ("grad", p, None))
-            for name, b in mod._buffers.items():
-                self.sig.append(name)
-                self.tensor(b, ("buffer", mod, name))
+        # per submodule (Module.modules() order, each once): its number/string attributes (training, and
+        # those the forward may read), its hooks, its parameters with their grads and its buffers
+        _C.replay_walk_module(m, seen, self.sig, self.locs, self.tensors)
 
     def optimizer(self, opt, seen):
         if id(opt) in seen:
@@ -194,19 +175,16 @@ class _Walk:
                     self.tensor(v, ("group", g, k))
                 else:
                     self.sig.append((k, v if isinstance(v, (_SCALARS, tuple)) else id(v)))
-            for p in g["params"]:
-                st = opt.state.get(p)
-                if not st:
-                    self.sig.append(0)
-                    continue
-                for k, v in st.items():
-                    self.sig.append(k)
-                    if isinstance(v, torch.Tensor) and v.device.type == "xla":
-                        self.tensor(v, ("state", st, k))
-                    elif isinstance(v, torch.Tensor):  # a host value (SGD-style step counts): guarded
-                        self.sig.append((v.dtype, tuple(v.reshape(-1).tolist()) if v.numel() <= 16 else id(v)))
-                    else:
-                        self.sig.append(v if isinstance(v, _SCALARS) else id(v))
+            # per parameter its state's keys; xla tensors are input slots, anything else is guarded by value
+            _C.replay_walk_state(g["params"], opt.state, self.sig, self.locs, self.tensors, _XlaTensor,
+                                 _state_value)
+
+
+def _state_value(v):
+    """An optimizer state entry that is not an xla tensor, as the signature holds it."""
+    if isinstance(v, torch.Tensor):  # a host value (SGD-style step counts): guarded
+        return (v.dtype, tuple(v.reshape(-1).tolist()) if v.numel() <= 16 else id(v))
+    return v if isinstance(v, _SCALARS) else id(v)
 
 
 def _captured(fn):
@@ -313,19 +291,6 @@ def _own_storage(t) -> bool:
         return _alias_only(lt)
     t._lt = _make(_ALIAS, (lt,), ())
     return True
-
-
-def _set(loc, tensors, t):
-    """Puts tensor t (or None) at a location."""
-    kind, obj, key = loc
-    if kind == "grad":
-        obj.grad = t
-    elif kind == "buffer":
-        obj._buffers[key] = t
-    elif kind in ("state", "group"):
-        obj[key] = t
-    else:  # params and arguments are only written in place
-        raise AssertionError(kind)
 
 
 class _Recording:
@@ -626,12 +591,8 @@ class Compiled:
         del params  # (the inputs' buffers: donated ones must not stay referenced)
         specs = rec.specs
         _C.replay_write(tensors, outs, rec.inplace, specs)
-        from_data, wrap = _C.from_data, _C.wrap
-        for i, k, mode in rec.others:
-            if mode == "new":
-                _set(w.locs[i], tensors, wrap(from_data(outs[k], *specs[k])))
-            else:
-                _set(w.locs[i], tensors, None)
+        if rec.others:  # new tensors (a grad after zero_grad(set_to_none=True)) or None at their locations
+            _C.replay_set(w.locs, rec.others, outs, specs)
         if rec.rng_out is not None:
             _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
         if rec.checks:

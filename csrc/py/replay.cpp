@@ -16,11 +16,19 @@
 //       held elsewhere (may not be donated), or -1
 //   replay_params(tensors, binds, rng) -> list   the executable's arguments
 //   replay_write(tensors, outs, writes, specs)   in-place writes of outputs
+//   replay_set(locs, others, outs, specs)   the outputs that are new tensors
+//       (a grad after zero_grad(set_to_none)) put at their locations
+//   replay_walk_module(m, seen, sig, locs, tensors)   a module's part of the
+//       walk (replay.py _Walk.module): per submodule, its number/string
+//       attributes, hooks, parameters (and grads) and buffers
+//   replay_walk_state(params, state, sig, locs, tensors, xla_type, other)
+//       an optimizer's per-parameter state (replay.py _Walk.optimizer)
 #include <pybind11/stl.h>
 #include <unordered_map>
 #include "ops/registry.h"
 #include "py/data.h"
 #include "py/lazy.h"
+#include "py/wrapper.h"
 
 namespace txc {
 namespace {
@@ -179,6 +187,172 @@ void write(py::list tensors, py::sequence outs, const std::vector<std::pair<int6
   }
 }
 
+
+// --- the walk (replay.py _Walk): modules and optimizer state ------------------
+
+struct Walk {
+  py::list sig, locs, tensors;
+  void tensor(py::handle t, py::object loc) {
+    locs.append(std::move(loc));
+    tensors.append(t);
+  }
+};
+
+PyObject* str(const char* s) { return PyUnicode_InternFromString(s); }
+
+bool is_scalar(PyObject* v) {
+  return v == Py_None || PyLong_Check(v) || PyFloat_Check(v) || PyUnicode_Check(v);
+}
+
+// d[key] of a module's __dict__ (borrowed); a missing one is an error naming it.
+PyObject* dict_item(PyObject* d, PyObject* key) {
+  PyObject* v = PyDict_GetItemWithError(d, key);
+  if (!v && !PyErr_Occurred())
+    PyErr_Format(PyExc_AttributeError, "replay: a module's __dict__ has no %R", key);
+  if (!v) throw py::error_already_set();
+  return v;
+}
+
+py::tuple keys(PyObject* d) {
+  if (PyDict_Check(d) && PyDict_GET_SIZE(d) == 0) return py::tuple();
+  return py::reinterpret_steal<py::tuple>(PySequence_Tuple(d));
+}
+
+// One module: what _Walk.module appends for it (see replay.py).
+void walk_one(Walk& w, PyObject* mod, py::handle d) {
+  static PyObject *params = str("_parameters"), *buffers = str("_buffers"), *pre = str("_forward_pre_hooks"),
+                  *fwd = str("_forward_hooks"), *bwd = str("_backward_hooks"), *grad = str("grad"),
+                  *kparam = str("param"), *kgrad = str("grad"), *kbuffer = str("buffer");
+  py::list attrs;
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(d.ptr(), &pos, &k, &v))
+    if (PyUnicode_Check(k) && PyUnicode_GET_LENGTH(k) && PyUnicode_READ_CHAR(k, 0) != '_' && is_scalar(v))
+      attrs.append(py::make_tuple(py::handle(k), py::handle(v)));
+  w.sig.append(py::tuple(attrs));
+  w.sig.append(py::make_tuple(keys(dict_item(d.ptr(), pre)), keys(dict_item(d.ptr(), fwd)),
+                              keys(dict_item(d.ptr(), bwd))));
+  py::handle m(mod);
+  pos = 0;
+  PyObject* ps = dict_item(d.ptr(), params);
+  while (PyDict_Next(ps, &pos, &k, &v)) {
+    w.sig.append(k);
+    w.tensor(v, py::make_tuple(py::handle(kparam), m, py::handle(k)));
+    if (v != Py_None) {
+      py::object g = py::reinterpret_steal<py::object>(PyObject_GetAttr(v, grad));
+      if (!g) throw py::error_already_set();
+      w.tensor(g, py::make_tuple(py::handle(kgrad), py::handle(v), py::none()));
+    }
+  }
+  pos = 0;
+  PyObject* bs = dict_item(d.ptr(), buffers);
+  while (PyDict_Next(bs, &pos, &k, &v)) {
+    w.sig.append(k);
+    w.tensor(v, py::make_tuple(py::handle(kbuffer), m, py::handle(k)));
+  }
+}
+
+py::object id_of(PyObject* o) { return py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(o)); }
+
+// Pre-order over a module's submodules as Module.modules() yields them; a
+// submodule already in `seen` (walked from another root) is skipped with
+// its subtree.
+void walk_tree(Walk& w, PyObject* mod, py::set& seen, bool root) {
+  static PyObject* modules = str("_modules");
+  if (!root) {
+    py::object id = id_of(mod);
+    if (seen.contains(id)) return;
+    seen.add(id);
+  }
+  py::object d = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(mod, nullptr));
+  if (!d) throw py::error_already_set();
+  walk_one(w, mod, d);
+  PyObject* subs = dict_item(d.ptr(), modules);
+  py::list children;  // (a forward hook may not change _modules under us, but copy to be safe)
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(subs, &pos, &k, &v))
+    if (v != Py_None) children.append(v);
+  for (py::handle c : children) walk_tree(w, c.ptr(), seen, false);
+}
+
+void walk_module(py::handle m, py::set seen, py::list sig, py::list locs, py::list tensors) {
+  Walk w{sig, locs, tensors};
+  py::object id = id_of(m.ptr());
+  if (seen.contains(id)) {
+    sig.append(py::make_tuple("seen", id));
+    return;
+  }
+  seen.add(id);
+  sig.append(py::make_tuple("module", id));
+  walk_tree(w, m.ptr(), seen, true);
+}
+
+// An optimizer's state, per parameter in `params` (one param group): 0 for
+// none; else per entry its key, and an xla tensor as an input slot
+// ("state", st, key), anything else as other(value) in the signature.
+void walk_state(py::handle params, py::handle state, py::list sig, py::list locs, py::list tensors,
+                py::handle xla_type, py::handle other) {
+  static PyObject* kstate = str("state");
+  Walk w{sig, locs, tensors};
+  py::object zero = py::int_(0);
+  for (py::handle p : params) {
+    py::object st = py::reinterpret_steal<py::object>(PyObject_CallMethod(state.ptr(), "get", "O", p.ptr()));
+    if (!st) throw py::error_already_set();
+    int truth = PyObject_IsTrue(st.ptr());
+    if (truth < 0) throw py::error_already_set();
+    if (!truth) {
+      sig.append(zero);
+      continue;
+    }
+    if (!PyDict_Check(st.ptr())) {
+      sig.append(other(st));
+      continue;
+    }
+    py::dict entries = py::reinterpret_borrow<py::dict>(st);
+    for (auto [k, v] : entries) {
+      sig.append(k);
+      int xla = PyObject_IsInstance(v.ptr(), xla_type.ptr());
+      if (xla < 0) throw py::error_already_set();
+      if (xla)
+        w.tensor(v, py::make_tuple(py::handle(kstate), st, k));
+      else
+        sig.append(other(v));
+    }
+  }
+}
+
+// others: (i, k, mode): locs[i] gets a new tensor holding output k (mode
+// "new") or None. A location is (kind, obj, key): "grad" obj.grad, "buffer"
+// obj._buffers[key], "state"/"group" obj[key].
+void set_others(py::list locs, py::list others, py::sequence outs, py::sequence specs) {
+  static PyObject *grad = str("grad"), *buffers = str("_buffers");
+  for (py::handle o : others) {
+    py::tuple ikm = py::reinterpret_borrow<py::tuple>(o);
+    py::tuple loc = py::reinterpret_borrow<py::tuple>(locs[ikm[0].cast<size_t>()]);
+    py::object t = py::none();
+    if (ikm[2].cast<std::string>() == "new") {
+      size_t k = ikm[1].cast<size_t>();
+      py::tuple spec = specs[k];
+      t = wrap(LazyTensor(make_py_data(outs[k], DType(spec[0].cast<int>()), spec[1].cast<Dims>(), 0)));
+    }
+    std::string kind = loc[0].cast<std::string>();
+    int rc;
+    if (kind == "grad") {
+      rc = PyObject_SetAttr(loc[1].ptr(), grad, t.ptr());
+    } else if (kind == "buffer") {
+      py::object bs = py::reinterpret_steal<py::object>(PyObject_GetAttr(loc[1].ptr(), buffers));
+      if (!bs) throw py::error_already_set();
+      rc = PyObject_SetItem(bs.ptr(), loc[2].ptr(), t.ptr());
+    } else if (kind == "state" || kind == "group") {
+      rc = PyObject_SetItem(loc[1].ptr(), loc[2].ptr(), t.ptr());
+    } else {  // parameters and arguments are only written in place
+      throw std::logic_error("replay: output written to a " + kind + " location");
+    }
+    if (rc < 0) throw py::error_already_set();
+  }
+}
+
 }  // namespace
 
 void bind_replay(py::module_& m) {
@@ -187,6 +361,11 @@ void bind_replay(py::module_& m) {
   m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
   m.def("replay_params", &params, py::arg("tensors"), py::arg("binds"), py::arg("rng"));
   m.def("replay_write", &write, py::arg("tensors"), py::arg("outs"), py::arg("writes"), py::arg("specs"));
+  m.def("replay_set", &set_others, py::arg("locs"), py::arg("others"), py::arg("outs"), py::arg("specs"));
+  m.def("replay_walk_module", &walk_module, py::arg("module"), py::arg("seen"), py::arg("sig"), py::arg("locs"),
+        py::arg("tensors"));
+  m.def("replay_walk_state", &walk_state, py::arg("params"), py::arg("state"), py::arg("sig"), py::arg("locs"),
+        py::arg("tensors"), py::arg("xla_type"), py::arg("other"));
 }
 
 }  // namespace txc
