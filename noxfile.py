@@ -23,7 +23,12 @@
     nox -s images_lint            hadolint + tests/test_images.py
     nox -s bench                  both flavors side by side (bench/flavors.py):
                                   table, bench/results/flavors.{json,png}
-    nox -s bench -- --peer /work/venvs/peer/bin/python   + a torch-xla column
+    nox -s bench -- --peer PEER_PYTHON   + a torch-xla column
+    nox -s bench_peer             ours vs torch-xla 2.9 side by side (bench/trace_overhead.py
+                                  --peer): tracing, cached steps and training-step host
+                                  time per mode (traced / txc.compile / torch.compile vs
+                                  the peer's traced / assume_pure); makes the peer's venv
+                                  (.nox/peer_torch_xla, several GB from PyPI) once
     nox -s bench_spmd             decoder step at 1/2/4/8 devices and 2 processes
                                   (bench/spmd.py): table, bench/results/spmd.json
 
@@ -230,6 +235,31 @@ def _newer_sources(f: "flavors.Flavor") -> list[str]:
     files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml",
              *(ROOT / "csrc").rglob("*.[ch]*"), *(ROOT / "torch_xla_core").rglob("*.py")]
     return [str(p.relative_to(ROOT)) for p in files if p.is_file() and p.stat().st_mtime > built]
+
+
+PEER = ["torch==2.9.1", "torch-xla[pallas]==2.9.0", "torchax==0.0.13", "flax==0.12.0"]  # assume_pure: jax + torchax
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def bench_peer(session: nox.Session) -> None:
+    """Ours (this session's venv, built from source) and torch-xla (the peer,
+    in its own venv .nox/peer_torch_xla: torch 2.9.1 from PyPI, the CUDA build
+    that runs on the CPU, ~8 GB, made once and reused while PEER is unchanged),
+    side by side: bench/trace_overhead.py --peer. Options after -- go to it
+    (--quick, --models mlp, --repeats N, --train-steps N)."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    venv = ROOT / ".nox" / "peer_torch_xla"
+    python = venv / "bin" / "python"
+    stamp = venv / "txc-peer-requirements.txt"
+    want = "\n".join(PEER) + "\n"
+    if not python.exists() or not stamp.exists() or stamp.read_text() != want:
+        session.log(f"making the peer's venv {venv}: {' '.join(PEER)}")
+        session.run("python", "-m", "venv", "--clear", str(venv))
+        session.run(str(python), "-m", "pip", "install", "-q", *PEER, external=True)
+        stamp.write_text(want)
+    session.run("python", "bench/trace_overhead.py", "--peer", str(python), *session.posargs,
+                env={"PJRT_DEVICE": "CPU"})
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

@@ -164,23 +164,25 @@ def write_report(out, schema: str, **fields) -> None:
     print(f"wrote {out}")
 
 
-def host_steps(step, warmup: int, steps: int) -> dict:
+def host_steps(step, warmup: int, steps: int, executed=None, counters=None) -> dict:
     """Runs step() warmup + steps times and times the last `steps`: the wall
     time of each call and its host time (wall minus the growth of the
     runtime's "execute" timer, i.e. everything but device execution).
     Returns medians in ms (host_ms, wall_ms, device_ms = their difference),
-    the last call's result and the metrics counters at the first timed step."""
+    the last call's result and the metrics counters at the first timed step.
+    executed() / counters(): the execute timer's seconds and the counters
+    (default torch_xla_core's; another backend passes its own)."""
     import time
 
-    import torch_xla_core as txc
+    if executed is None or counters is None:
+        import torch_xla_core as txc
+        executed = executed or (lambda: txc.metrics.timers().get("execute", (0, 0.0))[1])
+        counters = counters or txc.metrics.counters
 
-    def executed():
-        return txc.metrics.timers().get("execute", (0, 0.0))[1]
-
-    host, wall, result, counters = [], [], None, {}
+    host, wall, result, at_start = [], [], None, {}
     for i in range(warmup + steps):
         if i == warmup:
-            counters = txc.metrics.counters()
+            at_start = counters()
         e0, t0 = executed(), time.perf_counter()
         result = step()
         t1, e1 = time.perf_counter(), executed()
@@ -189,4 +191,4 @@ def host_steps(step, warmup: int, steps: int) -> dict:
             host.append((t1 - t0) - (e1 - e0))
     h, w = statistics.median(host), statistics.median(wall)
     return {"host_ms": h * 1e3, "wall_ms": w * 1e3, "device_ms": (w - h) * 1e3, "result": result,
-            "counters_at_start": counters}
+            "counters_at_start": at_start}

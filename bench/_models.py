@@ -188,6 +188,17 @@ def _decoder_case() -> Case:
 CASES: Dict[str, Callable[[], Case]] = {"mlp": _mlp_case, "decoder": _decoder_case}
 
 
+def train_step(model, opt, inputs, loss_fn, opt_step=None):
+    """One training step as the step benchmarks time it (replay.py, dynamo.py,
+    trace_overhead.py): zero_grad + forward + loss + backward + optimizer step,
+    the batch passed as arguments. Returns the detached loss."""
+    opt.zero_grad()
+    loss = loss_fn(model, inputs)
+    loss.backward()
+    (opt_step or opt.step)()
+    return loss.detach()
+
+
 def make_case(name: str, seed: int = 0) -> Case:
     if name not in CASES:
         raise ValueError(f"unknown model {name!r}; choose from {sorted(CASES)}")

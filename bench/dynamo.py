@@ -40,18 +40,10 @@ import torch  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
 from torch_xla_core import dynamo  # noqa: E402
-from _models import make_case  # noqa: E402
+from _models import make_case, train_step as _step  # noqa: E402
 
 SCHEMA = "torch_xla_core/bench/dynamo/1"
 MODES = ("traced", "txc.compile", "torch.compile", "torch.compile+opt")
-
-
-def _step(model, opt, inputs, loss_fn, opt_step=None):
-    opt.zero_grad()
-    loss = loss_fn(model, inputs)
-    loss.backward()
-    (opt_step or opt.step)()
-    return loss.detach()
 
 
 def run_mode(name, mode, steps, warmup):

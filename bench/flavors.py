@@ -8,7 +8,7 @@ two venvs' interpreters; run it directly given two such interpreters:
 
   python bench/flavors.py --flavor cxx11=.nox/bench-flavors/cxx11/bin/python \\
                           --flavor precxx11=.nox/bench-flavors/precxx11/bin/python \\
-                          [--peer /work/venvs/peer/bin/python] [--repeats N] [--quick]
+                          [--peer PEER_PYTHON] [--repeats N] [--quick]
 
 Each interpreter runs a worker process (this file, --worker) that first
 reports torch_xla_core.build_info(); the driver stops unless each reports the

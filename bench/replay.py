@@ -36,17 +36,9 @@ import _harness  # noqa: E402  (persistent compile cache off; write_report)
 import torch  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
-from _models import make_case  # noqa: E402
+from _models import make_case, train_step as _step  # noqa: E402
 
 SCHEMA = "torch_xla_core/bench/replay/1"
-
-
-def _step(model, opt, inputs, loss_fn):
-    opt.zero_grad()
-    loss = loss_fn(model, inputs)
-    loss.backward()
-    opt.step()
-    return loss.detach()
 
 
 def run_mode(name, mode, steps, warmup):

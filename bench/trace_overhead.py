@@ -14,11 +14,19 @@ measures
   cached step     trace + sync (compile-cache hit) + wait; overhead = that
                   wall time minus device execution time (the backend's execute
                   timer: run until outputs are ready)
+  train step      zero_grad + forward + backward + AdamW step + wait, host ms
+                  per step (wall minus the execute timer), per way of running
+                  it: ours per-op tracing ("traced"), trace once and replay
+                  ("txc.compile"), torch.compile(backend="torch_xla_core");
+                  the peer's per-op tracing and its assume_pure (PureModule
+                  around the model: forward and backward traced once; the
+                  optimizer per op)
 
 Usage:
   python bench/trace_overhead.py                               # our backend
-  python bench/trace_overhead.py --peer /work/venvs/peer/bin/python   # txc vs torch-xla
-  /work/venvs/peer/bin/python bench/trace_overhead.py --backend torch_xla
+  nox -s bench_peer                                            # txc vs torch-xla (makes its venv)
+  python bench/trace_overhead.py --peer PEER_PYTHON            # the same, given the peer's interpreter
+  PEER_PYTHON bench/trace_overhead.py --backend torch_xla
 
 With --peer, each backend runs in its own worker process (ours under this
 interpreter, the peer under the given one); the driver interleaves their
@@ -98,6 +106,31 @@ class TxcBackend:
                 "cache_hits": int(counters.get("cache_hit", 0))}
 
 
+    STEP_MODES = ("traced", "txc.compile", "torch.compile")
+
+    def train_step(self, case, mode):
+        """A zero-argument callable running one training step of `case` in `mode`."""
+        import torch
+        import _models
+        opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)  # (the MLP loss is a plain sum)
+        inputs = [x.detach() for x in case.inputs]
+        model, loss_fn = case.model, case.loss
+        if mode == "txc.compile":
+            compiled = self.txc.compile(_models.train_step, wait=True)
+            return lambda: compiled(model, opt, inputs, loss_fn)
+        if mode == "torch.compile":
+            from torch_xla_core import dynamo
+            dynamo.WAIT = True  # each dynamo graph waits for its results (its execute timer)
+            torch._dynamo.reset()
+            model = torch.compile(model, backend="torch_xla_core", dynamic=False)
+
+        def fn():
+            out = _models.train_step(model, opt, inputs, loss_fn)
+            self.sync_wait()
+            return out
+        return fn
+
+
 class TorchXlaBackend:
     """torch-xla: torch_xla.device(), torch_xla.sync() + xm.wait_device_ops(), debug.metrics."""
 
@@ -112,7 +145,7 @@ class TorchXlaBackend:
         except Exception as e:
             raise BackendUnavailable(
                 f"torch_xla is not importable under {sys.executable} ({type(e).__name__}: {e}). "
-                "Pass the peer's interpreter with --peer (e.g. /work/venvs/peer/bin/python, "
+                "Pass the peer's interpreter with --peer (`nox -s bench_peer` makes one: .nox/peer_torch_xla, "
                 "a venv with torch==2.9.1 torch-xla==2.9.0).") from e
         self.torch_xla, self.xm, self.met = torch_xla, xm, met
         self.device = torch_xla.device()
@@ -143,6 +176,28 @@ class TorchXlaBackend:
                 "cache_hits": int(self.met.counter_value("CachedCompile") or 0)}
 
 
+    STEP_MODES = ("traced", "assume_pure")
+
+    def train_step(self, case, mode):
+        import torch
+        import _models
+        opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)
+        inputs = [x.detach() for x in case.inputs]
+        model, loss_fn = case.model, case.loss
+        if mode == "assume_pure":
+            try:  # torch_xla[pallas]'s jax, torchax and flax: see `nox -s bench_peer`
+                from torch_xla.experimental.assume_pure import PureModule
+                model = PureModule(model)
+            except Exception as e:
+                raise BackendUnavailable(f"assume_pure is not usable here ({type(e).__name__}: {e})") from e
+
+        def fn():
+            out = _models.train_step(model, opt, inputs, loss_fn)
+            self.sync_wait()
+            return out
+        return fn
+
+
 BACKENDS = {OURS: TxcBackend, PEER: TorchXlaBackend}
 
 
@@ -164,7 +219,7 @@ class Worker:
     def hello(self):
         self.backend = BACKENDS[self.backend_name]()
         return {"python": sys.version.split()[0], "executable": sys.executable,
-                "pid": os.getpid(), **self.backend.info()}
+                "pid": os.getpid(), "step_modes": list(self.backend.STEP_MODES), **self.backend.info()}
 
     def setup(self, model, seed):
         import torch
@@ -249,6 +304,23 @@ class Worker:
         out, r["step_forward_backward"] = self._step(self.case.forward_backward)
         del out
         return r
+
+    def train_steps(self, model, mode, seed, warmup, steps):
+        """Host ms per training step of a fresh copy of `model` run in `mode`
+        (medians over `steps` after `warmup`), and the last loss."""
+        import _harness
+        import _models
+        case = _models.make_case(model, seed).to(self.backend.device)
+        fn = self.backend.train_step(case, mode)
+        snap = self.backend.snapshot
+        r = _harness.host_steps(fn, warmup, steps, executed=lambda: snap()["execute_s"], counters=snap)
+        compiles = snap()["compiles"] - r["counters_at_start"]["compiles"]
+        out = {"host_ms": r["host_ms"], "wall_ms": r["wall_ms"], "device_ms": r["device_ms"],
+               "loss": float(r["result"].cpu()), "compiles_timed": compiles}
+        del case, fn, r
+        gc.collect()
+        self.backend.sync_wait()
+        return out
 
     def warmup(self, n):
         for _ in range(n):
@@ -399,7 +471,7 @@ def print_table(results, backends, models, ratios, out=sys.stdout):
           "µs/op divides by each interpreter's own aten count.", file=out)
 
 
-def run(workers, models, repeats, warmup, seed, trace_iters):
+def run(workers, models, repeats, warmup, seed, trace_iters, step_runs=None):
     results = {w.name: {"info": None, "models": {}, "errors": {}} for w in workers}
     live = []
     for w in workers:
@@ -445,10 +517,60 @@ def run(workers, models, repeats, warmup, seed, trace_iters):
                 continue
             s = summarize(setups[w.name], firsts[w.name], samples[w.name])
             results[w.name]["models"][m] = s
+        if step_runs:
+            train_steps(live, m, seed, *step_runs, results)
+        for w in live:
+            s = results[w.name]["models"].get(m)
+            if s is None or "first_step" not in s:
+                continue
             loss, ref = s["first_step"]["forward_backward"].get("loss"), s["cpu_loss"]
             if loss is not None and abs(loss - ref) > 1e-3 * max(1.0, abs(ref)):
                 log(f"[{w.name}] {m}: WARNING first-step loss {loss} != CPU eager {ref}")
     return results
+
+
+def train_steps(live, m, seed, warmup, steps, results):
+    """Every backend's training-step modes for model m, backends interleaved
+    (one mode of each in turn). Results under models[m]["train_step"][mode];
+    a mode that fails is recorded under errors["m/mode"], the others go on."""
+    modes = {w.name: list(results[w.name]["info"].get("step_modes", [])) for w in live}
+    for i in range(max((len(v) for v in modes.values()), default=0)):
+        for w in live:
+            if i >= len(modes[w.name]) or m in results[w.name]["errors"]:
+                continue
+            mode = modes[w.name][i]
+            log(f"[{w.name}] {m}: train step, {mode}")
+            try:
+                r = w.call("train_steps", model=m, mode=mode, seed=seed, warmup=warmup, steps=steps)
+            except WorkerError as e:
+                results[w.name]["errors"][f"{m}/{mode}"] = str(e)
+                log(f"[{w.name}] {m}: train step {mode} failed: {e}")
+                continue
+            results[w.name]["models"].setdefault(m, {}).setdefault("train_step", {})[mode] = r
+
+
+def print_train_steps(results, backends, models, out=sys.stdout):
+    """Host ms per training step, every backend and mode, with ratios to our
+    per-op tracing and to the peer's assume_pure."""
+    rows = [(m, b, mode, r) for m in models for b in backends
+            for mode, r in (_get(results, (b, "models", m, "train_step")) or {}).items()]
+    if not rows:
+        return
+    print("\n== train step: zero_grad + fwd + bwd + AdamW + wait; host ms = wall - execute timer, median",
+          file=out)
+    print(f"{'model':<8} {'backend':<10} {'mode':<14} {'host ms':>9} {'/ txc traced':>13} "
+          f"{'/ peer assume_pure':>19} {'device ms':>10} {'compiles':>9} {'loss':>12}", file=out)
+    for m, b, mode, r in rows:
+        base = _get(results, (OURS, "models", m, "train_step", "traced", "host_ms"))
+        pure = _get(results, (PEER, "models", m, "train_step", "assume_pure", "host_ms"))
+        f = lambda ref: f"{r['host_ms'] / ref:.3f}x" if ref else "n/a"
+        print(f"{m:<8} {b:<10} {mode:<14} {r['host_ms']:>9.2f} {f(base):>13} {f(pure):>19} "
+              f"{r['device_ms']:>10.2f} {r['compiles_timed']:>9} {r['loss']:>12.6f}", file=out)
+    for b in backends:
+        for k, e in results[b]["errors"].items():
+            if "/" in k:
+                lines = [x for x in e.strip().splitlines() if x.strip() and x.strip() != "Frames:"]
+                print(f"{b} {k}: n/a ({lines[-1][:300] if lines else e})", file=out)
 
 
 def main(argv=None):
@@ -465,6 +587,8 @@ def main(argv=None):
     ap.add_argument("--trace-iters", type=int, default=None,
                     help="trace-only samples per repeat (default 5; 1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="3 repeats, 1 warmup (CI smoke)")
+    ap.add_argument("--train-steps", type=int, default=None,
+                    help="timed training steps per mode (default 10; 3 with --quick; 0: skip them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="where to write JSON (default "
                     "bench/results/trace_overhead_<backend>.json, or _txc_vs_torch_xla.json)")
@@ -486,7 +610,8 @@ def main(argv=None):
         ap.error(f"unknown model(s) {bad}; choose from {sorted(_models.CASES)}")
 
     if args.peer:
-        workers = [remote_worker(OURS, sys.executable), remote_worker(PEER, args.peer)]
+        peer = os.path.abspath(args.peer) if os.sep in args.peer else args.peer  # (workers run elsewhere)
+        workers = [remote_worker(OURS, sys.executable), remote_worker(PEER, peer)]
         default_json = BENCH_DIR / "results" / f"trace_overhead_{OURS}_vs_{PEER}.json"
     else:
         backend = args.backend
@@ -501,13 +626,16 @@ def main(argv=None):
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     try:
-        results = run(workers, models, repeats, warmup, args.seed, trace_iters)
+        n_steps = args.train_steps if args.train_steps is not None else (3 if args.quick else 10)
+        results = run(workers, models, repeats, warmup, args.seed, trace_iters,
+                      (2 if args.quick else 3, n_steps) if n_steps else None)
     finally:
         for w in workers:
             w.close()
     names = [w.name for w in workers]
     ratios = ratio_table(results, models)
     print_table(results, names, models, ratios)
+    print_train_steps(results, names, models)
 
     doc = {
         "schema": SCHEMA,
@@ -527,7 +655,8 @@ def main(argv=None):
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nwrote {path}")
 
-    failed = {n: r["errors"] for n, r in results.items() if r["errors"]}
+    failed = {n: {k: e for k, e in r["errors"].items() if "/" not in k} for n, r in results.items()}
+    failed = {n: e for n, e in failed.items() if e}  # (a train-step mode that failed is shown in its table)
     for n, errs in failed.items():
         for m, e in errs.items():
             first_line = e.strip().splitlines()[0] if e.strip() else e

@@ -44,6 +44,7 @@ def test_rnn_matches_cpu(module, inputs):
     before = dict(txc.metrics.fallbacks())
     out_c, g_c = _fwd_bwd(m, xs, "cpu")
     out_x, g_x = _fwd_bwd(m, xs, txc.device())
+    txc.sync()  # outputs and grads in one graph (each .cpu() alone would compile its own)
     for c, x in zip(out_c, out_x):
         torch.testing.assert_close(x.cpu(), c.detach(), atol=1e-5, rtol=1e-5)
     for c, x in zip(g_c, g_x):
@@ -92,6 +93,7 @@ def test_packed_sequences_match_cpu(batch_first):
     want = run(m, x)
     mx = copy.deepcopy(m).to(txc.device())
     got = run(mx, x.to(txc.device()))
+    txc.sync()  # one graph for the output and every grad
     torch.testing.assert_close(got[0].cpu(), want[0].detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1].cpu(), want[1], atol=1e-5, rtol=1e-5)
     for g, w in zip(got[2], want[2]):

@@ -50,6 +50,9 @@ def test_policy_matches_cpu_eager(dev, policy, make, shape):
     loss_c, g_c = _step(layers, x, None)
     lx = copy.deepcopy(layers).to(dev)
     loss_x, g_x = _step(lx, x.to(dev), policy)
+    c0 = txc.metrics.counters().get("compile", 0)
+    txc.sync()  # one graph for the loss and every grad (each .cpu() alone would compile its own)
+    assert txc.metrics.counters().get("compile", 0) - c0 <= 1
     torch.testing.assert_close(loss_x.cpu(), loss_c.detach(), atol=1e-5, rtol=1e-5)
     for a, b in zip(g_x, g_c):
         torch.testing.assert_close(a.cpu(), b, atol=1e-4, rtol=1e-4)
