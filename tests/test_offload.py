@@ -203,3 +203,30 @@ def test_platform_without_host_memory_is_refused(dev, monkeypatch):
 
 def test_cpu_lists_host_memory():
     assert {"device", "pinned_host"} <= runtime.memory_kinds()
+
+
+def test_a_cached_executable_keeps_its_outputs_memory_kinds_and_dtypes(dev):
+    """runtime._outputs: the first run of an executable builds its outputs
+    through jaxlib's general path and keeps a result handler per output;
+    later runs build them through those handlers. Both give the same
+    shapes, dtypes, memory kinds and values."""
+    from torch_xla_core import runtime
+
+    def step(x, n):
+        return place_to_host(x + 1), (x * 2).to(torch.bfloat16), n + 1
+
+    seen = []
+    for i in range(3):  # the same graph three times: one compile, then two cached runs
+        x = torch.full((4, 3), float(i)).to(dev)
+        n = torch.tensor([i, 7], dtype=torch.int64).to(dev)
+        outs = step(x, n)
+        txc.sync()
+        seen.append([(t._lt.data.shape, t._lt.data.dtype, t._lt.data.sharding.memory_kind) for t in outs])
+        torch.testing.assert_close(outs[0].cpu(), torch.full((4, 3), i + 1.0))
+        torch.testing.assert_close(outs[1].cpu(), torch.full((4, 3), 2.0 * i, dtype=torch.bfloat16))
+        assert outs[2].cpu().tolist() == [i + 1, 8]
+    assert seen[0] == seen[1] == seen[2]
+    assert [m for _, _, m in seen[0]] == ["pinned_host", "device", "device"]
+    assert str(seen[0][2][1]) == "int64"
+    exe = txc.executor._last
+    assert runtime._handlers[id(exe)][0] is exe  # later runs went through the kept handlers

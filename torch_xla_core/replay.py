@@ -82,6 +82,8 @@ __all__ = ["compile", "Compiled", "MAX_RECORDINGS"]
 MAX_RECORDINGS = 16  # signatures recorded per compiled function
 _LIFTABLE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam"}
 _SCALARS = (bool, int, float, str, type(None))
+_ARG, _GROUP = 0, 5   # input slot kinds made here (the others, in csrc/py/replay.cpp: 1 param, 2 grad,
+                      # 3 buffer, 4 optimizer state)
 _tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
 _make = _tensor._make
 _ALIAS = _C.op_ids()["alias"]
@@ -104,17 +106,20 @@ def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
 # --- the walk: every input tensor, where it lives, and the signature ----------
 
 class _Walk:
-    __slots__ = ("sig", "locs", "tensors", "refusal")
+    __slots__ = ("sig", "kinds", "owners", "keys", "tensors", "refusal")
 
     def __init__(self):
         self.sig = []
-        self.locs = []      # (kind, obj, key) per input slot
+        # per input slot where it lives (csrc/py/replay.cpp's Where): its kind (_ARG .. _GROUP), owner, key
+        self.kinds, self.owners, self.keys = [], [], []
         self.tensors = []   # the tensor (or None) at each slot
         self.refusal = None
 
-    def tensor(self, t, loc):
+    def tensor(self, t, kind, owner, key):
         # the tensors' part of the signature is made in one pass (signature())
-        self.locs.append(loc)
+        self.kinds.append(kind)
+        self.owners.append(owner)
+        self.keys.append(key)
         self.tensors.append(t)
 
     def signature(self):
@@ -133,7 +138,7 @@ class _Walk:
 
     def value(self, v, where, seen):
         if isinstance(v, torch.Tensor):
-            self.tensor(v, ("arg", where, None))
+            self.tensor(v, _ARG, where, None)
         elif isinstance(v, _SCALARS):
             self.sig.append((type(v), v))
         elif isinstance(v, torch.nn.Module):
@@ -158,7 +163,7 @@ class _Walk:
     def module(self, m, seen):
         # per submodule (Module.modules() order, each once): its number/string attributes (training, and
         # those the forward may read), its hooks, its parameters with their grads and its buffers
-        _C.replay_walk_module(m, seen, self.sig, self.locs, self.tensors)
+        _C.replay_walk_module(m, seen, self.sig, self.kinds, self.owners, self.keys, self.tensors)
 
     def optimizer(self, opt, seen):
         if id(opt) in seen:
@@ -172,12 +177,12 @@ class _Walk:
                     self.sig.append(tuple(id(p) for p in v))
                 elif isinstance(v, torch.Tensor):
                     self.sig.append(k)
-                    self.tensor(v, ("group", g, k))
+                    self.tensor(v, _GROUP, g, k)
                 else:
                     self.sig.append((k, v if isinstance(v, (_SCALARS, tuple)) else id(v)))
             # per parameter its state's keys; xla tensors are input slots, anything else is guarded by value
-            _C.replay_walk_state(g["params"], opt.state, self.sig, self.locs, self.tensors, _XlaTensor,
-                                 _state_value)
+            _C.replay_walk_state(g["params"], opt.state, self.sig, self.kinds, self.owners, self.keys,
+                                 self.tensors, _XlaTensor, _state_value)
 
 
 def _state_value(v):
@@ -294,7 +299,8 @@ def _own_storage(t) -> bool:
 
 
 class _Recording:
-    __slots__ = ("exe", "binds", "donated", "inplace", "inplace_of", "others", "ret", "rng_out", "checks", "specs")
+    __slots__ = ("exe", "binds", "donated", "inplace", "inplace_of", "others", "ret", "rng_out", "checks", "specs",
+                 "plan")
 
 
 def _lazy_of(buf, spec):
@@ -548,6 +554,7 @@ class Compiled:
         if len(claimed) != len(outs):
             raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
                            f"outputs (their new values would be lost on replay)")
+        rec.plan = _C.ReplayPlan(rec.binds, rec.inplace, rec.others, rec.specs)
         return (None if transitional else rec), outs
 
     @staticmethod
@@ -586,13 +593,13 @@ class Compiled:
             st = _random._state
         if _C.replay_exclusive(tensors, rec.donated) >= 0:
             return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
-        params = _C.replay_params(tensors, rec.binds, st.data)
+        plan = rec.plan
+        params = plan.params(tensors, st.data)
         outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
         del params  # (the inputs' buffers: donated ones must not stay referenced)
-        specs = rec.specs
-        _C.replay_write(tensors, outs, rec.inplace, specs)
+        plan.write(tensors, outs)
         if rec.others:  # new tensors (a grad after zero_grad(set_to_none=True)) or None at their locations
-            _C.replay_set(w.locs, rec.others, outs, specs)
+            plan.set(w.kinds, w.owners, w.keys, outs)
         if rec.rng_out is not None:
             _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
         if rec.checks:

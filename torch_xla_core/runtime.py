@@ -6,6 +6,7 @@ executables cached by graph hash, executes them on device buffers, and moves
 data between host and device. jaxlib's compile entry points are
 semi-private; this module is the only place that touches them. The
 compile cache and sync live in executor.py."""
+import collections
 import os
 import struct
 import time
@@ -182,11 +183,37 @@ def scalar(value, dtype_code: int, device_index: int = 0):
 _F64 = struct.Struct("<d")
 
 
+# id(executable) -> (executable, result handlers of its outputs), the last _HANDLERS_KEPT executables run
+_handlers = collections.OrderedDict()
+_HANDLERS_KEPT = 64
+
+
+def _outputs(exe, results):
+    """The outputs of an execution as jax Arrays. The first run of an
+    executable takes jaxlib's general path (disassemble: a Python sharding
+    object made per output, ~5-10 µs each); it keeps one C++ result handler
+    per output (its aval, sharding and memory kind), and later runs build
+    their Arrays through those (~0.5-1 µs each: a 1281-output training step
+    saves ~7 ms per run). Executables are not weak-referenceable, so the
+    handlers of the last _HANDLERS_KEPT executables run are kept, with them."""
+    got = _handlers.get(id(exe))
+    if got is not None and got[0] is exe:
+        _handlers.move_to_end(id(exe))
+        return results.consume_with_handlers(got[1])
+    outs = [x[0] for x in results.disassemble_into_single_device_arrays()]
+    from jax._src.lib import xla_client as xc
+    _handlers[id(exe)] = (exe, [xc.array_result_handler(o.aval, o.sharding, committed=o._committed,
+                                                        _skip_checks=True) for o in outs])
+    while len(_handlers) > _HANDLERS_KEPT:
+        _handlers.popitem(last=False)
+    return outs
+
+
 def execute(exe, params, wait: bool = False):
     """Runs an executable. Timers: "execute_launch" (the asynchronous launch);
     with wait=True also "execute" (launch until the outputs are ready)."""
     t0 = time.perf_counter()
-    outs = exe.execute(params)
+    outs = _outputs(exe, exe.execute_sharded(params))
     t1 = time.perf_counter()
     metrics.timer_add("execute_launch", t1 - t0)
     if wait:

@@ -14,14 +14,15 @@
 //       alias of a whole storage that is): nothing to compute before binding
 //   replay_exclusive(tensors, slots) -> int   the first slot whose buffer is
 //       held elsewhere (may not be donated), or -1
-//   replay_params(tensors, binds, rng) -> list   the executable's arguments
-//   replay_write(tensors, outs, writes, specs)   in-place writes of outputs
-//   replay_set(locs, others, outs, specs)   the outputs that are new tensors
-//       (a grad after zero_grad(set_to_none)) put at their locations
-//   replay_walk_module(m, seen, sig, locs, tensors)   a module's part of the
+//   ReplayPlan(binds, inplace, others, specs)   a recording's bindings and
+//       writes, converted once: .params(tensors, rng) the executable's
+//       arguments; .write(tensors, outs) the in-place writes; .set(kinds, owners, keys, outs)
+//       the outputs that are new tensors (a grad after zero_grad) put at
+//       their locations
+//   replay_walk_module(m, seen, sig, kinds, owners, keys, tensors)   a module's part of the
 //       walk (replay.py _Walk.module): per submodule, its number/string
 //       attributes, hooks, parameters (and grads) and buffers
-//   replay_walk_state(params, state, sig, locs, tensors, xla_type, other)
+//   replay_walk_state(params, state, sig, kinds, owners, keys, tensors, xla_type, other)
 //       an optimizer's per-parameter state (replay.py _Walk.optimizer)
 #include <pybind11/stl.h>
 #include <unordered_map>
@@ -152,48 +153,19 @@ int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
   return -1;
 }
 
-// binds: (kind, v) per parameter: ("slot", i) the buffer of tensors[i];
-// ("const", buffer); ("rng", None) the RNG state's buffer `rng`.
-py::list params(py::list tensors, py::list binds, py::handle rng) {
-  py::list out(binds.size());
-  size_t j = 0;
-  for (py::handle b : binds) {
-    py::tuple kv = py::reinterpret_borrow<py::tuple>(b);
-    std::string kind = kv[0].cast<std::string>();
-    py::object p;
-    if (kind == "slot") {
-      LazyTensor& lt = lazy_of(tensors[kv[1].cast<size_t>()]);
-      PyObject* buf = root_buffer(lt);
-      if (!buf) throw std::runtime_error("replay: input slot " + std::to_string(kv[1].cast<int64_t>()) +
-                                         " holds no device data");
-      p = py::reinterpret_borrow<py::object>(buf);
-    } else if (kind == "const") {
-      p = kv[1];
-    } else {
-      p = py::reinterpret_borrow<py::object>(rng);
-    }
-    PyList_SET_ITEM(out.ptr(), j++, p.release().ptr());
-  }
-  return out;
-}
-
-// writes: (i, k) pairs: tensors[i] now holds output k, specs[k] = (dtype, dims).
-void write(py::list tensors, py::sequence outs, const std::vector<std::pair<int64_t, int64_t>>& writes,
-           py::sequence specs) {
-  for (auto [i, k] : writes) {
-    py::tuple spec = specs[size_t(k)];
-    NodePtr v = make_py_data(outs[size_t(k)], DType(spec[0].cast<int>()), spec[1].cast<Dims>(), 0);
-    lazy_of(tensors[size_t(i)]).assign(std::move(v));
-  }
-}
-
-
 // --- the walk (replay.py _Walk): modules and optimizer state ------------------
 
+// Where an input slot's tensor lives (replay.py's _Walk kinds): parallel
+// lists kinds / owners / keys, so that a walk allocates nothing per tensor.
+enum Where { kArg = 0, kParam = 1, kGrad = 2, kBuffer = 3, kState = 4, kGroup = 5 };
+
 struct Walk {
-  py::list sig, locs, tensors;
-  void tensor(py::handle t, py::object loc) {
-    locs.append(std::move(loc));
+  py::list sig, kinds, owners, keys, tensors;
+  void tensor(py::handle t, Where kind, py::handle owner, py::handle key) {
+    static py::object ints[] = {py::int_(0), py::int_(1), py::int_(2), py::int_(3), py::int_(4), py::int_(5)};
+    kinds.append(ints[kind]);
+    owners.append(owner);
+    keys.append(key);
     tensors.append(t);
   }
 };
@@ -222,33 +194,44 @@ py::tuple keys(PyObject* d) {
 void walk_one(Walk& w, PyObject* mod, py::handle d) {
   static PyObject *params = str("_parameters"), *buffers = str("_buffers"), *pre = str("_forward_pre_hooks"),
                   *fwd = str("_forward_hooks"), *bwd = str("_backward_hooks"), *grad = str("grad"),
-                  *kparam = str("param"), *kgrad = str("grad"), *kbuffer = str("buffer");
-  py::list attrs;
+                  *no_hooks = str("no hooks");
+  // the attributes as a count and then name, value pairs, flat (no tuple per module: a walk over
+  // hundreds of modules every call should not feed the garbage collector)
+  size_t at = w.sig.size();
+  w.sig.append(py::none());
+  int64_t n = 0;
   PyObject *k, *v;
   Py_ssize_t pos = 0;
   while (PyDict_Next(d.ptr(), &pos, &k, &v))
-    if (PyUnicode_Check(k) && PyUnicode_GET_LENGTH(k) && PyUnicode_READ_CHAR(k, 0) != '_' && is_scalar(v))
-      attrs.append(py::make_tuple(py::handle(k), py::handle(v)));
-  w.sig.append(py::tuple(attrs));
-  w.sig.append(py::make_tuple(keys(dict_item(d.ptr(), pre)), keys(dict_item(d.ptr(), fwd)),
-                              keys(dict_item(d.ptr(), bwd))));
+    if (PyUnicode_Check(k) && PyUnicode_GET_LENGTH(k) && PyUnicode_READ_CHAR(k, 0) != '_' && is_scalar(v)) {
+      w.sig.append(k);
+      w.sig.append(v);
+      ++n;
+    }
+  w.sig[at] = py::int_(n);
+  PyObject *hp = dict_item(d.ptr(), pre), *hf = dict_item(d.ptr(), fwd), *hb = dict_item(d.ptr(), bwd);
+  if (PyDict_Check(hp) && PyDict_Check(hf) && PyDict_Check(hb) && !PyDict_GET_SIZE(hp) && !PyDict_GET_SIZE(hf) &&
+      !PyDict_GET_SIZE(hb))
+    w.sig.append(no_hooks);
+  else
+    w.sig.append(py::make_tuple(keys(hp), keys(hf), keys(hb)));
   py::handle m(mod);
   pos = 0;
   PyObject* ps = dict_item(d.ptr(), params);
   while (PyDict_Next(ps, &pos, &k, &v)) {
     w.sig.append(k);
-    w.tensor(v, py::make_tuple(py::handle(kparam), m, py::handle(k)));
+    w.tensor(v, kParam, m, k);
     if (v != Py_None) {
       py::object g = py::reinterpret_steal<py::object>(PyObject_GetAttr(v, grad));
       if (!g) throw py::error_already_set();
-      w.tensor(g, py::make_tuple(py::handle(kgrad), py::handle(v), py::none()));
+      w.tensor(g, kGrad, v, Py_None);
     }
   }
   pos = 0;
   PyObject* bs = dict_item(d.ptr(), buffers);
   while (PyDict_Next(bs, &pos, &k, &v)) {
     w.sig.append(k);
-    w.tensor(v, py::make_tuple(py::handle(kbuffer), m, py::handle(k)));
+    w.tensor(v, kBuffer, m, k);
   }
 }
 
@@ -276,8 +259,9 @@ void walk_tree(Walk& w, PyObject* mod, py::set& seen, bool root) {
   for (py::handle c : children) walk_tree(w, c.ptr(), seen, false);
 }
 
-void walk_module(py::handle m, py::set seen, py::list sig, py::list locs, py::list tensors) {
-  Walk w{sig, locs, tensors};
+void walk_module(py::handle m, py::set seen, py::list sig, py::list kinds, py::list owners, py::list keys,
+                 py::list tensors) {
+  Walk w{sig, kinds, owners, keys, tensors};
   py::object id = id_of(m.ptr());
   if (seen.contains(id)) {
     sig.append(py::make_tuple("seen", id));
@@ -291,10 +275,9 @@ void walk_module(py::handle m, py::set seen, py::list sig, py::list locs, py::li
 // An optimizer's state, per parameter in `params` (one param group): 0 for
 // none; else per entry its key, and an xla tensor as an input slot
 // ("state", st, key), anything else as other(value) in the signature.
-void walk_state(py::handle params, py::handle state, py::list sig, py::list locs, py::list tensors,
-                py::handle xla_type, py::handle other) {
-  static PyObject* kstate = str("state");
-  Walk w{sig, locs, tensors};
+void walk_state(py::handle params, py::handle state, py::list sig, py::list kinds, py::list owners, py::list keys,
+                py::list tensors, py::handle xla_type, py::handle other) {
+  Walk w{sig, kinds, owners, keys, tensors};
   py::object zero = py::int_(0);
   for (py::handle p : params) {
     py::object st = py::reinterpret_steal<py::object>(PyObject_CallMethod(state.ptr(), "get", "O", p.ptr()));
@@ -315,43 +298,123 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list locs
       int xla = PyObject_IsInstance(v.ptr(), xla_type.ptr());
       if (xla < 0) throw py::error_already_set();
       if (xla)
-        w.tensor(v, py::make_tuple(py::handle(kstate), st, k));
+        w.tensor(v, kState, st, k);
       else
         sig.append(other(v));
     }
   }
 }
 
-// others: (i, k, mode): locs[i] gets a new tensor holding output k (mode
-// "new") or None. A location is (kind, obj, key): "grad" obj.grad, "buffer"
-// obj._buffers[key], "state"/"group" obj[key].
-void set_others(py::list locs, py::list others, py::sequence outs, py::sequence specs) {
-  static PyObject *grad = str("grad"), *buffers = str("_buffers");
-  for (py::handle o : others) {
-    py::tuple ikm = py::reinterpret_borrow<py::tuple>(o);
-    py::tuple loc = py::reinterpret_borrow<py::tuple>(locs[ikm[0].cast<size_t>()]);
-    py::object t = py::none();
-    if (ikm[2].cast<std::string>() == "new") {
-      size_t k = ikm[1].cast<size_t>();
-      py::tuple spec = specs[k];
-      t = wrap(LazyTensor(make_py_data(outs[k], DType(spec[0].cast<int>()), spec[1].cast<Dims>(), 0)));
+// --- a recording's plan: what a replay binds and writes -----------------------
+
+// The parts of a recording that a replay walks per tensor, converted once
+// from replay.py's lists into C++ vectors:
+//   binds: (kind, v) per executable parameter: ("slot", i) the buffer of
+//     tensors[i]; ("const", buffer); ("rng", None) the RNG state's buffer
+//   inplace: (i, k): tensors[i] now holds output k
+//   others: (i, k, mode): slot i gets a new tensor holding output k (mode
+//     "new": a grad after zero_grad(set_to_none)) or None, at the slot's
+//     location (see set)
+//   specs[k] = (dtype, dims) of output k
+class ReplayPlan {
+ public:
+  ReplayPlan(py::list binds, const std::vector<std::pair<int64_t, int64_t>>& inplace, py::list others,
+             py::list specs) {
+    for (py::handle b : binds) {
+      py::tuple kv = py::reinterpret_borrow<py::tuple>(b);
+      std::string kind = kv[0].cast<std::string>();
+      if (kind == "slot") binds_.push_back({kSlot, kv[1].cast<int64_t>(), py::object()});
+      else if (kind == "const") binds_.push_back({kConst, -1, py::reinterpret_borrow<py::object>(kv[1])});
+      else if (kind == "rng") binds_.push_back({kRng, -1, py::object()});
+      else throw std::invalid_argument("replay: unknown parameter binding " + kind);
     }
-    std::string kind = loc[0].cast<std::string>();
-    int rc;
-    if (kind == "grad") {
-      rc = PyObject_SetAttr(loc[1].ptr(), grad, t.ptr());
-    } else if (kind == "buffer") {
-      py::object bs = py::reinterpret_steal<py::object>(PyObject_GetAttr(loc[1].ptr(), buffers));
-      if (!bs) throw py::error_already_set();
-      rc = PyObject_SetItem(bs.ptr(), loc[2].ptr(), t.ptr());
-    } else if (kind == "state" || kind == "group") {
-      rc = PyObject_SetItem(loc[1].ptr(), loc[2].ptr(), t.ptr());
-    } else {  // parameters and arguments are only written in place
-      throw std::logic_error("replay: output written to a " + kind + " location");
+    auto spec = [&](int64_t k, DType& t, Dims& d) {
+      py::tuple sp = specs[size_t(k)];
+      t = DType(sp[0].cast<int>());
+      d = sp[1].cast<Dims>();
+    };
+    for (auto [i, k] : inplace) {
+      Out o{i, k, true};
+      spec(k, o.dtype, o.dims);
+      inplace_.push_back(std::move(o));
     }
-    if (rc < 0) throw py::error_already_set();
+    for (py::handle h : others) {
+      py::tuple ikm = py::reinterpret_borrow<py::tuple>(h);
+      Out o{ikm[0].cast<int64_t>(), -1, ikm[2].cast<std::string>() == "new"};
+      if (o.fresh) {
+        o.k = ikm[1].cast<int64_t>();
+        spec(o.k, o.dtype, o.dims);
+      }
+      others_.push_back(std::move(o));
+    }
   }
-}
+
+  // The executable's arguments.
+  py::list params(py::list tensors, py::handle rng) const {
+    py::list out(binds_.size());
+    size_t j = 0;
+    for (const Bind& b : binds_) {
+      PyObject* p;
+      if (b.kind == kSlot) {
+        p = root_buffer(lazy_of(tensors[size_t(b.slot)]));
+        if (!p) throw std::runtime_error("replay: input slot " + std::to_string(b.slot) + " holds no device data");
+      } else {
+        p = b.kind == kConst ? b.buffer.ptr() : rng.ptr();
+      }
+      Py_INCREF(p);
+      PyList_SET_ITEM(out.ptr(), j++, p);
+    }
+    return out;
+  }
+
+  // The in-place writes: each tensor's LazyTensor now holds its output.
+  void write(py::list tensors, py::sequence outs) const {
+    for (const Out& o : inplace_)
+      lazy_of(tensors[size_t(o.i)]).assign(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0));
+  }
+
+  // The other outputs: new tensors (or None) put at their locations (the
+  // walk's kinds / owners / keys): a grad owner.grad, a buffer
+  // owner._buffers[key], optimizer state or group owner[key].
+  void set(py::list kinds, py::list owners, py::list keys, py::sequence outs) const {
+    static PyObject *grad = str("grad"), *buffers = str("_buffers");
+    for (const Out& o : others_) {
+      size_t i = size_t(o.i);
+      py::object t = o.fresh ? wrap(LazyTensor(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0))) : py::none();
+      int kind = kinds[i].cast<int>();
+      PyObject *owner = PyList_GET_ITEM(owners.ptr(), i), *key = PyList_GET_ITEM(keys.ptr(), i);
+      int rc;
+      if (kind == kGrad) {
+        rc = PyObject_SetAttr(owner, grad, t.ptr());
+      } else if (kind == kBuffer) {
+        py::object bs = py::reinterpret_steal<py::object>(PyObject_GetAttr(owner, buffers));
+        if (!bs) throw py::error_already_set();
+        rc = PyObject_SetItem(bs.ptr(), key, t.ptr());
+      } else if (kind == kState || kind == kGroup) {
+        rc = PyObject_SetItem(owner, key, t.ptr());
+      } else {  // parameters and arguments are only written in place
+        throw std::logic_error("replay: output written to an input slot of kind " + std::to_string(kind));
+      }
+      if (rc < 0) throw py::error_already_set();
+    }
+  }
+
+ private:
+  enum Kind { kSlot, kConst, kRng };
+  struct Bind {
+    Kind kind;
+    int64_t slot;
+    py::object buffer;
+  };
+  struct Out {
+    int64_t i, k;
+    bool fresh;  // in place, or a new tensor (others); false in others: None
+    DType dtype = DType::F32;
+    Dims dims;
+  };
+  std::vector<Bind> binds_;
+  std::vector<Out> inplace_, others_;
+};
 
 }  // namespace
 
@@ -359,13 +422,16 @@ void bind_replay(py::module_& m) {
   m.def("replay_signature", &signature, py::arg("tensors"), py::arg("xla_type"));
   m.def("replay_ready", &ready, py::arg("tensors"));
   m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
-  m.def("replay_params", &params, py::arg("tensors"), py::arg("binds"), py::arg("rng"));
-  m.def("replay_write", &write, py::arg("tensors"), py::arg("outs"), py::arg("writes"), py::arg("specs"));
-  m.def("replay_set", &set_others, py::arg("locs"), py::arg("others"), py::arg("outs"), py::arg("specs"));
-  m.def("replay_walk_module", &walk_module, py::arg("module"), py::arg("seen"), py::arg("sig"), py::arg("locs"),
-        py::arg("tensors"));
-  m.def("replay_walk_state", &walk_state, py::arg("params"), py::arg("state"), py::arg("sig"), py::arg("locs"),
-        py::arg("tensors"), py::arg("xla_type"), py::arg("other"));
+  py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
+      .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list>(),
+           py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"))
+      .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"))
+      .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))
+      .def("set", &ReplayPlan::set, py::arg("kinds"), py::arg("owners"), py::arg("keys"), py::arg("outs"));
+  m.def("replay_walk_module", &walk_module, py::arg("module"), py::arg("seen"), py::arg("sig"), py::arg("kinds"),
+        py::arg("owners"), py::arg("keys"), py::arg("tensors"));
+  m.def("replay_walk_state", &walk_state, py::arg("params"), py::arg("state"), py::arg("sig"), py::arg("kinds"),
+        py::arg("owners"), py::arg("keys"), py::arg("tensors"), py::arg("xla_type"), py::arg("other"));
 }
 
 }  // namespace txc
