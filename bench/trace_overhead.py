@@ -108,27 +108,20 @@ class TxcBackend:
 
     STEP_MODES = ("traced", "txc.compile", "torch.compile")
 
-    def train_step(self, case, mode):
+    def train_step(self, case, mode, opt, inputs):
         """A zero-argument callable running one training step of `case` in `mode`."""
         import torch
         import _models
-        opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)  # (the MLP loss is a plain sum)
-        inputs = [x.detach() for x in case.inputs]
-        model, loss_fn = case.model, case.loss
+        model = case.model
         if mode == "txc.compile":
             compiled = self.txc.compile(_models.train_step, wait=True)
-            return lambda: compiled(model, opt, inputs, loss_fn)
+            return lambda: compiled(model, opt, inputs, case.loss)
         if mode == "torch.compile":
             from torch_xla_core import dynamo
             dynamo.WAIT = True  # each dynamo graph waits for its results (its execute timer)
             torch._dynamo.reset()
             model = torch.compile(model, backend="torch_xla_core", dynamic=False)
-
-        def fn():
-            out = _models.train_step(model, opt, inputs, loss_fn)
-            self.sync_wait()
-            return out
-        return fn
+        return _synced_step(self, model, opt, inputs, case.loss)
 
 
 class TorchXlaBackend:
@@ -178,27 +171,29 @@ class TorchXlaBackend:
 
     STEP_MODES = ("traced", "assume_pure")
 
-    def train_step(self, case, mode):
-        import torch
-        import _models
-        opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)
-        inputs = [x.detach() for x in case.inputs]
-        model, loss_fn = case.model, case.loss
+    def train_step(self, case, mode, opt, inputs):
+        model = case.model
         if mode == "assume_pure":
             try:  # torch_xla[pallas]'s jax, torchax and flax: see `nox -s bench_peer`
                 from torch_xla.experimental.assume_pure import PureModule
                 model = PureModule(model)
             except Exception as e:
                 raise BackendUnavailable(f"assume_pure is not usable here ({type(e).__name__}: {e})") from e
-
-        def fn():
-            out = _models.train_step(model, opt, inputs, loss_fn)
-            self.sync_wait()
-            return out
-        return fn
+        return _synced_step(self, model, opt, inputs, case.loss)
 
 
 BACKENDS = {OURS: TxcBackend, PEER: TorchXlaBackend}
+
+
+def _synced_step(backend, model, opt, inputs, loss_fn):
+    """A training step traced per op (_models.train_step), then the backend's sync and wait."""
+    import _models
+
+    def fn():
+        out = _models.train_step(model, opt, inputs, loss_fn)
+        backend.sync_wait()
+        return out
+    return fn
 
 
 def _delta(after, before):
@@ -310,14 +305,16 @@ class Worker:
         (medians over `steps` after `warmup`), and the last loss."""
         import _harness
         import _models
+        import torch
         case = _models.make_case(model, seed).to(self.backend.device)
-        fn = self.backend.train_step(case, mode)
+        opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)  # (the MLP loss is a plain sum: a small lr)
+        fn = self.backend.train_step(case, mode, opt, [x.detach() for x in case.inputs])
         snap = self.backend.snapshot
         r = _harness.host_steps(fn, warmup, steps, executed=lambda: snap()["execute_s"], counters=snap)
         compiles = snap()["compiles"] - r["counters_at_start"]["compiles"]
         out = {"host_ms": r["host_ms"], "wall_ms": r["wall_ms"], "device_ms": r["device_ms"],
                "loss": float(r["result"].cpu()), "compiles_timed": compiles}
-        del case, fn, r
+        del case, opt, fn, r
         gc.collect()
         self.backend.sync_wait()
         return out

@@ -82,8 +82,8 @@ __all__ = ["compile", "Compiled", "MAX_RECORDINGS"]
 MAX_RECORDINGS = 16  # signatures recorded per compiled function
 _LIFTABLE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam"}
 _SCALARS = (bool, int, float, str, type(None))
-_ARG, _GROUP = 0, 5   # input slot kinds made here (the others, in csrc/py/replay.cpp: 1 param, 2 grad,
-                      # 3 buffer, 4 optimizer state)
+_ARG, _GROUP = _C.replay_slot_kinds["arg"], _C.replay_slot_kinds["group"]  # input slot kinds made here
+                                                                         # (csrc/py/replay.cpp makes the others)
 _tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
 _make = _tensor._make
 _ALIAS = _C.op_ids()["alias"]
@@ -299,8 +299,7 @@ def _own_storage(t) -> bool:
 
 
 class _Recording:
-    __slots__ = ("exe", "binds", "donated", "inplace", "inplace_of", "others", "ret", "rng_out", "checks", "specs",
-                 "plan")
+    __slots__ = ("exe", "donated", "inplace", "inplace_of", "ret", "rng_out", "checks", "specs", "plan")
 
 
 def _lazy_of(buf, spec):
@@ -500,7 +499,6 @@ class Compiled:
             else:
                 raise _Refused("it reads device data that is not among its inputs (a tensor reached other than "
                                "through arguments, modules, optimizers, globals or closure)")
-        rec.binds = binds
         rec.donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"] if p is not None else []
 
         def output(t):
@@ -526,7 +524,7 @@ class Compiled:
             writes.append((i, k, "inplace" if t is before else "new"))
         rec.inplace = [(i, k) for i, k, mode in writes if mode == "inplace"]
         rec.inplace_of = {k: i for i, k in rec.inplace}
-        rec.others = [w for w in writes if w[2] != "inplace"]
+        others = [w for w in writes if w[2] != "inplace"]
         ret = []
         for j, t in enumerate(leaves):
             if j in views:
@@ -554,7 +552,7 @@ class Compiled:
         if len(claimed) != len(outs):
             raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
                            f"outputs (their new values would be lost on replay)")
-        rec.plan = _C.ReplayPlan(rec.binds, rec.inplace, rec.others, rec.specs)
+        rec.plan = _C.ReplayPlan(binds, rec.inplace, others, rec.specs)
         return (None if transitional else rec), outs
 
     @staticmethod
@@ -598,8 +596,7 @@ class Compiled:
         outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
         del params  # (the inputs' buffers: donated ones must not stay referenced)
         plan.write(tensors, outs)
-        if rec.others:  # new tensors (a grad after zero_grad(set_to_none=True)) or None at their locations
-            plan.set(w.kinds, w.owners, w.keys, outs)
+        plan.set(w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None where they go
         if rec.rng_out is not None:
             _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
         if rec.checks:

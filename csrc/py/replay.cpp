@@ -19,6 +19,7 @@
 //       arguments; .write(tensors, outs) the in-place writes; .set(kinds, owners, keys, outs)
 //       the outputs that are new tensors (a grad after zero_grad) put at
 //       their locations
+//   replay_slot_kinds: the kind numbers of the walk's locations (Where)
 //   replay_walk_module(m, seen, sig, kinds, owners, keys, tensors)   a module's part of the
 //       walk (replay.py _Walk.module): per submodule, its number/string
 //       attributes, hooks, parameters (and grads) and buffers
@@ -408,7 +409,7 @@ class ReplayPlan {
   };
   struct Out {
     int64_t i, k;
-    bool fresh;  // in place, or a new tensor (others); false in others: None
+    bool fresh;  // others_: a new tensor holding output k (else None); always true in inplace_
     DType dtype = DType::F32;
     Dims dims;
   };
@@ -428,6 +429,10 @@ void bind_replay(py::module_& m) {
       .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"))
       .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))
       .def("set", &ReplayPlan::set, py::arg("kinds"), py::arg("owners"), py::arg("keys"), py::arg("outs"));
+  py::dict kinds;  // the Where values, for replay.py's own slots (arguments, optimizer group tensors)
+  kinds["arg"] = int(kArg), kinds["param"] = int(kParam), kinds["grad"] = int(kGrad);
+  kinds["buffer"] = int(kBuffer), kinds["state"] = int(kState), kinds["group"] = int(kGroup);
+  m.attr("replay_slot_kinds") = kinds;
   m.def("replay_walk_module", &walk_module, py::arg("module"), py::arg("seen"), py::arg("sig"), py::arg("kinds"),
         py::arg("owners"), py::arg("keys"), py::arg("tensors"));
   m.def("replay_walk_state", &walk_state, py::arg("params"), py::arg("state"), py::arg("sig"), py::arg("kinds"),
