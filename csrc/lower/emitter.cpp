@@ -196,6 +196,8 @@ std::string LowerCtx::region_text(const std::vector<std::string>& args, const st
                                   const std::function<void()>& emit) {
   std::string saved;
   saved.swap(body_);
+  std::unordered_map<std::string, std::string> saved_memo;
+  saved_memo.swap(memo_);
   int outer = indent_;
   std::string head(outer, ' ');
   body_ = head + "^bb0(";
@@ -207,12 +209,22 @@ std::string LowerCtx::region_text(const std::vector<std::string>& args, const st
   } catch (...) {
     indent_ = outer;
     body_.swap(saved);
+    memo_.swap(saved_memo);
     throw;
   }
   indent_ = outer;
   std::string r = "{\n" + body_ + head + "}";
   body_.swap(saved);
+  memo_.swap(saved_memo);
   return r;
+}
+
+std::string LowerCtx::memo(const std::string& key, const std::function<std::string()>& make) {
+  auto it = memo_.find(key);
+  if (it != memo_.end()) return it->second;
+  std::string v = make();
+  memo_[key] = v;
+  return v;
 }
 
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,

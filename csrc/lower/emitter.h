@@ -102,6 +102,12 @@ class LowerCtx {
   // current body calls by name. lower_graph writes them after @main.
   void add_funcs(const std::string& key, const std::string& text);
 
+  // A value emitted once per region under `key` (e.g. a draw's key from the
+  // RNG state, named by the state's SSA name): the first call runs `make`,
+  // later calls in the same region return its name. region_text() scopes it,
+  // so a value of an enclosing region is never used inside a nested one.
+  std::string memo(const std::string& key, const std::function<std::string()>& make);
+
   // Used by lower_graph. The lowering's scratch lives here, not in the
   // (immutable) nodes: a failed lowering leaves nothing behind.
   void set_name(const Node* n, std::string name) {
@@ -114,6 +120,7 @@ class LowerCtx {
   std::vector<std::pair<std::string, std::string>> funcs_;  // key -> text, in first-use order
   std::string body_;
   int indent_ = 4;
+  std::unordered_map<std::string, std::string> memo_;  // memo(): key -> SSA name, this region
 
  private:
   int counter_ = 0;

@@ -40,11 +40,17 @@ std::string tstr(const Dims& d, const char* elem) {
   return s + elem + ">";
 }
 
+// An unsigned constant of dims d, emitted once per lowering (and region):
+// the draws of a graph share their constants, so a graph of many draws
+// hands XLA fewer instructions to parse and deduplicate.
 std::string ucon(LowerCtx& cx, const std::string& value, const Dims& d, const char* elem = "ui64") {
-  std::string c = tstr({}, elem);
-  std::string k = cx.op("stablehlo.constant", {}, {}, c, "value = dense<" + value + "> : " + c);
-  if (d.empty()) return k;
-  return cx.op("stablehlo.broadcast_in_dim", {k}, {c}, tstr(d, elem), "broadcast_dimensions = array<i64>");
+  std::string ty = tstr(d, elem);
+  return cx.memo("rng_const " + value + " " + ty, [&] {
+    std::string c = tstr({}, elem);
+    std::string k = cx.op("stablehlo.constant", {}, {}, c, "value = dense<" + value + "> : " + c);
+    if (d.empty()) return k;
+    return cx.op("stablehlo.broadcast_in_dim", {k}, {c}, ty, "broadcast_dimensions = array<i64>");
+  });
 }
 
 std::string ushift(LowerCtx& cx, const std::string& v, const Dims& d, const char* elem, int bits) {
@@ -68,10 +74,10 @@ std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
 // The bits of one draw: tensor<dims x elem> (elem "ui32" or "ui64") from
 // operands 0 (the state, i64[2] = [seed, counter]) and 1 (the offset, an
 // i64 scalar), counter-based, as SplitMix64: element i of the draw at
-// offset c is mix(key + (c * 2^40 + i) * G), where key = mix(seed +
-// counter * G) + G is the same for every draw of a graph (XLA computes it
-// once) and draws never share a counter (a draw has fewer than 2^40
-// elements); ui32 takes the high half. Plain integer arithmetic on the
+// offset c is mix(key + (c * 2^40 + i) * G), where key = (mix(seed +
+// counter * G) + G) mod (2^64 - 1) is the same for every draw of a graph
+// (computed once, see below) and draws never share a counter (a draw has
+// fewer than 2^40 elements); ui32 takes the high half. Plain integer arithmetic on the
 // device: the same bits on every backend, elementwise ops that XLA fuses
 // into the draw's consumer. (One stablehlo.rng_bit_generator per draw,
 // before, expanded into a Philox computation per draw: a graph of 500
@@ -84,34 +90,46 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
   auto bin = [&](const char* op, const std::string& a, const std::string& b, const std::string& ty) {
     return cx.op(op, {a, b}, {ty, ty}, ty);
   };
-  std::string s = cx.op("stablehlo.bitcast_convert", {cx.in(n, 0)}, {"tensor<2xi64>"}, u2);
-  auto part = [&](int i) {
-    std::string p = cx.op("stablehlo.slice", {s}, {u2}, u1,
-                          "start_indices = array<i64: " + std::to_string(i) + ">, limit_indices = array<i64: " +
-                              std::to_string(i + 1) + ">, strides = array<i64: 1>");
-    return cx.op("stablehlo.reshape", {p}, {u1}, s0);
-  };
   std::string g = ucon(cx, kGolden, {});
-  std::string key = mix64(cx, bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), g, s0), s0), {});
-  key = bin("stablehlo.add", key, g, s0);
+  // The graph's key, emitted once per state value (and region), and kept
+  // out of the draws' fusions: XLA copies cheap scalar ops into every
+  // consumer's fusion, so its ~20 ops were compiled once per draw. A
+  // remainder is one of the ops XLA's fusion does not duplicate (an
+  // optimization barrier would be removed on CPU); key mod (2^64 - 1)
+  // differs from key only for key = 2^64 - 1 (it becomes 0).
+  std::string key = cx.memo("rng_key " + cx.in(n, 0), [&] {
+    std::string s = cx.op("stablehlo.bitcast_convert", {cx.in(n, 0)}, {"tensor<2xi64>"}, u2);
+    auto part = [&](int i) {
+      std::string p = cx.op("stablehlo.slice", {s}, {u2}, u1,
+                            "start_indices = array<i64: " + std::to_string(i) + ">, limit_indices = array<i64: " +
+                                std::to_string(i + 1) + ">, strides = array<i64: 1>");
+      return cx.op("stablehlo.reshape", {p}, {u1}, s0);
+    };
+    std::string k = mix64(cx, bin("stablehlo.add", part(0), bin("stablehlo.multiply", part(1), g, s0), s0), {});
+    k = bin("stablehlo.add", k, g, s0);
+    return bin("stablehlo.remainder", k, ucon(cx, "18446744073709551615", {}), s0);
+  });
   int64_t numel = 1;
   for (auto x : d) numel *= x;
   if (numel >= (int64_t(1) << kOffsetShift))
     op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
+  // z = base + i * G over the draw's elements, i = 0 .. numel - 1 in
+  // row-major order, base = key + (offset * 2^40) * G (one scalar per draw)
   std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
   off = cx.op("stablehlo.shift_left", {off, ucon(cx, std::to_string(kOffsetShift), {})}, {s0, s0}, s0);
-  // z = key + (off + i) * G over the draw's elements, i = 0 .. numel - 1 in row-major order
-  std::string flat = tstr({numel}, "ui64"), ty = tstr(d, "ui64");
-  std::string i = cx.op("stablehlo.iota", {}, {}, flat, "iota_dimension = 0 : i64");
-  i = cx.op("stablehlo.reshape", {i}, {flat}, ty);
-  auto splat = [&](const std::string& v) {
-    return d.empty() ? v : cx.op("stablehlo.broadcast_in_dim", {v}, {s0}, ty, "broadcast_dimensions = array<i64>");
-  };
-  std::string c = bin("stablehlo.add", i, splat(off), ty);
-  std::string z = bin("stablehlo.add", splat(key), bin("stablehlo.multiply", c, splat(g), ty), ty);
-  std::string bits = mix64(cx, z, d);
-  if (std::string(elem) == "ui64") return bits;
-  return cx.op("stablehlo.convert", {ushift(cx, bits, d, "ui64", 32)}, {ty}, tstr(d, elem));
+  std::string base = bin("stablehlo.add", key, bin("stablehlo.multiply", off, g, s0), s0);
+  // computed over the flat draw, reshaped at the end: XLA then counts one
+  // iota, not one per dimension combined by multiply-adds
+  Dims fd{numel};
+  std::string flat = tstr(fd, "ui64");
+  std::string i = cx.memo("rng_iota " + flat, [&] { return cx.op("stablehlo.iota", {}, {}, flat, "iota_dimension = 0 : i64"); });
+  std::string b = cx.op("stablehlo.broadcast_in_dim", {base}, {s0}, flat, "broadcast_dimensions = array<i64>");
+  std::string ig = cx.memo("rng_iota_g " + flat, [&] { return bin("stablehlo.multiply", i, ucon(cx, kGolden, fd), flat); });
+  std::string z = bin("stablehlo.add", b, ig, flat);
+  std::string bits = mix64(cx, z, fd);
+  if (std::string(elem) == "ui32") bits = cx.op("stablehlo.convert", {ushift(cx, bits, fd, "ui64", 32)}, {flat}, tstr(fd, "ui32"));
+  if (d == fd) return bits;
+  return cx.op("stablehlo.reshape", {bits}, {tstr(fd, elem)}, tstr(d, elem));
 }
 
 // Uniform floats of type c (F32 or F64) from m random bits k (m <= 24 for
@@ -119,12 +137,11 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
 // bits, never 1. With open=true: (2k + 1) * 2^-m - 1 = k * 2^(1-m) + (2^-m - 1),
 // in the open interval (-1, 1), symmetric around 0, computed exactly.
 std::string uniform_bits(LowerCtx& cx, const Node& n, const Dims& d, DType c, int m, bool open) {
-  bool wide = c == DType::F64;
-  const char* elem = wide ? "ui64" : "ui32";
-  std::string bits = draw_bits(cx, n, d, elem);
-  std::string k = ushift(cx, bits, d, elem, (wide ? 64 : 32) - m);
+  // the top m of the 64 bits (for F32 the same value as the top m of the
+  // high 32-bit half), converted exactly
+  std::string k = ushift(cx, draw_bits(cx, n, d, "ui64"), d, "ui64", 64 - m);
   std::string ty = LowerCtx::type(c, d);
-  std::string kf = cx.op("stablehlo.convert", {k}, {tstr(d, elem)}, ty);
+  std::string kf = cx.op("stablehlo.convert", {k}, {tstr(d, "ui64")}, ty);
   if (!open) return cx.op("stablehlo.multiply", {kf, cx.constant(std::ldexp(1.0, -m), c, d)}, {ty, ty}, ty);
   std::string s = cx.op("stablehlo.multiply", {kf, cx.constant(std::ldexp(1.0, 1 - m), c, d)}, {ty, ty}, ty);
   return cx.op("stablehlo.add", {s, cx.constant(std::ldexp(1.0, -m) - 1.0, c, d)}, {ty, ty}, ty);
