@@ -578,7 +578,7 @@ def main(argv=None):
                          "else torch_xla); ignored with --peer")
     ap.add_argument("--peer", metavar="PYTHON",
                     help="interpreter with torch-xla: compare txc (this interpreter) with it")
-    ap.add_argument("--models", default="mlp,decoder", help="comma list of: mlp, decoder")
+    ap.add_argument("--models", default="mlp,decoder", help="comma list of: mlp, decoder, decoder100")
     ap.add_argument("--repeats", type=int, default=None, help="measured repeats (default 10)")
     ap.add_argument("--warmup", type=int, default=None, help="warmup repeats (default 3)")
     ap.add_argument("--trace-iters", type=int, default=None,
