@@ -176,10 +176,30 @@ class TorchXlaBackend:
         if mode == "assume_pure":
             try:  # torch_xla[pallas]'s jax, torchax and flax: see `nox -s bench_peer`
                 from torch_xla.experimental.assume_pure import PureModule
-                model = PureModule(model)
+                model = _Int32Inputs(PureModule(model))
             except Exception as e:
                 raise BackendUnavailable(f"assume_pure is not usable here ({type(e).__name__}: {e})") from e
         return _synced_step(self, model, opt, inputs, case.loss)
+
+
+def _Int32Inputs(pure):
+    """The model under assume_pure, given its integer inputs as int32: jax
+    (without x64) traces an int64 argument as s32, and torch-xla then fails
+    the call ("Call parameter must match argument"). One cast per integer
+    input per step, outside the pure part; the decoder's token ids (< 256)
+    are the same numbers in int32."""
+    import torch
+
+    class Int32Inputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pure = pure
+
+        def forward(self, *args):
+            return self.pure(*(a.to(torch.int32) if isinstance(a, torch.Tensor) and a.dtype == torch.int64 else a
+                               for a in args))
+
+    return Int32Inputs()
 
 
 BACKENDS = {OURS: TxcBackend, PEER: TorchXlaBackend}
