@@ -193,6 +193,33 @@ def test_rng_differs_per_iteration_reproducible_and_matches_backward(dev):
     assert (ys.cpu() == 0).any() and (ys.cpu() != 0).any()
 
 
+def test_draws_around_and_inside_a_scan_lower_in_one_graph(dev):
+    # The draws of a graph share their constants and element counters (random.cpp's
+    # LowerCtx::memo); a scan body is a region of its own, where the outer values must
+    # not be reused: one graph with draws of the same shape before, inside and after a
+    # scan lowers (one iota outside the loop, one inside) and draws anew everywhere.
+
+    def fn(c, x):
+        return c + 1, torch.rand(4, device=x.device) + 0 * x
+
+    def run():
+        txc.sync()
+        u = torch.rand(4, device=dev)
+        _, ys = scan(fn, torch.zeros((), device=dev), torch.zeros(3, 4).to(dev))
+        v = torch.rand(4, device=dev)
+        text = _C.GraphCut([u._lt, ys._lt, v._lt]).lower()
+        return torch.cat([u[None], ys, v[None]]).cpu(), text
+
+    torch.manual_seed(5)
+    a, text = run()
+    body = text[text.index('"stablehlo.while"'):]
+    assert text.count('"stablehlo.iota"') == 2 and body.count('"stablehlo.iota"') == 1
+    assert len({tuple(r.tolist()) for r in a}) == 5  # five different draws
+    assert ((a >= 0) & (a < 1)).all()
+    torch.manual_seed(5)
+    torch.testing.assert_close(run()[0], a)  # reproducible per seed
+
+
 class MLPLayer(nn.Module):
     def __init__(self, d=16):
         super().__init__()
