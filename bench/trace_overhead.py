@@ -176,13 +176,13 @@ class TorchXlaBackend:
         if mode == "assume_pure":
             try:  # torch_xla[pallas]'s jax, torchax and flax: see `nox -s bench_peer`
                 from torch_xla.experimental.assume_pure import PureModule
-                model = _Int32Inputs(PureModule(model))
+                model = _int32_inputs(PureModule(model))
             except Exception as e:
                 raise BackendUnavailable(f"assume_pure is not usable here ({type(e).__name__}: {e})") from e
         return _synced_step(self, model, opt, inputs, case.loss)
 
 
-def _Int32Inputs(pure):
+def _int32_inputs(pure):
     """The model under assume_pure, given its integer inputs as int32: jax
     (without x64) traces an int64 argument as s32, and torch-xla then fails
     the call ("Call parameter must match argument"). One cast per integer

@@ -77,9 +77,9 @@ std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
 // offset c is mix(key + (c * 2^40 + i) * G), where key = (mix(seed +
 // counter * G) + G) mod (2^64 - 1) is the same for every draw of a graph
 // (computed once, see below) and draws never share a counter (a draw has
-// fewer than 2^40 elements); ui32 takes the high half. Plain integer arithmetic on the
-// device: the same bits on every backend, elementwise ops that XLA fuses
-// into the draw's consumer. (One stablehlo.rng_bit_generator per draw,
+// fewer than 2^40 elements); ui32 takes the high half. Plain integer
+// arithmetic on the device: the same bits on every backend, elementwise
+// ops that XLA fuses into the draw's consumer. (One stablehlo.rng_bit_generator per draw,
 // before, expanded into a Philox computation per draw: a graph of 500
 // randn compiled 3x slower than the same graph with its random inputs
 // uploaded, and superlinearly in the draws.)
@@ -122,12 +122,14 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
   // iota, not one per dimension combined by multiply-adds
   Dims fd{numel};
   std::string flat = tstr(fd, "ui64");
-  std::string i = cx.memo("rng_iota " + flat, [&] { return cx.op("stablehlo.iota", {}, {}, flat, "iota_dimension = 0 : i64"); });
+  std::string ig = cx.memo("rng_iota_g " + flat, [&] {  // i * G, shared by the draws of one size
+    std::string i = cx.op("stablehlo.iota", {}, {}, flat, "iota_dimension = 0 : i64");
+    return bin("stablehlo.multiply", i, ucon(cx, kGolden, fd), flat);
+  });
   std::string b = cx.op("stablehlo.broadcast_in_dim", {base}, {s0}, flat, "broadcast_dimensions = array<i64>");
-  std::string ig = cx.memo("rng_iota_g " + flat, [&] { return bin("stablehlo.multiply", i, ucon(cx, kGolden, fd), flat); });
-  std::string z = bin("stablehlo.add", b, ig, flat);
-  std::string bits = mix64(cx, z, fd);
-  if (std::string(elem) == "ui32") bits = cx.op("stablehlo.convert", {ushift(cx, bits, fd, "ui64", 32)}, {flat}, tstr(fd, "ui32"));
+  std::string bits = mix64(cx, bin("stablehlo.add", b, ig, flat), fd);
+  if (std::string(elem) == "ui32")
+    bits = cx.op("stablehlo.convert", {ushift(cx, bits, fd, "ui64", 32)}, {flat}, tstr(fd, "ui32"));
   if (d == fd) return bits;
   return cx.op("stablehlo.reshape", {bits}, {tstr(fd, elem)}, tstr(d, elem));
 }
