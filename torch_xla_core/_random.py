@@ -1,8 +1,9 @@
 """The xla device's random-number state. It is a lazy tensor, int64[2] =
 [seed, counter], uploaded as device data (a graph parameter, so a new seed
 never recompiles). A draw takes two operands (see csrc/ops/random.cpp): a
-base state and its offset from it, a Python number (a scalar graph
-parameter), and draws stream counter + offset. The base is the state as
+base state and its stream, a Python number (a scalar graph parameter)
+made from the draw's offset from the base (stream()), and draws stream
+counter + offset. The base is the state as
 it was last computed (device data, after a sync) or set; the offsets count
 the draws since, 0, 1, 2, ..., the same at every step, so a training step's
 graph (and its hash) stays the same, and the pending state is always one
@@ -58,8 +59,17 @@ def _upload(seed: int, counter: int = 0):
     return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), -1)._lt  # joins graphs on any device
 
 
-_I64 = None  # dtype code of int64 (an offset is the scalar operand (n, _I64))
+_I64 = None  # dtype code of int64 (a stream is the scalar operand (stream(n), _I64))
 _adv = None  # (_tensor._make, OP.rng_advance)
+_GOLDEN = 11400714819323198485  # G of csrc/ops/random.cpp
+
+
+def stream(offset: int) -> int:
+    """The stream operand of a draw at `offset` from its state:
+    (offset * 2^40) * G mod 2^64 as a signed int64 (csrc/ops/random.cpp's
+    draw_bits adds it to the state's key)."""
+    s = ((offset << 40) * _GOLDEN) & _MASK
+    return s - (1 << 64) if s >= 1 << 63 else s
 
 
 def _init():
@@ -70,20 +80,26 @@ def _init():
 
 
 def draw(generator=None):
-    """The operands of one draw, (state, (offset, int64)); the device state
+    """The operands of one draw, (state, (stream, int64)); the device state
     moves on by one. With a (CPU) torch.Generator, a fresh state seeded from
     that generator instead."""
+    base, n = _next(generator)
+    return base, (stream(n) if n else 0, _I64)
+
+
+def _next(generator):
+    """(the state of the next draw, its offset from that state)."""
     global _state, _base, _n, _last
     if _adv is None:
         _init()
     if generator is not None:
         s = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
-        return _upload(s), (0, _I64)
+        return _upload(s), 0
     trace = _trace_context.current()
     if trace is not None:  # in a scan body: chain from the body's state
         s = trace.rng_state
         trace.rng_state = _adv[0](_adv[1], (s, (1, _I64)), ())
-        return s, (0, _I64)
+        return s, 0
     s = _state
     if s is None or s is not _last or s.is_data:
         # First use, seeded or set anew, swapped by scan, or computed by a
@@ -94,16 +110,18 @@ def draw(generator=None):
     n = _n
     _n = n + 1
     _state = _last = _adv[0](_adv[1], (_base, (_n, _I64)), ())
-    return _base, (n, _I64)
+    return _base, n
 
 
 def state(generator=None):
     """The state for one draw as a tensor (a LazyTensor): a draw from it at
     offset 0 is the draw draw() would give; the device state moves on."""
-    base, off = draw(generator)
-    if off[0] == 0:
+    if _adv is None:
+        _init()
+    base, n = _next(generator)
+    if n == 0:
         return base
-    return _adv[0](_adv[1], (base, off), ())
+    return _adv[0](_adv[1], (base, (n, _I64)), ())
 
 
 def set_state(lt) -> None:

@@ -2,8 +2,11 @@
 // [seed, counter], held by torch_xla_core/_random.py as a graph parameter
 // (device data), never a constant, so a new seed doesn't recompile.
 //
-// Every draw takes two operands: a state and an offset, a Python number
-// (a scalar graph parameter): it draws stream c = counter + offset. The
+// Every draw takes two operands: a state and its stream within the state,
+// a Python number (a scalar graph parameter): the draw at offset c from the
+// state passes stream(c) = (c * 2^40) * G mod 2^64 (as an i64 bit pattern;
+// torch_xla_core/_random.py computes it on the host, so the device adds one
+// scalar per draw instead of computing it). The
 // draws of one graph share one state (the one at the start of the graph)
 // and differ by their offsets 0, 1, 2, ..., so no draw depends on a chain
 // of state updates, and every draw of one shape lowers to the same ops
@@ -19,13 +22,13 @@
 //
 // Ops (operands; attributes after ';'):
 //   rng_advance(state, count)                          -> state + [0, count]
-//   rng(state, offset; kind, dtype, dims, a, b)        -> floats: kind 0 uniform [a, b),
+//   rng(state, stream; kind, dtype, dims, a, b)        -> floats: kind 0 uniform [a, b),
 //        1 normal (mean a, std b), 2 log-normal, 3 exponential (rate a),
 //        4 cauchy (median a, sigma b)
-//   rng_int(state, offset; dtype, dims, low, range - 1) -> low + (bits mod range); range is
+//   rng_int(state, stream; dtype, dims, low, range - 1) -> low + (bits mod range); range is
 //        an unsigned 64-bit count (range - 1 given as its i64 bit pattern)
-//   rng_bernoulli(state, offset[, p]; dtype, dims, p)  -> uniform < p (p: tensor or number)
-//   rng_perm(state, offset; dtype, n)                  -> a random permutation of 0..n-1
+//   rng_bernoulli(state, stream[, p]; dtype, dims, p)  -> uniform < p (p: tensor or number)
+//   rng_perm(state, stream; dtype, n)                  -> a random permutation of 0..n-1
 //   masked_scale(x, mask; scale)                       -> x * mask * scale (dropout fwd/bwd)
 #include <cmath>
 #include "lower/emitter.h"
@@ -72,9 +75,10 @@ std::string mix64(LowerCtx& cx, std::string z, const Dims& d) {
 }
 
 // The bits of one draw: tensor<dims x elem> (elem "ui32" or "ui64") from
-// operands 0 (the state, i64[2] = [seed, counter]) and 1 (the offset, an
-// i64 scalar), counter-based, as SplitMix64: element i of the draw at
-// offset c is mix(key + (c * 2^40 + i) * G), where key = (mix(seed +
+// operands 0 (the state, i64[2] = [seed, counter]) and 1 (the stream, an
+// i64 scalar: stream(c) for the draw at offset c), counter-based, as
+// SplitMix64: element i of the draw at offset c is
+// mix(key + (c * 2^40 + i) * G) = mix(key + stream(c) + i * G), where key = (mix(seed +
 // counter * G) + G) mod (2^64 - 1) is the same for every draw of a graph
 // (computed once, see below) and draws never share a counter (a draw has
 // fewer than 2^40 elements); ui32 takes the high half. Plain integer
@@ -114,10 +118,9 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
   if (numel >= (int64_t(1) << kOffsetShift))
     op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
   // z = base + i * G over the draw's elements, i = 0 .. numel - 1 in
-  // row-major order, base = key + (offset * 2^40) * G (one scalar per draw)
-  std::string off = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
-  off = cx.op("stablehlo.shift_left", {off, ucon(cx, std::to_string(kOffsetShift), {})}, {s0, s0}, s0);
-  std::string base = bin("stablehlo.add", key, bin("stablehlo.multiply", off, g, s0), s0);
+  // row-major order, base = key + stream (one scalar per draw)
+  std::string stream = cx.op("stablehlo.bitcast_convert", {cx.in(n, 1)}, {"tensor<i64>"}, s0);
+  std::string base = bin("stablehlo.add", key, stream, s0);
   // computed over the flat draw, reshaped at the end: XLA then counts one
   // iota, not one per dimension combined by multiply-adds
   Dims fd{numel};
@@ -140,10 +143,15 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
 // in the open interval (-1, 1), symmetric around 0, computed exactly.
 std::string uniform_bits(LowerCtx& cx, const Node& n, const Dims& d, DType c, int m, bool open) {
   // the top m of the 64 bits (for F32 the same value as the top m of the
-  // high 32-bit half), converted exactly
+  // high 32-bit half), converted exactly, through a signed integer of the
+  // float's width (k < 2^m fits): CPUs convert signed integers to floats in
+  // one vector instruction, unsigned 64-bit ones in a long sequence that
+  // XLA:CPU compiled into every draw
   std::string k = ushift(cx, draw_bits(cx, n, d, "ui64"), d, "ui64", 64 - m);
   std::string ty = LowerCtx::type(c, d);
-  std::string kf = cx.op("stablehlo.convert", {k}, {tstr(d, "ui64")}, ty);
+  std::string ity = tstr(d, c == DType::F64 ? "i64" : "i32");
+  std::string ki = cx.op("stablehlo.convert", {k}, {tstr(d, "ui64")}, ity);
+  std::string kf = cx.op("stablehlo.convert", {ki}, {ity}, ty);
   if (!open) return cx.op("stablehlo.multiply", {kf, cx.constant(std::ldexp(1.0, -m), c, d)}, {ty, ty}, ty);
   std::string s = cx.op("stablehlo.multiply", {kf, cx.constant(std::ldexp(1.0, 1 - m), c, d)}, {ty, ty}, ty);
   return cx.op("stablehlo.add", {s, cx.constant(std::ldexp(1.0, -m) - 1.0, c, d)}, {ty, ty}, ty);
@@ -160,16 +168,16 @@ int mantissa_bits(DType t) {
 
 DType compute_t(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
-// Operands 0 (the state) and 1 (an offset or count: an int64 scalar).
+// Operands 0 (the state) and 1 (a stream or count: an int64 scalar).
 void check_state(const Node& n) {
-  if (n.operands.size() < 2) op_error(n, "expected (state, offset) operands");
+  if (n.operands.size() < 2) op_error(n, "expected (state, stream) operands");
   const Node& s = *n.operands[0];
   if (s.dtype != DType::I64 || s.dims != Dims{2})
     op_error(n, "the RNG state must be an int64 tensor of shape [2], got " + std::string(dtype_name(s.dtype)) +
                     " " + dims_str(s.dims));
   const Node& o = *n.operands[1];
   if (o.dtype != DType::I64 || !o.dims.empty())
-    op_error(n, "the RNG offset must be an int64 scalar, got " + std::string(dtype_name(o.dtype)) + " " +
+    op_error(n, "the RNG stream (or count) must be an int64 scalar, got " + std::string(dtype_name(o.dtype)) + " " +
                     dims_str(o.dims));
 }
 
@@ -274,7 +282,7 @@ TXC_OP("rng_int", 2,
 
 TXC_OP("rng_bernoulli", -1,
        [](Node& n) {
-         if (n.operands.size() != 2 && n.operands.size() != 3) op_error(n, "expected (state, offset[, p]) operands");
+         if (n.operands.size() != 2 && n.operands.size() != 3) op_error(n, "expected (state, stream[, p]) operands");
          check_state(n);
          n.dtype = DType(n.attr_int(0));
          n.dims = n.attr_dims(1);
