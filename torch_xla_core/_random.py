@@ -53,9 +53,7 @@ def seed() -> int:
 
 def _upload(seed: int, counter: int = 0):
     from . import _tensor
-    s = seed & _MASK
-    if s >= 1 << 63:
-        s -= 1 << 64
+    s = _int64(seed & _MASK)
     return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), -1)._lt  # joins graphs on any device
 
 
@@ -68,8 +66,12 @@ def stream(offset: int) -> int:
     """The stream operand of a draw at `offset` from its state:
     (offset * 2^40) * G mod 2^64 as a signed int64 (csrc/ops/random.cpp's
     draw_bits adds it to the state's key)."""
-    s = ((offset << 40) * _GOLDEN) & _MASK
-    return s - (1 << 64) if s >= 1 << 63 else s
+    return _int64(((offset << 40) * _GOLDEN) & _MASK)
+
+
+def _int64(u: int) -> int:
+    """An unsigned 64-bit value as the int64 with its bits."""
+    return u - (1 << 64) if u >= 1 << 63 else u
 
 
 def _init():
@@ -84,7 +86,7 @@ def draw(generator=None):
     moves on by one. With a (CPU) torch.Generator, a fresh state seeded from
     that generator instead."""
     base, n = _next(generator)
-    return base, (stream(n) if n else 0, _I64)
+    return base, (stream(n), _I64)
 
 
 def _next(generator):
@@ -116,9 +118,7 @@ def _next(generator):
 def state(generator=None):
     """The state for one draw as a tensor (a LazyTensor): a draw from it at
     offset 0 is the draw draw() would give; the device state moves on."""
-    if _adv is None:
-        _init()
-    base, n = _next(generator)
+    base, n = _next(generator)  # (initializes _adv)
     if n == 0:
         return base
     return _adv[0](_adv[1], (base, (n, _I64)), ())

@@ -113,8 +113,7 @@ std::string draw_bits(LowerCtx& cx, const Node& n, const Dims& d, const char* el
     k = bin("stablehlo.add", k, g, s0);
     return bin("stablehlo.remainder", k, ucon(cx, "18446744073709551615", {}), s0);
   });
-  int64_t numel = 1;
-  for (auto x : d) numel *= x;
+  int64_t numel = n.numel();  // d is the draw's shape or its flat form
   if (numel >= (int64_t(1) << kOffsetShift))
     op_error(n, "a random draw of " + std::to_string(numel) + " elements is too large (at most 2^40 - 1)");
   // z = base + i * G over the draw's elements, i = 0 .. numel - 1 in
@@ -168,21 +167,12 @@ int mantissa_bits(DType t) {
 
 DType compute_t(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
-// A draw is computed over its elements in a flat vector and reshaped at the
-// end: a reshape in the middle of the draw's elementwise ops made XLA's
-// simplifier move it past them one op per round, and its fix-point
-// pipeline ran extra rounds over the whole graph (RNG-heavy graphs then
-// compiled ~1.5x the instructions of the same graph without RNG).
-Dims flat(const Dims& d) {
-  int64_t numel = 1;
-  for (auto x : d) numel *= x;
-  return {numel};
-}
-
-// r (type t, flat dims fd) as the draw's shape d
-std::string shaped(LowerCtx& cx, const std::string& r, DType t, const Dims& fd, const Dims& d) {
-  return d == fd ? r : cx.reshape(r, t, fd, d);
-}
+// A draw is computed over its elements in a flat vector (Dims{n.numel()})
+// and reshaped at the end: a reshape in the middle of the draw's
+// elementwise ops made XLA's simplifier move it past them one op per round,
+// and its fix-point pipeline ran extra rounds over the whole graph
+// (RNG-heavy graphs then compiled ~1.5x the instructions of the same graph
+// without RNG).
 
 // Operands 0 (the state) and 1 (a stream or count: an int64 scalar).
 void check_state(const Node& n) {
@@ -222,7 +212,7 @@ TXC_OP("rng", 2,
            op_error(n, std::string("expected a floating-point dtype, got ") + dtype_name(n.dtype));
        },
        [](LowerCtx& cx, const Node& n) {
-         const Dims d = flat(n.dims);
+         const Dims d{n.numel()};
          DType c = compute_t(n.dtype);
          std::string ty = LowerCtx::type(c, d);
          double a = n.attr_float(3), b = n.attr_float(4);
@@ -261,7 +251,7 @@ TXC_OP("rng", 2,
            }
            default: op_error(n, "unknown distribution kind " + std::to_string(n.attr_int(0)));
          }
-         return shaped(cx, cx.convert(r, c, n.dtype, d), n.dtype, d, n.dims);
+         return cx.reshape(cx.convert(r, c, n.dtype, d), n.dtype, d, n.dims);
        });
 
 TXC_OP("rng_int", 2,
@@ -272,7 +262,7 @@ TXC_OP("rng_int", 2,
          if (is_complex(n.dtype)) op_error(n, "complex dtypes are not supported");
        },
        [](LowerCtx& cx, const Node& n) {
-         const Dims d = flat(n.dims);
+         const Dims d{n.numel()};
          uint64_t range = uint64_t(n.attr_int(3)) + 1;  // 0: all 2^64 values
          int64_t low = n.attr_int(2);
          bool wide = range == 0 || range >= (uint64_t(1) << 32);
@@ -293,7 +283,7 @@ TXC_OP("rng_int", 2,
            lc = cx.broadcast(lc, DType::I64, {}, d);
            r = cx.op("stablehlo.add", {r, lc}, {ity, ity}, ity);
          }
-         return shaped(cx, cx.convert(r, DType::I64, n.dtype, d), n.dtype, d, n.dims);
+         return cx.reshape(cx.convert(r, DType::I64, n.dtype, d), n.dtype, d, n.dims);
        });
 
 TXC_OP("rng_bernoulli", -1,
@@ -314,13 +304,13 @@ TXC_OP("rng_bernoulli", -1,
          const Dims& d = n.dims;
          bool has_p = n.operands.size() == 3;
          DType c = has_p && n.operands[2]->dtype == DType::F64 ? DType::F64 : DType::F32;
-         const Dims fd = flat(d);
+         const Dims fd{n.numel()};
          std::string u = uniform_bits(cx, n, fd, c, c == DType::F64 ? 53 : 24, false);
          std::string p = has_p ? cx.reshape(cx.coerce(n, 2, c, d), c, d, fd) : cx.constant(n.attr_float(2), c, fd);
          std::string r = cx.compare(u, p, c, fd, "LT");
          if (n.dtype != DType::Bool)
            r = cx.op("stablehlo.convert", {r}, {LowerCtx::type(DType::Bool, fd)}, LowerCtx::type(n.dtype, fd));
-         return shaped(cx, r, n.dtype, fd, d);
+         return cx.reshape(r, n.dtype, fd, d);
        });
 
 TXC_OP("rng_perm", 2,
