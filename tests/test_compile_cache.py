@@ -33,8 +33,8 @@ print(json.dumps({"loss": loss.item(), "compile": c.get("compile", 0),
 """
 
 
-def _run(cache_dir):
-    env = dict(os.environ, TXC_COMPILE_CACHE=str(cache_dir), PJRT_DEVICE="CPU")
+def _run(cache_dir, xla_flags=""):
+    env = dict(os.environ, TXC_COMPILE_CACHE=str(cache_dir), PJRT_DEVICE="CPU", XLA_FLAGS=xla_flags)
     r = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
@@ -46,9 +46,15 @@ def test_second_process_compiles_nothing_and_corrupt_entries_recompile(tmp_path)
     entries = sorted(tmp_path.glob("*.xexe"))
     assert len(entries) == cold["compile"]
 
-    warm, _ = _run(tmp_path)
+    warm, _ = _run(tmp_path, xla_flags="--xla_dump_to=" + str(tmp_path / "dump"))  # a dump flag: same code
     assert warm["compile"] == 0 and warm["hit"] == cold["compile"] and warm["miss"] == 0
     assert warm["loss"] == cold["loss"]
+
+    # a flag that changes the code XLA emits: another key, compiled, never the other flags' executable
+    fast, _ = _run(tmp_path, xla_flags="--xla_cpu_enable_fast_math=true")
+    assert fast["compile"] == cold["compile"] and fast["hit"] == 0 and fast["write"] == cold["compile"]
+    entries = sorted(tmp_path.glob("*.xexe"))
+    assert len(entries) == 2 * cold["compile"]
 
     for e in entries:  # flip a byte in every payload
         b = bytearray(e.read_bytes())

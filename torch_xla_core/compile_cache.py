@@ -9,7 +9,8 @@ that a second process (or a restarted job) loads instead of compiling.
 - Key: sha256 of the StableHLO text the executor compiles (which already
   holds the matmul precision, donation and memory kinds), the executor's Key
   fields, runtime.fingerprint() (jaxlib version, platform and its version,
-  device kind, compile options) and our version and C++ ABI flavor. A stale
+  device kind, compile options, XLA_FLAGS / LIBTPU_INIT_ARGS less dump and
+  log flags) and our version and C++ ABI flavor. A stale
   entry (another jaxlib, device or build) has another name and is never
   looked up; it ages out by eviction.
 - Graphs partitioned over a mesh (Key.spmd) are kept too: their key holds

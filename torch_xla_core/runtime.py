@@ -90,11 +90,33 @@ def _select_backend():
 
 
 def backend():
-    global _backend, _devices
+    global _backend, _devices, _flags
     if _backend is None:
+        _flags = compiler_flags()  # XLA reads them once, when its first client starts
         _backend = _select_backend()
         _devices = _backend.local_devices()
     return _backend
+
+
+_flags = None
+# Flags that change what XLA writes beside an executable (dumps, logs), not the executable
+_NOT_CODEGEN = ("--xla_dump", "--xla_log", "--xla_gpu_dump", "--xla_force_host_platform_device_count")
+
+
+def compiler_flags() -> str:
+    """The compiler flags in effect: XLA_FLAGS and LIBTPU_INIT_ARGS as the
+    backend saw them when it started, less those that only name dump and log
+    outputs (or the CPU device count, which the device kind and count
+    carry). A flag such as --xla_cpu_enable_fast_math changes the code XLA
+    emits, so the persistent compile cache keys on these."""
+    if _flags is not None:
+        return _flags
+    parts = []
+    for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
+        kept = [f for f in os.environ.get(var, "").split() if not f.startswith(_NOT_CODEGEN)]
+        if kept:
+            parts.append(f"{var}={' '.join(kept)}")
+    return ";".join(parts)
 
 
 def platform() -> str:
@@ -153,14 +175,15 @@ def deserialize(data: bytes, device_index: int = 0):
 
 def fingerprint(device_index: int = 0) -> str:
     """Everything besides the program that decides what an executable is:
-    jaxlib's version, the platform and its version, the device kind and the
-    compile options (the persistent compile cache keys on it)."""
+    jaxlib's version, the platform and its version, the device kind, the
+    compile options and the compiler flags (compiler_flags(); the
+    persistent compile cache keys on it)."""
     import jaxlib
 
     be = backend()
     d = devices()[device_index]
     return (f"jaxlib={jaxlib.__version__};platform={platform()};platform_version={be.platform_version};"
-            f"device_kind={d.device_kind};options={COMPILE_OPTIONS}")
+            f"device_kind={d.device_kind};options={COMPILE_OPTIONS};flags={compiler_flags()}")
 
 
 def scalar(value, dtype_code: int, device_index: int = 0):
