@@ -386,3 +386,46 @@ def test_walk_sees_attributes_buffers_and_shared_submodules(dev):
         shared.weight.data.mul_(2)  # the shared weight, written between calls
         torch.testing.assert_close(step(m, shared, x).cpu(), ref())
         assert calls["n"] == 2
+
+
+def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
+    """A replayed step's new grads (zero_grad set them to None): the grad
+    tensor the last step left takes the new value when nothing could tell it
+    from a new tensor (the same object: no tensor made and freed); one that is
+    held (a variable, a weak reference) or carries an attribute keeps its
+    values, and the parameter gets a new tensor, as in a traced step."""
+    import weakref
+    m = torch.nn.Linear(4, 3).to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    step = txc.compile(_train_step)
+    x, y = torch.randn(2, 4), torch.randn(2, 3)
+    for _ in range(3):
+        step(m, opt, x.to(dev), y.to(dev))
+
+    def replay_and_check():
+        w0, b0 = (p.detach().cpu().clone().requires_grad_() for p in (m.weight, m.bias))
+        F.mse_loss(x @ w0.T + b0, y).backward()
+        n = txc.metrics.counters().get("replay", 0)
+        step(m, opt, x.to(dev), y.to(dev))
+        assert txc.metrics.counters()["replay"] == n + 1
+        torch.testing.assert_close(m.weight.grad.cpu(), w0.grad)
+        torch.testing.assert_close(m.bias.grad.cpu(), b0.grad)
+
+    gid = id(m.weight.grad)
+    replay_and_check()
+    assert id(m.weight.grad) == gid  # nobody held it: it took the new value
+
+    held = m.weight.grad
+    before = held.cpu().clone()
+    replay_and_check()
+    assert m.weight.grad is not held and torch.equal(held.cpu(), before)
+    del held
+
+    ref = weakref.ref(m.weight.grad)
+    before = m.weight.grad.cpu().clone()
+    replay_and_check()
+    assert ref() is not m.weight.grad and (ref() is None or torch.equal(ref().cpu(), before))
+
+    m.weight.grad.tag = "mine"
+    replay_and_check()
+    assert not hasattr(m.weight.grad, "tag")

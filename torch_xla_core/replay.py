@@ -69,6 +69,7 @@ compiled function is not meant to be called from several threads at once."""
 import functools
 import gc
 import os
+import sys
 import types
 import warnings
 
@@ -360,15 +361,27 @@ class Compiled:
         if os.environ.get("TXC_REPLAY") == "0":  # trace every call (same lifting: same numerics)
             metrics.counter_add("replay_trace")
             return self._run(args, kwargs)
-        w = _walk(src, args, kwargs)
-        sig = w.signature()
+        # No garbage collection during the guard and a replay: they make ~1300 objects per step (the
+        # outputs' arrays) that live on and free as many, none of them garbage, yet crossing gen-0's
+        # threshold mid-step ran a collection over them every step (and promoted them, which made
+        # full collections ~200 ms every few hundred steps). Allocations and frees net out per step.
+        collecting = gc.isenabled()
+        if collecting:
+            gc.disable()
+        try:
+            w = _walk(src, args, kwargs)
+            sig = w.signature()
+            rec = self._recordings.get(sig) if w.refusal is None else None
+            if rec is not None:
+                out, why = self._replay(rec, w)
+                if why is None:
+                    return out
+        finally:
+            if collecting:
+                gc.enable()
         if w.refusal is not None:
             return self._traced(w.refusal, args, kwargs)
-        rec = self._recordings.get(sig)
         if rec is not None:
-            out, why = self._replay(rec, w)
-            if why is None:
-                return out
             return self._traced(why, args, kwargs)
         why = self._refused.get(sig)
         if why is not None:
@@ -596,7 +609,9 @@ class Compiled:
         outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
         del params  # (the inputs' buffers: donated ones must not stay referenced)
         plan.write(tensors, outs)
-        plan.set(w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None where they go
+        # new tensors (a grad after zero_grad) or None where they go; a grad that nobody else holds takes its
+        # new value in place of a new tensor
+        plan.set(tensors, w.kinds, w.owners, w.keys, outs, _grad_refs())
         if rec.rng_out is not None:
             _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
         if rec.checks:
@@ -604,6 +619,29 @@ class Compiled:
             _checks.computed(done)
         metrics.counter_add("replay")
         return _returned(rec, tensors, outs), None
+
+
+_grad_refs_seen = None
+
+
+def _grad_refs() -> int:
+    """The reference count of a grad tensor that only its parameter and one
+    list hold (what ReplayPlan.set, csrc/py/replay.cpp, checks before it
+    gives that tensor the step's new grad instead of making a new one):
+    torch 2.13 keeps a reference to the Python object of a tensor that C++
+    code holds. Measured once on a probe; 0 (never reuse) if the probe
+    cannot tell a grad that somebody else holds from one nobody does."""
+    global _grad_refs_seen
+    if _grad_refs_seen is None:
+        dev = torch.device("xla", 0)
+        p = torch.zeros(1, device=dev, requires_grad=True)
+        p.grad = torch.zeros(1, device=dev)
+        held = [p.grad]
+        alone = sys.getrefcount(held[0]) - 1  # (minus getrefcount's own argument)
+        g = p.grad  # noqa: F841  (somebody else holds it now)
+        other = sys.getrefcount(held[0]) - 1
+        _grad_refs_seen = alone if other == alone + 1 else 0
+    return _grad_refs_seen
 
 
 def _returned(rec, tensors, outs):

@@ -16,9 +16,9 @@
 //       held elsewhere (may not be donated), or -1
 //   ReplayPlan(binds, inplace, others, specs)   a recording's bindings and
 //       writes, converted once: .params(tensors, rng) the executable's
-//       arguments; .write(tensors, outs) the in-place writes; .set(kinds, owners, keys, outs)
-//       the outputs that are new tensors (a grad after zero_grad) put at
-//       their locations
+//       arguments; .write(tensors, outs) the in-place writes; .set(tensors, kinds, owners, keys,
+//       outs, grad_refs) the outputs that are new tensors (a grad after zero_grad) put at their
+//       locations, or held by the last step's grad tensor where nothing could tell
 //   replay_slot_kinds: the kind numbers of the walk's locations (Where)
 //   replay_walk_module(m, seen, sig, kinds, owners, keys, tensors)   a module's part of the
 //       walk (replay.py _Walk.module): per submodule, its number/string
@@ -44,17 +44,8 @@ uint16_t alias_op() {
   return id;
 }
 
-PyObject* lt_name() {
-  static PyObject* s = PyUnicode_InternFromString("_lt");
-  return s;
-}
-
-// The LazyTensor of an XlaTensor (its `_lt` slot).
-LazyTensor& lazy_of(py::handle t) {
-  py::object lt = py::reinterpret_steal<py::object>(PyObject_GetAttr(t.ptr(), lt_name()));
-  if (!lt) throw py::error_already_set();
-  return lazy_arg(lt);  // the tensor keeps it alive
-}
+// The LazyTensor of an XlaTensor (its `_lt` slot, read directly).
+LazyTensor& lazy_of(py::handle t) { return lazy_of_wrapper(t); }
 
 bool is_data(const NodePtr& v) { return v->op == data_op(); }
 
@@ -96,7 +87,7 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
       ++i;
       continue;
     }
-    int ok = PyObject_IsInstance(t.ptr(), xla_type.ptr());
+    int ok = is_wrapper(t) || PyObject_IsInstance(t.ptr(), xla_type.ptr());
     if (ok < 0) throw py::error_already_set();
     if (!ok) return py::make_tuple(py::none(), i);
     LazyTensor& lt = lazy_of(t);
@@ -281,8 +272,15 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
   Walk w{sig, kinds, owners, keys, tensors};
   py::object zero = py::int_(0);
   for (py::handle p : params) {
-    py::object st = py::reinterpret_steal<py::object>(PyObject_CallMethod(state.ptr(), "get", "O", p.ptr()));
-    if (!st) throw py::error_already_set();
+    py::object st;
+    if (PyDict_Check(state.ptr())) {  // (a defaultdict too: this reads without inserting, as get() does)
+      PyObject* v = PyDict_GetItemWithError(state.ptr(), p.ptr());
+      if (!v && PyErr_Occurred()) throw py::error_already_set();
+      st = v ? py::reinterpret_borrow<py::object>(v) : py::none();
+    } else {
+      st = py::reinterpret_steal<py::object>(PyObject_CallMethod(state.ptr(), "get", "O", p.ptr()));
+      if (!st) throw py::error_already_set();
+    }
     int truth = PyObject_IsTrue(st.ptr());
     if (truth < 0) throw py::error_already_set();
     if (!truth) {
@@ -296,7 +294,7 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
     py::dict entries = py::reinterpret_borrow<py::dict>(st);
     for (auto [k, v] : entries) {
       sig.append(k);
-      int xla = PyObject_IsInstance(v.ptr(), xla_type.ptr());
+      int xla = is_wrapper(v) || PyObject_IsInstance(v.ptr(), xla_type.ptr());
       if (xla < 0) throw py::error_already_set();
       if (xla)
         w.tensor(v, kState, st, k);
@@ -376,13 +374,21 @@ class ReplayPlan {
 
   // The other outputs: new tensors (or None) put at their locations (the
   // walk's kinds / owners / keys): a grad owner.grad, a buffer
-  // owner._buffers[key], optimizer state or group owner[key].
-  void set(py::list kinds, py::list owners, py::list keys, py::sequence outs) const {
+  // owner._buffers[key], optimizer state or group owner[key]. A grad that
+  // the last step left (tensors[i]) takes the new value instead where
+  // nothing could tell it from a new tensor (see reusable_grad; grad_refs
+  // is the reference count that means nobody else holds it, or 0).
+  void set(py::list tensors, py::list kinds, py::list owners, py::list keys, py::sequence outs,
+           Py_ssize_t grad_refs) const {
     static PyObject *grad = str("grad"), *buffers = str("_buffers");
     for (const Out& o : others_) {
       size_t i = size_t(o.i);
-      py::object t = o.fresh ? wrap(LazyTensor(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0))) : py::none();
       int kind = kinds[i].cast<int>();
+      if (o.fresh && kind == kGrad && reusable_grad(PyList_GET_ITEM(tensors.ptr(), i), o, grad_refs)) {
+        set_lazy(PyList_GET_ITEM(tensors.ptr(), i), LazyTensor(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0)));
+        continue;
+      }
+      py::object t = o.fresh ? wrap(LazyTensor(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0))) : py::none();
       PyObject *owner = PyList_GET_ITEM(owners.ptr(), i), *key = PyList_GET_ITEM(keys.ptr(), i);
       int rc;
       if (kind == kGrad) {
@@ -401,6 +407,33 @@ class ReplayPlan {
   }
 
  private:
+  struct Out;
+  // Whether the grad tensor `old` that the last step left can hold this
+  // step's grad (output o) in place of a new tensor, because nothing could
+  // tell the two apart: nobody but its parameter and the walk references it
+  // (Py_REFCNT == refs), it has no weak references and no attributes, and it
+  // is a contiguous non-view xla tensor of o's dtype and dims that does not
+  // require grad. Making a tensor and freeing the old one costs ~10 µs
+  // (torch's wrapper subclass), most of a replay's per-grad time.
+  static bool reusable_grad(PyObject* old, const Out& o, Py_ssize_t refs) {
+    static PyObject *requires_grad = str("requires_grad"), *is_contiguous = str("is_contiguous");
+    if (refs <= 0 || old == Py_None || Py_REFCNT(old) != refs || !is_wrapper(old)) return false;
+    PyTypeObject* tp = Py_TYPE(old);
+    if (tp->tp_weaklistoffset > 0 &&
+        *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(old) + tp->tp_weaklistoffset))
+      return false;
+    LazyTensor& lt = lazy_of_wrapper(old);
+    if (lt.is_view() || !lt.plain() || lt.value()->dtype != o.dtype || lt.value()->dims != o.dims) return false;
+    py::object d = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(old, nullptr));
+    if (!d) throw py::error_already_set();
+    if (PyDict_GET_SIZE(d.ptr())) return false;
+    py::object rg = py::reinterpret_steal<py::object>(PyObject_GetAttr(old, requires_grad));
+    if (!rg) throw py::error_already_set();
+    if (rg.ptr() != Py_False) return false;
+    py::object c = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(old, is_contiguous));
+    if (!c) throw py::error_already_set();
+    return c.ptr() == Py_True;
+  }
   enum Kind { kSlot, kConst, kRng };
   struct Bind {
     Kind kind;
@@ -428,7 +461,8 @@ void bind_replay(py::module_& m) {
            py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"))
       .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"))
       .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))
-      .def("set", &ReplayPlan::set, py::arg("kinds"), py::arg("owners"), py::arg("keys"), py::arg("outs"));
+      .def("set", &ReplayPlan::set, py::arg("tensors"), py::arg("kinds"), py::arg("owners"), py::arg("keys"),
+           py::arg("outs"), py::arg("grad_refs"));
   py::dict kinds;  // the Where values, for replay.py's own slots (arguments, optimizer group tensors)
   kinds["arg"] = int(kArg), kinds["param"] = int(kParam), kinds["grad"] = int(kGrad);
   kinds["buffer"] = int(kBuffer), kinds["state"] = int(kState), kinds["group"] = int(kGroup);

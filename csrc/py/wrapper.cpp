@@ -122,14 +122,18 @@ py::object wrap(LazyTensor&& t) {
     w = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_wrap.factory, args, 2, g_wrap.kwnames));
     if (!w) throw py::error_already_set();
   }
+  set_lazy(w, std::move(t));
+  return w;
+}
+
+void set_lazy(py::handle w, LazyTensor&& t) {
   py::object lt = py::reinterpret_steal<py::object>(new_lazy(std::move(t)));
-  if (g_wrap.lt_offset) {
+  if (g_wrap.lt_offset && is_wrapper(w)) {
     PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.ptr()) + g_wrap.lt_offset);
     Py_XSETREF(*slot, lt.release().ptr());
   } else if (PyObject_SetAttr(w.ptr(), g_wrap.lt_name, lt.ptr()) < 0) {
     throw py::error_already_set();
   }
-  return w;
 }
 
 NodePtr operand(py::handle h, bool& has_wrapped) {
