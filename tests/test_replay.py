@@ -389,11 +389,13 @@ def test_walk_sees_attributes_buffers_and_shared_submodules(dev):
 
 
 def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
-    """A replayed step's new grads (zero_grad set them to None): the grad
-    tensor the last step left takes the new value when nothing could tell it
-    from a new tensor (the same object: no tensor made and freed); one that is
-    held (a variable, a weak reference) or carries an attribute keeps its
-    values, and the parameter gets a new tensor, as in a traced step."""
+    """A replayed step's new grads (zero_grad set them to None): the last
+    step's grads are freed before the step runs, as zero_grad frees them (one
+    set of grads at the peak); the grad tensor takes the new value when
+    nothing could tell it from a new tensor (the same object: no tensor made
+    and freed); one that is held (a variable, a weak reference) or carries an
+    attribute keeps its values, and the parameter gets a new tensor, as in a
+    traced step."""
     import weakref
     m = torch.nn.Linear(4, 3).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
@@ -412,8 +414,20 @@ def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
         torch.testing.assert_close(m.bias.grad.cpu(), b0.grad)
 
     gid = id(m.weight.grad)
-    replay_and_check()
+    old_buffers = [weakref.ref(p.grad._lt.data) for p in m.parameters()]
+    alive_at_launch = []
+    real_run = executor.run_recorded
+
+    def run_recorded(*a, **k):  # (what a replay launches through)
+        alive_at_launch.extend(r() is not None for r in old_buffers)
+        return real_run(*a, **k)
+    executor.run_recorded = run_recorded
+    try:
+        replay_and_check()
+    finally:
+        executor.run_recorded = real_run
     assert id(m.weight.grad) == gid  # nobody held it: it took the new value
+    assert alive_at_launch == [False, False]  # the last step's grads were freed before this one ran
 
     held = m.weight.grad
     before = held.cpu().clone()
@@ -429,3 +443,30 @@ def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
     m.weight.grad.tag = "mine"
     replay_and_check()
     assert not hasattr(m.weight.grad, "tag")
+
+
+def test_a_failed_launch_leaves_the_replaced_grads_none(dev):
+    """If the replayed step fails at its launch, the grads it was to replace
+    are None (as after the zero_grad the step began with), none holds a
+    released buffer; the next call replays again."""
+    m = torch.nn.Linear(4, 3).to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    step = txc.compile(_train_step)
+    x, y = torch.randn(2, 4).to(dev), torch.randn(2, 3).to(dev)
+    for _ in range(3):
+        step(m, opt, x, y)
+    real_run = executor.run_recorded
+
+    def failing(*a, **k):
+        raise RuntimeError("injected launch failure")
+    executor.run_recorded = failing
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            step(m, opt, x, y)
+    finally:
+        executor.run_recorded = real_run
+    assert m.weight.grad is None and m.bias.grad is None
+    n = txc.metrics.counters().get("replay", 0)
+    step(m, opt, x, y)
+    step(m, opt, x, y)
+    assert m.weight.grad is not None and txc.metrics.counters()["replay"] >= n + 1

@@ -606,12 +606,17 @@ class Compiled:
             return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
         plan = rec.plan
         params = plan.params(tensors, st.data)
-        outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
+        # the grads this step replaces let their buffers go first, as zero_grad did in the recorded call (one
+        # set of grads at the peak, not two); one that nobody else holds is kept to take its new value
+        plan.release(tensors, w.kinds, _grad_refs())
+        try:
+            outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
+        except BaseException:
+            plan.unrelease(tensors, w.kinds, w.owners)
+            raise
         del params  # (the inputs' buffers: donated ones must not stay referenced)
         plan.write(tensors, outs)
-        # new tensors (a grad after zero_grad) or None where they go; a grad that nobody else holds takes its
-        # new value in place of a new tensor
-        plan.set(tensors, w.kinds, w.owners, w.keys, outs, _grad_refs())
+        plan.set(tensors, w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None
         if rec.rng_out is not None:
             _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
         if rec.checks:

@@ -16,8 +16,10 @@
 //       held elsewhere (may not be donated), or -1
 //   ReplayPlan(binds, inplace, others, specs)   a recording's bindings and
 //       writes, converted once: .params(tensors, rng) the executable's
-//       arguments; .write(tensors, outs) the in-place writes; .set(tensors, kinds, owners, keys,
-//       outs, grad_refs) the outputs that are new tensors (a grad after zero_grad) put at their
+//       arguments; .release(tensors, kinds, grad_refs) before the launch, the last step's grads
+//       that this one replaces let their buffers go (.unrelease(tensors, kinds, owners) if the
+//       launch fails); .write(tensors, outs) the in-place writes; .set(tensors, kinds, owners,
+//       keys, outs) the outputs that are new tensors (a grad after zero_grad) put at their
 //       locations, or held by the last step's grad tensor where nothing could tell
 //   replay_slot_kinds: the kind numbers of the walk's locations (Where)
 //   replay_walk_module(m, seen, sig, kinds, owners, keys, tensors)   a module's part of the
@@ -372,19 +374,44 @@ class ReplayPlan {
       lazy_of(tensors[size_t(o.i)]).assign(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0));
   }
 
+  // Before the launch: each grad that the last step left and that this step
+  // replaces (zero_grad set it to None in the recorded call) lets its buffer
+  // go, as zero_grad would have freed it before the backward, so that the
+  // step does not hold two sets of grads at its peak. Where nothing could
+  // tell it from a new tensor (reusable_grad; grad_refs is the reference
+  // count that means nobody else holds it, or 0), the tensor itself is kept
+  // to take the new grad (set), holding a placeholder meanwhile; a held grad
+  // keeps its value, as it would in a traced step.
+  void release(py::list tensors, py::list kinds, Py_ssize_t grad_refs) const {
+    for (const Out& o : others_) {
+      PyObject* old = PyList_GET_ITEM(tensors.ptr(), size_t(o.i));
+      if (o.fresh && kinds[size_t(o.i)].cast<int>() == kGrad && reusable_grad(old, o, grad_refs))
+        set_lazy(old, LazyTensor(make_py_data(py::none(), o.dtype, o.dims, 0)));
+    }
+  }
+
+  // The launch failed: the grads that release() emptied become None (as after
+  // zero_grad), none is left holding a placeholder.
+  void unrelease(py::list tensors, py::list kinds, py::list owners) const {
+    static PyObject* grad = str("grad");
+    for (const Out& o : others_) {
+      size_t i = size_t(o.i);
+      if (o.fresh && kinds[i].cast<int>() == kGrad && released(PyList_GET_ITEM(tensors.ptr(), i)) &&
+          PyObject_SetAttr(PyList_GET_ITEM(owners.ptr(), i), grad, Py_None) < 0)
+        throw py::error_already_set();
+    }
+  }
+
   // The other outputs: new tensors (or None) put at their locations (the
   // walk's kinds / owners / keys): a grad owner.grad, a buffer
-  // owner._buffers[key], optimizer state or group owner[key]. A grad that
-  // the last step left (tensors[i]) takes the new value instead where
-  // nothing could tell it from a new tensor (see reusable_grad; grad_refs
-  // is the reference count that means nobody else holds it, or 0).
-  void set(py::list tensors, py::list kinds, py::list owners, py::list keys, py::sequence outs,
-           Py_ssize_t grad_refs) const {
+  // owner._buffers[key], optimizer state or group owner[key]. A grad tensor
+  // that release() kept takes its new value instead.
+  void set(py::list tensors, py::list kinds, py::list owners, py::list keys, py::sequence outs) const {
     static PyObject *grad = str("grad"), *buffers = str("_buffers");
     for (const Out& o : others_) {
       size_t i = size_t(o.i);
       int kind = kinds[i].cast<int>();
-      if (o.fresh && kind == kGrad && reusable_grad(PyList_GET_ITEM(tensors.ptr(), i), o, grad_refs)) {
+      if (o.fresh && kind == kGrad && released(PyList_GET_ITEM(tensors.ptr(), i))) {
         set_lazy(PyList_GET_ITEM(tensors.ptr(), i), LazyTensor(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0)));
         continue;
       }
@@ -408,6 +435,12 @@ class ReplayPlan {
 
  private:
   struct Out;
+  // A grad tensor that release() emptied: its value a data node without a buffer.
+  static bool released(PyObject* t) {
+    if (t == Py_None || !is_wrapper(t)) return false;
+    const NodePtr& v = lazy_of_wrapper(t).value();
+    return is_data(v) && buffer_of(v) == Py_None;
+  }
   // Whether the grad tensor `old` that the last step left can hold this
   // step's grad (output o) in place of a new tensor, because nothing could
   // tell the two apart: nobody but its parameter and the walk references it
@@ -461,8 +494,10 @@ void bind_replay(py::module_& m) {
            py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"))
       .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"))
       .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))
+      .def("release", &ReplayPlan::release, py::arg("tensors"), py::arg("kinds"), py::arg("grad_refs"))
+      .def("unrelease", &ReplayPlan::unrelease, py::arg("tensors"), py::arg("kinds"), py::arg("owners"))
       .def("set", &ReplayPlan::set, py::arg("tensors"), py::arg("kinds"), py::arg("owners"), py::arg("keys"),
-           py::arg("outs"), py::arg("grad_refs"));
+           py::arg("outs"));
   py::dict kinds;  // the Where values, for replay.py's own slots (arguments, optimizer group tensors)
   kinds["arg"] = int(kArg), kinds["param"] = int(kParam), kinds["grad"] = int(kGrad);
   kinds["buffer"] = int(kBuffer), kinds["state"] = int(kState), kinds["group"] = int(kGroup);
