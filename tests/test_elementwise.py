@@ -80,6 +80,28 @@ def test_scalars_do_not_recompile(dev):
     assert txc.metrics.counters()["compile"] == 1
 
 
+def test_equal_numbers_share_a_parameter_and_the_sharing_is_part_of_the_graph(dev):
+    """Equal Python numbers in one graph read one parameter (an optimizer's
+    betas and eps appear once per parameter tensor); which numbers are equal
+    is part of the graph's identity, so a call whose numbers are equal in
+    another pattern compiles its own executable, never runs the other's."""
+    x_cpu = torch.randn(4)
+    x = x_cpu.to(dev)
+    txc.sync()
+    txc.executor.clear_cache()
+    txc.metrics.clear()
+
+    def f(t, a, b):
+        return t * a + t.cos() * b + (t * a).sin() * a
+
+    from torch_xla_core import debug
+    text = debug.stablehlo([f(x, 0.25, 0.25)])
+    assert text.split("@main(")[1].split(")")[0].count("%arg") == 2  # x and one 0.25
+    for a, b in ((2.0, 2.0), (2.0, 3.0), (5.0, 5.0), (7.0, 1.0), (-1.5, -1.5)):
+        torch.testing.assert_close(f(x, a, b).cpu(), f(x_cpu, a, b))
+    assert txc.metrics.counters()["compile"] == 2  # one per pattern: a == b, a != b
+
+
 _POW_BASES = {
     "int64": torch.tensor([-3, -1, 0, 1, 2, 3]), "int32": torch.tensor([-2, 0, 1, 2, 3, 4], dtype=torch.int32),
     "uint8": torch.tensor([0, 1, 2, 3, 4, 5], dtype=torch.uint8),

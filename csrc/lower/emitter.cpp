@@ -229,7 +229,7 @@ std::string LowerCtx::memo(const std::string& key, const std::function<std::stri
 
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
                         const std::vector<const Node*>& outputs, const LowerOptions& options,
-                        std::vector<int>* line_node) {
+                        std::vector<int>* line_node, const std::vector<std::pair<const Node*, int>>* shared) {
   struct PrecisionScope {
     std::string saved = t_precision_hlo;
     explicit PrecisionScope(const std::string& p) { t_precision_hlo = p; }
@@ -256,6 +256,8 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     }
     if (!attrs.empty()) sig += " {" + attrs + "}";
   }
+  if (shared)
+    for (auto [n, i] : *shared) cx.set_name(n, "%arg" + std::to_string(i));
   if (line_node) line_node->assign(2, -1);  // the module and func.func lines
   size_t counted = 0;
   for (int i : host_params) {

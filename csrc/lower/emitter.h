@@ -144,9 +144,11 @@ struct LowerOptions {
 // line_node, when given, receives for each line of the text (index = line
 // number - 1) the position in `order` of the node that emitted it, or -1: a
 // compiler error's line number then names the op at fault.
+// shared: nodes that read parameter i of another node (equal Python numbers).
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
                         const std::vector<const Node*>& outputs, const LowerOptions& options,
-                        std::vector<int>* line_node = nullptr);
+                        std::vector<int>* line_node = nullptr,
+                        const std::vector<std::pair<const Node*, int>>* shared = nullptr);
 
 inline const char* LowerCtx::comparison_type(DType t) {
   return is_floating(t) || is_complex(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";

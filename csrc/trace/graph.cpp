@@ -1,6 +1,7 @@
 // Graph cuts (see graph.h).
 #include "trace/graph.h"
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 #include <pybind11/stl.h>
 #include "ir/node_map.h"
@@ -17,6 +18,30 @@ static bool is_param(const Node& n) {
   static const uint16_t data = op_id("data"), scalar = op_id("scalar");
   return n.op == data || n.op == scalar;
 }
+
+namespace {
+// A Python number's parameter value: equal keys bind one buffer
+// (runtime.scalar caches it by dtype and value bits).
+struct ScalarKey {
+  uint64_t re, im;
+  DType dtype;
+  int16_t device;
+  bool operator==(const ScalarKey& o) const {
+    return re == o.re && im == o.im && dtype == o.dtype && device == o.device;
+  }
+};
+struct ScalarKeyHash {
+  size_t operator()(const ScalarKey& k) const {
+    return size_t(hash_mix(hash_mix(hash_mix(k.re, k.im), uint64_t(k.dtype)), uint64_t(uint16_t(k.device))));
+  }
+};
+ScalarKey scalar_key(const Node& n) {
+  ScalarKey k{0, 0, n.dtype, n.device};
+  std::memcpy(&k.re, &n.scalar, sizeof k.re);
+  std::memcpy(&k.im, &n.scalar_imag, sizeof k.im);
+  return k;
+}
+}  // namespace
 
 GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, int device) : all_live_(all_live) {
   static const uint16_t data = op_id("data");
@@ -88,6 +113,11 @@ void GraphCut::walk() {
     st[sp++] = Frame{n, 0, marked, hash_mix(0x6e6f6465ULL, n->hash)};
   };
   order_.reserve(w.last);
+  static const uint16_t scalar = op_id("scalar");
+  // Equal Python numbers share a parameter (an optimizer's betas, eps and lr
+  // appear once per parameter tensor: thousands of arguments otherwise). The
+  // sharing is part of the graph's hash: each number's parameter index.
+  std::unordered_map<ScalarKey, int, ScalarKeyHash> numbers;
   uint64_t h = 0x6772617068ULL;
   for (const auto& out : outputs_) {
     if (!pos.emplace(out.get(), -1).second) continue;
@@ -109,7 +139,14 @@ void GraphCut::walk() {
       int64_t p = int64_t(order_.size());
       h = hash_mix(h, f.entry);
       if (f.marked) *pos.find(n) = p;
-      if (is_param(*n)) params_.push_back(n);
+      if (n->op == scalar) {
+        auto [it, fresh] = numbers.emplace(scalar_key(*n), int(params_.size()));
+        if (fresh) params_.push_back(n);
+        else shared_.emplace_back(n, it->second);
+        h = hash_mix(h, uint64_t(it->second));
+      } else if (is_param(*n)) {
+        params_.push_back(n);
+      }
       order_.push_back(n);
       if (--sp) st[sp - 1].entry = hash_mix(st[sp - 1].entry, uint64_t(p));  // the parent's operand
     }
@@ -161,7 +198,7 @@ py::list GraphCut::annotations() const {
 std::string GraphCut::lower(const LowerOptions& options) const {
   std::vector<const Node*> outs;
   for (const auto& o : outputs_) outs.push_back(o.get());
-  return lower_graph(order_, params_, outs, options, &line_node_);
+  return lower_graph(order_, params_, outs, options, &line_node_, &shared_);
 }
 
 std::string GraphCut::text() const {

@@ -68,7 +68,7 @@ class GraphCut {
   // raises `message`; unless they were written since the cut.
   void poison(const std::vector<int>& roots, const std::string& message);
   // Parameters in order: a device buffer object, or (number, dtype code) for
-  // a Python number.
+  // a Python number (one per distinct number: equal ones share it).
   pybind11::list params() const;
   // The parameters and outputs that live outside device memory, as
   // ((param index, kind), ...), ((output index, kind), ...); () when all are
@@ -86,6 +86,9 @@ class GraphCut {
   std::vector<int> root_output_;
   std::vector<NodePtr> outputs_;
   std::vector<const Node*> order_, params_;
+  // Python numbers equal to an earlier one (dtype, value, device): they read
+  // that one's parameter (index) instead of one of their own.
+  std::vector<std::pair<const Node*, int>> shared_;
   uint64_t hash_ = 0;
   mutable std::vector<int> line_node_;  // from the last lower()
   bool all_live_ = false;
