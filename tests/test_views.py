@@ -375,3 +375,35 @@ def test_set_aliases_the_source(dev):
     assert p.shape == (0,)
     with pytest.raises(RuntimeError, match="Could not set|dtypes must match"):
         torch.zeros(2, device=dev).set_(torch.zeros(2, dtype=torch.int64, device=dev))
+
+
+@pytest.mark.parametrize("name", ["shift right", "shift rows", "transposed onto itself", "same elements",
+                                  "disjoint", "columns (not dense: allowed)"])
+def test_copy_between_overlapping_views_raises_as_on_cpu(dev, name):
+    """A copy whose source and destination overlap in part raises torch's
+    "single memory location" error as CPU does (the result would depend on
+    the order of element copies); the same elements, disjoint blocks and
+    views torch cannot judge (not dense blocks) copy, matching CPU."""
+    cases = {
+        "shift right": lambda x: x.view(-1).__setitem__(slice(5, 8), x.view(-1)[4:7]),
+        "shift rows": lambda x: x.__setitem__(slice(1, 3), x[0:2]),
+        "transposed onto itself": lambda x: x.view(4, 3).copy_(x.t()),
+        "same elements": lambda x: x.view(-1)[4:7].copy_(x.view(-1)[4:7]),
+        "disjoint": lambda x: x.view(-1).__setitem__(slice(0, 3), x.view(-1)[5:8]),
+        "columns (not dense: allowed)": lambda x: x.__setitem__((slice(None), slice(2, 4)), x[:, 0:2]),
+    }
+    f = cases[name]
+    cpu = torch.arange(12.0).reshape(3, 4)
+    try:
+        f(cpu)
+        cpu_err = None
+    except RuntimeError as e:
+        cpu_err = e
+    x = torch.arange(12.0).reshape(3, 4).to(dev)
+    if cpu_err is not None:
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            f(x)
+        torch.testing.assert_close(x.cpu(), torch.arange(12.0).reshape(3, 4))  # nothing written
+    else:
+        f(x)
+        torch.testing.assert_close(x.cpu(), cpu)

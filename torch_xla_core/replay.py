@@ -8,6 +8,10 @@ with the same signature do not run `fn`: they bind the inputs' current
 device buffers, execute, and write the outputs back (parameters, grads and
 optimizer state in place, the RNG state moved on, returned tensors new and
 detached). That skips Python tracing, the graph cut and the cache lookup.
+Grads that the step makes anew (after zero_grad) free the last step's
+buffers before the launch, as zero_grad did in the recorded call; the last
+step's grad tensor takes the new value when nothing could tell it from a
+new tensor (nobody else references it; ReplayPlan.release, replay.cpp).
 
 What the signature (the guard) holds, read at every call:
 - every tensor input's shape, dtype, requires_grad: the tensors in the
@@ -631,11 +635,10 @@ _grad_refs_seen = None
 
 def _grad_refs() -> int:
     """The reference count of a grad tensor that only its parameter and one
-    list hold (what ReplayPlan.set, csrc/py/replay.cpp, checks before it
-    gives that tensor the step's new grad instead of making a new one):
-    torch 2.13 keeps a reference to the Python object of a tensor that C++
-    code holds. Measured once on a probe; 0 (never reuse) if the probe
-    cannot tell a grad that somebody else holds from one nobody does."""
+    list hold (ReplayPlan.release checks it before that tensor takes the
+    step's new grad): torch 2.13 keeps a reference to the Python object of
+    a tensor that C++ holds. Measured once on a probe; 0 (never reuse) if
+    the probe cannot tell a grad somebody else holds from one nobody does."""
     global _grad_refs_seen
     if _grad_refs_seen is None:
         dev = torch.device("xla", 0)
