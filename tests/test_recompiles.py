@@ -69,6 +69,17 @@ def test_changed_matmul_precision_is_named(dev, explaining):
     assert _last().differences == ["matmul precision (torch.set_float32_matmul_precision): 'highest' -> 'high'"]
 
 
+def test_numbers_equal_in_another_pattern_are_named(dev, explaining):
+    """Equal Python numbers share a parameter; a call whose numbers are
+    equal in another pattern compiles, and the explanation names the number
+    that now reads its own parameter."""
+    x = torch.randn(4).to(dev)
+    for a, b in ((2.0, 2.0), (2.0, 3.0)):
+        (x * a + x.cos() * b).cpu()
+    d = _last().differences
+    assert len(d) == 1 and d[0].startswith("attributes of %") and "scalar: {arg 1} -> {arg 2}" in d[0], d
+
+
 def test_same_graph_twice_is_no_recompile(dev, explaining):
     w = torch.randn(3, 5).to(dev)
     for _ in range(3):

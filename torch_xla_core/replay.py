@@ -570,6 +570,7 @@ class Compiled:
             raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
                            f"outputs (their new values would be lost on replay)")
         rec.plan = _C.ReplayPlan(binds, rec.inplace, others, rec.specs)
+        _grad_refs()  # (its probe runs ops: here, not in a replay)
         return (None if transitional else rec), outs
 
     @staticmethod

@@ -202,7 +202,11 @@ std::string GraphCut::lower(const LowerOptions& options) const {
 }
 
 std::string GraphCut::text() const {
+  static const uint16_t scalar = op_id("scalar");
   std::unordered_map<const Node*, size_t> pos;
+  std::unordered_map<const Node*, int> arg;  // a Python number's parameter (equal numbers share one)
+  for (size_t i = 0; i < params_.size(); ++i) arg.emplace(params_[i], int(i));
+  for (auto [n, i] : shared_) arg.emplace(n, i);
   std::string s;
   for (size_t k = 0; k < order_.size(); ++k) {
     const Node& n = *order_[k];
@@ -211,7 +215,9 @@ std::string GraphCut::text() const {
     for (size_t i = 0; i < n.operands.size(); ++i)
       s += (i ? ", %" : "%") + std::to_string(pos.at(n.operands[i].get()));
     s += ")";
-    if (!n.attrs.empty()) {
+    if (n.op == scalar) {
+      s += " {arg " + std::to_string(arg.at(&n)) + "}";
+    } else if (!n.attrs.empty()) {
       s += " {";
       for (size_t i = 0; i < n.attrs.size(); ++i) {
         const Attr& a = n.attrs[i];
