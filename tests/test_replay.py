@@ -197,14 +197,20 @@ def test_global_tensor_and_module_are_inputs(dev):
     assert txc.metrics.counters()["replay"] == 2
 
 
-def test_copy_of_the_model_between_steps_keeps_its_values(dev):
-    """A replay that would donate a buffer someone else holds traces instead."""
-    m = torch.nn.Linear(4, 4).to(dev)
+def _sgd_linear_after_3_steps(dev, n_out=4):
+    """A Linear(4, n_out) with SGD, its compiled step recorded and replayed once."""
+    m = torch.nn.Linear(4, n_out).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
     step = txc.compile(_train_step)
-    x, y = torch.randn(2, 4).to(dev), torch.randn(2, 4).to(dev)
+    x, y = torch.randn(2, 4).to(dev), torch.randn(2, n_out).to(dev)
     for _ in range(3):
         step(m, opt, x, y)
+    return m, opt, step, x, y
+
+
+def test_copy_of_the_model_between_steps_keeps_its_values(dev):
+    """A replay that would donate a buffer someone else holds traces instead."""
+    m, opt, step, x, y = _sgd_linear_after_3_steps(dev)
     snap = copy.deepcopy(m)
     want = snap.weight.detach().cpu().clone()
     for _ in range(2):
@@ -449,12 +455,7 @@ def test_a_failed_launch_leaves_the_replaced_grads_none(dev):
     """If the replayed step fails at its launch, the grads it was to replace
     are None (as after the zero_grad the step began with), none holds a
     released buffer; the next call replays again."""
-    m = torch.nn.Linear(4, 3).to(dev)
-    opt = torch.optim.SGD(m.parameters(), lr=0.5)
-    step = txc.compile(_train_step)
-    x, y = torch.randn(2, 4).to(dev), torch.randn(2, 3).to(dev)
-    for _ in range(3):
-        step(m, opt, x, y)
+    m, opt, step, x, y = _sgd_linear_after_3_steps(dev, 3)
     real_run = executor.run_recorded
 
     def failing(*a, **k):

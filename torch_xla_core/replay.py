@@ -647,7 +647,7 @@ def _grad_refs() -> int:
         p.grad = torch.zeros(1, device=dev)
         held = [p.grad]
         alone = sys.getrefcount(held[0]) - 1  # (minus getrefcount's own argument)
-        g = p.grad  # noqa: F841  (somebody else holds it now)
+        held.append(p.grad)  # somebody else holds it now
         other = sys.getrefcount(held[0]) - 1
         _grad_refs_seen = alone if other == alone + 1 else 0
     return _grad_refs_seen
