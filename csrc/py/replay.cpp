@@ -46,9 +46,6 @@ uint16_t alias_op() {
   return id;
 }
 
-// The LazyTensor of an XlaTensor (its `_lt` slot, read directly).
-LazyTensor& lazy_of(py::handle t) { return lazy_of_wrapper(t); }
-
 bool is_data(const NodePtr& v) { return v->op == data_op(); }
 
 // The buffer object of a data node (borrowed from the node), or nullptr.
@@ -92,7 +89,7 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
     int ok = is_wrapper(t) || PyObject_IsInstance(t.ptr(), xla_type.ptr());
     if (ok < 0) throw py::error_already_set();
     if (!ok) return py::make_tuple(py::none(), i);
-    LazyTensor& lt = lazy_of(t);
+    LazyTensor& lt = lazy_of_wrapper(t);
     const NodePtr& v = lt.value();
     const void* key;
     bool view_entry = false;
@@ -133,7 +130,7 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
 bool ready(py::list tensors) {
   for (py::handle t : tensors) {
     if (t.is_none()) continue;
-    LazyTensor& lt = lazy_of(t);
+    LazyTensor& lt = lazy_of_wrapper(t);
     if (is_data(lt.value())) continue;
     if (lt.is_view() && alias_only(lt) && is_data(lt.storage()->value)) continue;
     return false;
@@ -143,7 +140,7 @@ bool ready(py::list tensors) {
 
 int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
   for (int64_t i : slots)
-    if (!data_exclusive(lazy_of(tensors[size_t(i)]))) return i;
+    if (!data_exclusive(lazy_of_wrapper(tensors[size_t(i)]))) return i;
   return -1;
 }
 
@@ -357,7 +354,7 @@ class ReplayPlan {
     for (const Bind& b : binds_) {
       PyObject* p;
       if (b.kind == kSlot) {
-        p = root_buffer(lazy_of(tensors[size_t(b.slot)]));
+        p = root_buffer(lazy_of_wrapper(tensors[size_t(b.slot)]));
         if (!p) throw std::runtime_error("replay: input slot " + std::to_string(b.slot) + " holds no device data");
       } else {
         p = b.kind == kConst ? b.buffer.ptr() : rng.ptr();
@@ -371,7 +368,7 @@ class ReplayPlan {
   // The in-place writes: each tensor's LazyTensor now holds its output.
   void write(py::list tensors, py::sequence outs) const {
     for (const Out& o : inplace_)
-      lazy_of(tensors[size_t(o.i)]).assign(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0));
+      lazy_of_wrapper(tensors[size_t(o.i)]).assign(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0));
   }
 
   // Before the launch: each grad that the last step left and that this step
@@ -385,7 +382,7 @@ class ReplayPlan {
   void release(py::list tensors, py::list kinds, Py_ssize_t grad_refs) const {
     for (const Out& o : others_) {
       PyObject* old = PyList_GET_ITEM(tensors.ptr(), size_t(o.i));
-      if (o.fresh && kinds[size_t(o.i)].cast<int>() == kGrad && reusable_grad(old, o, grad_refs))
+      if (new_grad(o, kinds) && reusable_grad(old, o, grad_refs))
         set_lazy(old, LazyTensor(make_py_data(py::none(), o.dtype, o.dims, 0)));
     }
   }
@@ -396,7 +393,7 @@ class ReplayPlan {
     static PyObject* grad = str("grad");
     for (const Out& o : others_) {
       size_t i = size_t(o.i);
-      if (o.fresh && kinds[i].cast<int>() == kGrad && released(PyList_GET_ITEM(tensors.ptr(), i)) &&
+      if (new_grad(o, kinds) && released(PyList_GET_ITEM(tensors.ptr(), i)) &&
           PyObject_SetAttr(PyList_GET_ITEM(owners.ptr(), i), grad, Py_None) < 0)
         throw py::error_already_set();
     }
@@ -411,7 +408,7 @@ class ReplayPlan {
     for (const Out& o : others_) {
       size_t i = size_t(o.i);
       int kind = kinds[i].cast<int>();
-      if (o.fresh && kind == kGrad && released(PyList_GET_ITEM(tensors.ptr(), i))) {
+      if (new_grad(o, kinds) && released(PyList_GET_ITEM(tensors.ptr(), i))) {
         set_lazy(PyList_GET_ITEM(tensors.ptr(), i), LazyTensor(make_py_data(outs[size_t(o.k)], o.dtype, o.dims, 0)));
         continue;
       }
@@ -435,6 +432,8 @@ class ReplayPlan {
 
  private:
   struct Out;
+  // Output o is a new grad (a grad slot's new tensor after zero_grad).
+  static bool new_grad(const Out& o, py::list kinds) { return o.fresh && kinds[size_t(o.i)].cast<int>() == kGrad; }
   // A grad tensor that release() emptied: its value a data node without a buffer.
   static bool released(PyObject* t) {
     if (t == Py_None || !is_wrapper(t)) return false;

@@ -128,7 +128,7 @@ py::object wrap(LazyTensor&& t) {
 
 void set_lazy(py::handle w, LazyTensor&& t) {
   py::object lt = py::reinterpret_steal<py::object>(new_lazy(std::move(t)));
-  if (g_wrap.lt_offset && is_wrapper(w)) {
+  if (g_wrap.lt_offset) {
     PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(w.ptr()) + g_wrap.lt_offset);
     Py_XSETREF(*slot, lt.release().ptr());
   } else if (PyObject_SetAttr(w.ptr(), g_wrap.lt_name, lt.ptr()) < 0) {

@@ -23,7 +23,7 @@ LazyTensor apply(uint16_t op, const py::tuple& operands, const py::tuple& attrs)
 // A view of base (an XlaTensor or a LazyTensor) through view op `op`.
 LazyTensor view_of(uint16_t op, py::handle base, const py::tuple& attrs);
 py::object wrap(LazyTensor&& t);             // a new XlaTensor holding t (a view: with its strides, offset)
-void set_lazy(py::handle w, LazyTensor&& t); // wrapper w now holds t (its `_lt`); w's sizes and strides stay
+void set_lazy(py::handle w, LazyTensor&& t); // XlaTensor w now holds t (its `_lt`); w's sizes and strides stay
 void keep_thread_state();
 void bind_wrapper(py::module_& m);           // configure_wrapper, op, view, wrap
 }  // namespace txc

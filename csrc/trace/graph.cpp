@@ -84,6 +84,7 @@ struct WalkScratch {
   NodeMap<int64_t> pos;      // marked nodes: post-order position (-1: not finished)
   std::vector<Frame> stack;
   size_t last = 0;           // the last walk's node count (the next one's size hint)
+  std::unordered_map<ScalarKey, int, ScalarKeyHash> numbers;  // Python numbers: their parameter index
 };
 // Not inlined: the walk then holds a plain pointer (inlined, the compiler
 // re-derives the thread-local address at every use, through __tls_get_addr).
@@ -117,7 +118,8 @@ void GraphCut::walk() {
   // Equal Python numbers share a parameter (an optimizer's betas, eps and lr
   // appear once per parameter tensor: thousands of arguments otherwise). The
   // sharing is part of the graph's hash: each number's parameter index.
-  std::unordered_map<ScalarKey, int, ScalarKeyHash> numbers;
+  auto& numbers = w.numbers;
+  numbers.clear();
   uint64_t h = 0x6772617068ULL;
   for (const auto& out : outputs_) {
     if (!pos.emplace(out.get(), -1).second) continue;
