@@ -146,7 +146,7 @@ def configure(device) -> None:
     global DEVICE
     DEVICE = device
     _C.configure_wrapper(XlaTensor, _mws, list(_TORCH), device, _operand_fallback)
-    _C.configure_dispatch(_entry)
+    _C.configure_dispatch(_entry, _check_writes)
 
 
 def op(name: str, *operands, attrs=()) -> XlaTensor:
@@ -236,8 +236,18 @@ _warned = set()
 
 
 def _entry(func):
-    """What the C++ dispatcher caches for func: its handler."""
-    return handler(func)
+    """What the C++ dispatcher caches for func: its handler, and whether it
+    checks first that no other argument partly overlaps the tensor an
+    in-place op writes (_ops.check_writes)."""
+    from . import _ops
+    h = handler(func)
+    return h, func in _ops.SELF_CHECKED
+
+
+def _check_writes(written, inputs):
+    """The dispatcher's overlap check of an in-place op (called from C++)."""
+    from ._ops import check_writes
+    check_writes(written, inputs)
 
 
 def handler(func):

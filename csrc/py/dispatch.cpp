@@ -2,6 +2,8 @@
 // torch calls it for every aten op on xla tensors: it is the per-op hot path.
 // The aten overload is looked up by identity in a table filled lazily from
 // Python (the resolver: func -> its handler, torch_xla_core/_tensor.py).
+// An in-place op's entry first checks, in C++, whether another argument
+// shares the written tensor's storage (then Python's overlap check runs).
 // A handler is a Mapping (py/mapping.h: an overload that is one core op,
 // run here without entering Python) or a Python function, called with
 // torch's own args tuple and kwargs dict.
@@ -19,12 +21,14 @@ struct Entry {
   py::object handler;  // a Mapping, or Python: handler(*args, **kwargs)
   const Mapping* mapping = nullptr;  // handler as a Mapping (it keeps it alive)
   uint32_t origin = 0;  // the overload's name as node provenance (origin_id)
+  bool check_self = false;  // an in-place op: torch's overlap check of args[0] against the others first
 };
 
 // Never destroyed: their Python references must not be dropped after the
 // interpreter has finalized.
 auto& g_table = *new std::unordered_map<PyObject*, Entry>();
-auto& g_resolver = *new py::object();  // Python: func -> handler
+auto& g_resolver = *new py::object();  // Python: func -> (handler, check_self)
+auto& g_check_writes = *new py::object();  // Python: check_writes(written, inputs), raises on a partial overlap
 // The last exception a handler raised on this thread (a new reference, or
 // null). torch's Python device guard runs Python while autograd unwinds from
 // a failed backward op and loses the pending exception on the way (the
@@ -58,10 +62,46 @@ Entry& entry_of(PyObject* func) {
   if (!g_resolver) throw std::runtime_error("torch_xla_core: the xla dispatcher is not configured");
   Entry e;
   e.func = py::reinterpret_borrow<py::object>(func);
-  e.handler = g_resolver(py::handle(func));
+  py::tuple r = g_resolver(py::handle(func));
+  e.handler = r[0];
+  e.check_self = r[1].cast<bool>();
   if (is_mapping(e.handler)) e.mapping = &mapping_of(e.handler);
   e.origin = origin_id(py::str(py::handle(func)).cast<std::string>());
   return g_table.emplace(func, std::move(e)).first->second;
+}
+
+// Whether an xla tensor among args[1:] (or in a list there) or the kwargs'
+// values shares the storage of args[0], the tensor an in-place op writes.
+bool shares_self(PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) == 0 || !is_wrapper(PyTuple_GET_ITEM(args, 0))) return false;
+  PyObject* self = PyTuple_GET_ITEM(args, 0);
+  for (Py_ssize_t i = 1, n = PyTuple_GET_SIZE(args); i < n; ++i)
+    if (shares_storage(self, PyTuple_GET_ITEM(args, i))) return true;
+  Py_ssize_t pos = 0;
+  PyObject *k, *v;
+  while (kwargs && PyDict_Next(kwargs, &pos, &k, &v))
+    if (shares_storage(self, v)) return true;
+  return false;
+}
+
+// torch's overlap check of an in-place op (Python check_writes, reached
+// only when an argument shares the written tensor's storage). False with a
+// Python error set when it raises.
+bool check_self(PyObject* args, PyObject* kwargs) {
+  if (!shares_self(args, kwargs)) return true;
+  try {
+    py::tuple t = py::reinterpret_borrow<py::tuple>(args);
+    py::list inputs;
+    for (size_t i = 1; i < t.size(); ++i) inputs.append(t[i]);
+    if (kwargs)
+      for (auto kv : py::reinterpret_borrow<py::dict>(kwargs)) inputs.append(kv.second);
+    g_check_writes(t[0], inputs);
+    return true;
+  } catch (py::error_already_set& err) {
+    err.restore();
+    note_handler_error();
+    return false;
+  }
 }
 
 // __torch_dispatch__(func, types, args, kwargs)
@@ -92,6 +132,7 @@ PyObject* torch_dispatch(PyObject*, PyObject* const* argv, Py_ssize_t n) {
     explicit OriginScope(uint32_t o) { t_origin = o; }
     ~OriginScope() { t_origin = saved; }
   } scope(e->origin);
+  if (e->check_self && !check_self(args, kwargs)) return nullptr;
   if (e->mapping) return e->mapping->call(args, kwargs);
   return call_handler(e->handler.ptr(), args, kwargs);
 }
@@ -127,11 +168,13 @@ void note_handler_error() {
 
 void bind_dispatch(py::module_& m) {
   m.add_object("torch_dispatch", py::reinterpret_steal<py::object>(PyCFunction_New(&g_dispatch_def, nullptr)));
-  m.def("configure_dispatch", [](py::object resolver) {
+  m.def("configure_dispatch", [](py::object resolver, py::object check_writes) {
           g_resolver = std::move(resolver);
+          g_check_writes = std::move(check_writes);
           g_table.clear();
         },
-        "Sets the resolver: aten overload -> its handler (a Mapping or a function); clears the table.");
+        "Sets the resolver: aten overload -> (its handler (a Mapping or a function), whether args[0] gets the "
+        "overlap check check_writes(args[0], other args) first); clears the table.");
   m.def("dispatch_clear", [] { g_table.clear(); }, "Forgets resolved overloads (after handlers change).");
   m.def("take_handler_error", [] {
           PyObject* e = t_last_error;

@@ -184,6 +184,17 @@ LazyTensor view_of(uint16_t op, py::handle base, const py::tuple& attrs) {
   return LazyTensor(b, make_node(op, {b.value()}, to_attrs(attrs)));
 }
 
+bool shares_storage(PyObject* w, PyObject* a) {
+  const void* s = lazy_of_wrapper(w).storage().get();
+  auto same = [&](PyObject* x) { return x != w && is_wrapper(x) && lazy_of_wrapper(x).storage().get() == s; };
+  if (PyList_Check(a) || PyTuple_Check(a)) {
+    for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(a); i < n; ++i)
+      if (same(PySequence_Fast_GET_ITEM(a, i))) return true;
+    return false;
+  }
+  return same(a);
+}
+
 static py::object result(LazyTensor&& t, bool lazy) {
   return lazy ? py::reinterpret_steal<py::object>(new_lazy(std::move(t))) : wrap(std::move(t));
 }
@@ -225,6 +236,17 @@ void bind_wrapper(py::module_& m) {
         "A view of base (an xla tensor or LazyTensor) through view op `op`: shares base's storage.");
   m.def("wrap", [](LazyTensor& t) { return wrap(t.alias()); },
         "An xla tensor sharing t's storage (and view chain).");
+  // The cheap first test of an out= op's overlap check
+  // (torch_xla_core/_ops/__init__.py check_writes): one pass, no Python per arg.
+  m.def("shares_storage", [](py::handle w, py::handle args) {
+          if (!is_wrapper(w)) return false;
+          for (py::handle a : args)
+            if (shares_storage(w.ptr(), a.ptr())) return true;
+          return false;
+        },
+        py::arg("written"), py::arg("args"),
+        "Whether an xla tensor in args (or in a list or tuple in args), other than `written` itself, shares "
+        "written's storage.");
 }
 
 }  // namespace txc

@@ -24,6 +24,9 @@ LazyTensor apply(uint16_t op, const py::tuple& operands, const py::tuple& attrs)
 LazyTensor view_of(uint16_t op, py::handle base, const py::tuple& attrs);
 py::object wrap(LazyTensor&& t);             // a new XlaTensor holding t (a view: with its strides, offset)
 void set_lazy(py::handle w, LazyTensor&& t); // XlaTensor w now holds t (its `_lt`); w's sizes and strides stay
+// Whether `a` (an arg of an op writing xla tensor w), or an element of a list
+// or tuple `a`, is an xla tensor other than w that shares w's storage.
+bool shares_storage(PyObject* w, PyObject* a);
 void keep_thread_state();
-void bind_wrapper(py::module_& m);           // configure_wrapper, op, view, wrap
+void bind_wrapper(py::module_& m);           // configure_wrapper, op, view, wrap, shares_storage
 }  // namespace txc

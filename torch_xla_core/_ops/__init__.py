@@ -131,7 +131,8 @@ def call(func, *args, **kwargs):
 
 
 def _functional_of(func):
-    """For `foo_.X` (in-place) or `foo.out` (out=), the functional overload."""
+    """For `foo_.X` (in-place) or `foo.out` (out=, whatever the overload's
+    name: linalg_inv_ex.inverse), the functional overload."""
     name, overload = func._schema.name.split("::")[1], func._overloadname
     if name.endswith("_") and not name.endswith("__"):
         name = name[:-1]
@@ -139,23 +140,60 @@ def _functional_of(func):
         overload = "default"
     elif overload.endswith("_out"):
         overload = overload[: -len("_out")]
+    elif any(a.kwarg_only and _written(a) for a in func._schema.arguments):
+        overload = None  # found by its arguments below
     else:
         return None
     packet = getattr(aten, name, None)
-    fn = getattr(packet, overload, None)
+    fn = getattr(packet, overload, None) if overload else None
     if func._overloadname == "out" and fn is not None and str(fn._schema.arguments[0].type) != "Tensor":
-        fn = getattr(packet, "Tensor", None)  # mul.out, div.out: mul.Tensor (mul.default takes numbers)
+        fn = getattr(packet, "Tensor", fn)  # mul.out, div.out: mul.Tensor (mul.default takes numbers)
+    if ((fn is None or not _takes_arguments_of(fn, func)) and packet is not None
+            and not name.startswith(("_foreach_", "_fused_"))):
+        # sum.IntList_out: sum.dim_IntList; pow_.Tensor: pow.Tensor_Tensor; arange.start_out: arange.start_step
+        fn = next((f for f in (getattr(packet, ov) for ov in packet.overloads()) if _takes_arguments_of(f, func)),
+                  None)
     return fn
 
 
+def _written(a) -> bool:
+    return a.alias_info is not None and a.alias_info.is_write
+
+
+def _takes_arguments_of(fn, func) -> bool:
+    """Whether fn, not an out= overload itself, takes func's arguments (less
+    its out= ones), in order, as func names and types them, plus only
+    keyword-only ones (a factory's dtype=, device=): func's functional form."""
+    want = [(a.name, str(a.type)) for a in func._schema.arguments if not (a.kwarg_only and _written(a))]
+    have = [(a.name, str(a.type)) for a in fn._schema.arguments]
+    extra = [a for a in fn._schema.arguments if a.kwarg_only and (a.name, str(a.type)) not in want]
+    return (fn is not func and not any(a.kwarg_only and _written(a) for a in fn._schema.arguments)
+            and len(have) == len(want) + len(extra) and [h for h in have if h in want] == want)
+
+
 def _mutated_args(func):
-    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    """The args func writes: (position, None) or, for a keyword-only one (out=), (None, name)."""
+    return [(None, a.name) if a.kwarg_only else (i, None) for i, a in enumerate(func._schema.arguments)
+            if _written(a)]
+
+
+# In-place overloads whose handler resolve() derived and that get torch's
+# overlap check of self against their other args: the C++ dispatcher runs it
+# (csrc/py/dispatch.cpp; one pass over the args, no Python frame per op).
+SELF_CHECKED = set()
 
 
 def resolve(func):
+    """The handler of an overload that has none registered (see the module doc)."""
+    return _overlap_checked(func, _derive(func))
+
+
+def _derive(func):
     fn = _functional_of(func)
-    if fn is not None and fn is not func and (fn in HANDLERS or fn in _decomps()):
-        base = HANDLERS.get(fn) or _decomposed(fn)
+    if fn is not None and fn is not func and (fn in HANDLERS or fn in _decomps() or not _is_view(fn)):
+        # in-place and out= variants: the functional overload's handler (whichever way it resolves), then
+        # the write; a view's (detach_) only where it has a handler of its own
+        base = _tensor.handler(fn)
         if func._schema.name.endswith("_"):
             return _inplace(base)
         return _out(base, func)
@@ -164,6 +202,10 @@ def resolve(func):
     if func in _decomps():
         return _decomposed(func)
     return _fallback(func)
+
+
+def _is_view(fn) -> bool:
+    return bool(fn._schema.returns) and fn._schema.returns[0].alias_info is not None
 
 
 def _composite(func):
@@ -213,28 +255,126 @@ def _inplace(base):
     return h
 
 
+_OUT_DTYPE = frozenset({"aten::sum", "aten::prod", "aten::cumsum", "aten::cumprod"})
+
+
 def _out(base, func):
-    names = [a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    names = [n for _, n in _mutated_args(func) if n is not None]
     fn = _functional_of(func)
     # a factory's out= variant (linspace.out, ...) makes its result on out's device
     factory = fn is not None and any(a.name == "device" for a in fn._schema.arguments)
+    # sum/prod/cumsum/cumprod(x, out=o) compute in o's dtype, as CPU does (it casts x first: a float x into an
+    # int64 o sums truncated values), unless dtype= says otherwise
+    in_out_dtype = fn is not None and fn._schema.name in _OUT_DTYPE
+
+    returns = bool(func._schema.returns)
 
     def h(*args, **kwargs):
-        outs = [kwargs.pop(n) for n in names]
+        given = [kwargs.pop(n) for n in names]
+        # one Tensor[] out= (unbind_copy.out, split_with_sizes_copy.out): its tensors, one per result
+        outs = list(given[0]) if len(given) == 1 and isinstance(given[0], (list, tuple)) else given
         if factory and kwargs.get("device") is None:
             kwargs["device"] = outs[0].device
+        if in_out_dtype and kwargs.get("dtype") is None:
+            kwargs["dtype"] = outs[0].dtype
         r = base(*args, **kwargs)
         rs = r if isinstance(r, (tuple, list)) else (r,)
+        if len(rs) != len(outs):
+            raise RuntimeError(f"{func._schema.name}: expected {len(rs)} tensors in out=, got {len(outs)}")
         for o, x in zip(outs, rs):
             if tuple(o.shape) != tuple(x.shape):
+                _check_cast(x.dtype, o.dtype)
                 _tensor.set_meta(o, x.shape)
                 lt = x._lt if o.dtype == x.dtype else convert(x, o.dtype)._lt
                 # o is contiguous: a view result gets a storage of its own
                 o._lt = _tensor._make(OP.alias, (lt,), ()) if lt.is_view else lt.alias()
             else:
                 assign(o, x)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        if not returns:
+            return None
+        return given[0] if len(given) == 1 else tuple(given)
     return h
+
+
+# Ops whose in-place and out= variants torch computes as if every input were
+# read before the write, with no overlap check (as CPU does,
+# tests/test_overlap.py): products and solvers written through a separate
+# result, and ops that read a tensor arg as a number (masked_fill's and
+# index_fill's value). Reductions (torch.Tag.reduction) and composite
+# overloads (torch runs the ops they are made of, checked or not each) too.
+_COPY_FIRST = frozenset({"mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "mv", "dot", "vdot", "ormqr", "ldexp",
+                         "linalg_lu_solve", "linalg_householder_product", "slice_scatter", "masked_scatter",
+                         "masked_fill", "index_fill"})
+
+
+def _overlap_checked(func, h):
+    """h, with torch's overlap check first where func writes an argument
+    (in-place, out=) that it also reads others for: a written tensor that
+    partly overlaps another tensor argument raises, as on CPU, instead of a
+    result computed as if the inputs were copied first. An op that writes
+    only its self (add_) keeps h: the dispatcher checks it (SELF_CHECKED)."""
+    writes = _mutated_args(func)
+    name = func._schema.name.split("::")[1]
+    if (not writes or name.rstrip("_") in _COPY_FIRST or name.startswith("_foreach_")
+            or torch.Tag.reduction in func.tags
+            or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")):
+        return h
+
+    if writes == [(0, None)]:
+        SELF_CHECKED.add(func)
+        return h
+
+    def checked(*args, **kwargs):
+        inputs = args + tuple(kwargs.values()) if kwargs else args
+        for i, n in writes:
+            w = args[i] if i is not None and i < len(args) else kwargs.get(n)
+            if isinstance(w, XlaTensor):
+                check_writes(w, inputs)
+        return h(*args, **kwargs)
+    return checked
+
+
+def _dense(t) -> bool:
+    """t's elements fill a block of its storage, each once (torch's
+    is_non_overlapping_and_dense): strides, smallest first, are the running
+    product of the sizes (dims of size 1 aside)."""
+    expect = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def check_no_partial_overlap(dst, src) -> None:
+    """torch's check before writing into dst from src (at::assert_no_partial_overlap):
+    two views of one storage whose memory blocks overlap without being the
+    same elements raise, as on CPU and CUDA, instead of a result that
+    depends on the order of the element writes. Views that are not dense
+    blocks are torch's "too hard" case: allowed, as there."""
+    if dst._lt.storage_id != src._lt.storage_id or dst.numel() == 0 or src.numel() == 0:
+        return
+    if not (_dense(dst) and _dense(src)):
+        return
+    a0, b0 = dst.storage_offset() * dst.element_size(), src.storage_offset() * src.element_size()
+    a1, b1 = a0 + dst.numel() * dst.element_size(), b0 + src.numel() * src.element_size()
+    if (a0, a1) == (b0, b1) and dst.stride() == src.stride():
+        return
+    if a0 < b1 and b0 < a1:
+        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
+                           "refer to a single memory location. Please clone() the tensor before performing the "
+                           "operation.")
+
+
+def check_writes(written, inputs) -> None:
+    """The overlap check of an op that writes `written` after reading
+    `inputs` (its other args: tensors, numbers, lists of tensors): one C++
+    pass finds whether any input shares written's storage at all."""
+    if _C.shares_storage(written, inputs):
+        for a in inputs:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, XlaTensor) and t is not written:
+                    check_no_partial_overlap(written, t)
 
 
 def convert(x: XlaTensor, dtype: torch.dtype) -> XlaTensor:
@@ -250,9 +390,7 @@ def assign(self: XlaTensor, r) -> None:
     if not isinstance(r, XlaTensor):
         r = full_like(self, r)
     if r.dtype != self.dtype:
-        if not torch.can_cast(r.dtype, self.dtype):
-            raise RuntimeError(f"result type {_tname(r.dtype)} can't be cast to the desired output type "
-                               f"{_tname(self.dtype)}")
+        _check_cast(r.dtype, self.dtype)
         r = convert(r, self.dtype)
     if r.shape != self.shape:
         try:
@@ -265,6 +403,12 @@ def assign(self: XlaTensor, r) -> None:
         r = _tensor.wrap(_tensor._view(_tensor.OP.expand, r._lt, (list(self.shape),)))
         r = _tensor.op("alias", r)
     self._lt.assign(r._lt)
+
+
+def _check_cast(result, out) -> None:
+    """torch's rule for writing a result of dtype `result` into a tensor of dtype `out`."""
+    if result != out and not torch.can_cast(result, out):
+        raise RuntimeError(f"result type {_tname(result)} can't be cast to the desired output type {_tname(out)}")
 
 
 def _tname(dt):
@@ -317,13 +461,23 @@ def _fallback(func):
         flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
         cpu_flat = [to_cpu(x) for x in flat]
         cargs, ckwargs = torch.utils._pytree.tree_unflatten(cpu_flat, spec)
-        if mutated:  # host copies the CPU kernel may write and resize (a view of device memory may not be resized)
-            cargs = list(cargs)
-            for i in mutated:
-                if i < len(cargs) and isinstance(cargs[i], torch.Tensor):
-                    cargs[i] = cargs[i].clone()
-                elif i < len(cargs) and isinstance(cargs[i], (list, tuple)):
-                    cargs[i] = [c.clone() if isinstance(c, torch.Tensor) else c for c in cargs[i]]
+        cargs, written = list(cargs), []  # written: (xla arg, its host copy), a Tensor or a Tensor[] each
+        for i, n in mutated:  # host copies the CPU kernel may write and resize (device memory's view may not)
+            if i is not None and i < len(args):
+                x, c = args[i], cargs[i]
+            elif n in kwargs:
+                x, c = kwargs[n], ckwargs[n]
+            else:
+                continue
+            if isinstance(c, torch.Tensor):
+                c = c.clone()
+            elif isinstance(c, (list, tuple)):
+                c = [t.clone() if isinstance(t, torch.Tensor) else t for t in c]
+            if i is not None and i < len(args):
+                cargs[i] = c
+            else:
+                ckwargs[n] = c
+            written.append((x, c))
         try:
             with _cpu_view_keys():
                 r = func(*cargs, **ckwargs)
@@ -331,21 +485,19 @@ def _fallback(func):
             raise NotImplementedError(f"{func._schema.name} is not supported on the xla device: it has no XLA lowering "
                                       f"and no CPU fallback ({e})") from None
         try:
-            # Write back mutated arguments.
-            for i in mutated:  # a Tensor or a Tensor[] (foreach, fused optimizers)
-                if i < len(args) and isinstance(args[i], XlaTensor):
-                    if args[i].shape != cargs[i].shape:  # resized by the kernel
-                        _tensor.set_meta(args[i], cargs[i].shape)
-                        args[i]._lt = _tensor.from_cpu(cargs[i])._lt
+            mine = {}  # id(host copy) -> the xla tensor it is written back to (and returned as)
+            for x, c in written:  # (foreach and fused optimizers write Tensor[]s)
+                for xt, ct in (zip(x, c) if isinstance(x, (list, tuple)) else ((x, c),)):
+                    if not isinstance(xt, XlaTensor):
+                        continue
+                    if xt.shape != ct.shape:  # resized by the kernel
+                        _tensor.set_meta(xt, ct.shape)
+                        xt._lt = _tensor.from_cpu(ct)._lt
                     else:
-                        assign(args[i], _tensor.from_cpu(cargs[i]))
-                elif i < len(args) and isinstance(args[i], (list, tuple)):
-                    for x, c in zip(args[i], cargs[i]):
-                        if isinstance(x, XlaTensor):
-                            assign(x, _tensor.from_cpu(c))
-            if mutated and isinstance(r, torch.Tensor) and r is cargs[mutated[0]]:
-                return args[mutated[0]]
-            return torch.utils._pytree.tree_map(to_xla, r)
+                        assign(xt, _tensor.from_cpu(ct))
+                    mine[id(ct)] = xt
+            return torch.utils._pytree.tree_map(
+                lambda t: mine[id(t)] if id(t) in mine else to_xla(t), r)
         except UnsupportedDtype as e:  # a complex result (torch.complex, fft, view_as_complex)
             raise e.at(func._schema.name) from None
     return h

@@ -4,7 +4,7 @@ import torch
 
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, XlaTensor, _make, _op, v, wrap
-from . import XLA, Arg, aten, call, convert, impl, mapping
+from . import XLA, Arg, aten, call, check_no_partial_overlap, convert, impl, mapping
 
 
 # Overloads that are one core op: mapping() rows (the C++ fast path and the
@@ -289,38 +289,6 @@ def clone(x, *, memory_format=None):
     return _op(OP.alias, (x._lt,), ())
 
 
-def _dense(t) -> bool:
-    """t's elements fill a block of its storage, each once (torch's
-    is_non_overlapping_and_dense): strides, smallest first, are the running
-    product of the sizes (dims of size 1 aside)."""
-    expect = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expect:
-            return False
-        expect *= size
-    return True
-
-
-def _check_no_partial_overlap(dst, src) -> None:
-    """torch's check before writing src into dst (at::assert_no_partial_overlap):
-    two views of one storage whose memory blocks overlap without being the
-    same elements raise, as on CPU and CUDA, instead of a result that
-    depends on the order of the element copies. Views that are not dense
-    blocks are torch's "too hard" case: allowed, as there."""
-    if dst._lt.storage_id != src._lt.storage_id or dst.numel() == 0 or src.numel() == 0:
-        return
-    if not (_dense(dst) and _dense(src)):
-        return
-    a0, b0 = dst.storage_offset() * dst.element_size(), src.storage_offset() * src.element_size()
-    a1, b1 = a0 + dst.numel() * dst.element_size(), b0 + src.numel() * src.element_size()
-    if (a0, a1) == (b0, b1) and dst.stride() == src.stride():
-        return
-    if a0 < b1 and b0 < a1:
-        raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor "
-                           "refer to a single memory location. Please clone() the tensor before performing the "
-                           "operation.")
-
-
 @impl(aten.copy_.default)
 def copy_(dst, src, non_blocking=False):
     from .. import _tensor
@@ -328,7 +296,7 @@ def copy_(dst, src, non_blocking=False):
     if isinstance(src, XlaTensor):
         if isinstance(dst, XlaTensor):
             if dst is not src:
-                _check_no_partial_overlap(dst, src)
+                check_no_partial_overlap(dst, src)
             src = _tensor.move(src, _tensor.index_of(dst))  # copy_ may cross devices, as in torch
             assign(dst, src if src.dtype == dst.dtype else convert(src, dst.dtype))
             return dst

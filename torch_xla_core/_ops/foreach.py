@@ -17,7 +17,7 @@ with a fused optimizer is a sync-free step (the non-fused path reads found_inf
 with .item() in torch's GradScaler)."""
 import torch
 
-from . import assign, impl
+from . import assign, check_writes, impl
 
 aten = torch.ops.aten
 
@@ -73,6 +73,7 @@ def _register(func):
     if inplace:
         def h(*args, **kwargs):
             for j, a in enumerate(elements(args)):
+                check_writes(a[0], a[1:])
                 assign(args[0][j], base(*a, **kwargs))
     else:
         def h(*args, **kwargs):

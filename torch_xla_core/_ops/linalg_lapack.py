@@ -19,11 +19,11 @@ independent LAPACK potrf calls on 8x64x64 batches (plain jax.jit of the same
 function hangs too); a few per program, as a training step has, run fine."""
 import torch
 
-from .. import _checks, runtime
+from .. import _checks, _tensor, runtime
 from .._tensor import XlaTensor
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
-from . import aten, impl
+from . import _functional_of, _out, aten, impl
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -367,3 +367,26 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     if m > n and driver != "gelsy" and (driver == "gels" or bool((rank == n).all().item())):
         return x, res, rank, sv
     return x, empty(), rank, sv
+
+
+# torch.linalg.matrix_rank(x, out=o): torch's composite kernel for the out=
+# overloads, given a tensor subclass, rebinds its C++ `result` to a new sum
+# instead of writing it, so `o` kept its old values (torch 2.13,
+# linalg_matrix_rank_out). A composite kernel runs above __torch_dispatch__;
+# one registered on the xla device's autograd key comes first: it runs the
+# functional overload and writes o, as the other out= overloads do (_out).
+def _matrix_rank_out_kernel(func):
+    h = None
+
+    def kernel(*args, **kwargs):
+        nonlocal h
+        if h is None:
+            h = _out(_tensor.handler(_functional_of(func)), func)
+        return h(*args, **kwargs)
+    return kernel
+
+
+_LIB = torch.library.Library("aten", "IMPL")
+for _ov in ("out", "out_tol_tensor", "atol_rtol_tensor_out", "atol_rtol_float_out"):
+    _LIB.impl(f"linalg_matrix_rank.{_ov}", _matrix_rank_out_kernel(getattr(aten.linalg_matrix_rank, _ov)),
+              "AutogradPrivateUse1")

@@ -24,7 +24,7 @@ import math
 import torch
 
 from .._tensor import OP, XlaTensor, _make, _op
-from . import XLA, aten, convert, impl, mapping
+from . import XLA, aten, assign, convert, impl, mapping
 from . import special_bessel as _bessel_fns
 from . import special_polynomials as _poly
 
@@ -71,6 +71,12 @@ def polygamma(n, x):
     if n == 0:
         return _op(OP.digamma, (x._lt,), ())
     return _jax(_j_polygamma, x, n=n)
+
+
+@impl(aten.polygamma_.default)
+def polygamma_(x, n):  # (self first: the functional takes n first, so resolve() cannot pair them)
+    assign(x, polygamma(n, x))
+    return x
 
 
 @impl(aten.round.decimals)
