@@ -118,3 +118,27 @@ def test_tied_weights_stay_tied_after_to_xla_and_train_like_cpu(dev):
     assert lx == pytest.approx(lc, rel=1e-4, abs=1e-5)
     torch.testing.assert_close(xla.emb.weight.cpu(), cpu.emb.weight, atol=1e-5, rtol=1e-4)
     assert xla.out.weight is xla.emb.weight
+
+
+def test_to_xla_with_swap_module_params_on_conversion(dev):
+    """torch.__future__.set_swap_module_params_on_conversion(True) (torch's
+    swap_tensors path) still moves a model to xla: parameters (tied ones
+    tied), buffers, numerics as CPU; the flag is left as the user set it, and
+    a CPU -> CPU conversion still swaps."""
+    torch.manual_seed(0)
+    cpu = _TiedLM()
+    was = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        m = copy.deepcopy(cpu).to(dev)
+        assert torch.__future__.get_swap_module_params_on_conversion()
+        assert all(isinstance(p, torch.nn.Parameter) and p.device.type == "xla" for p in m.parameters())
+        assert m.out.weight is m.emb.weight and len(list(m.parameters())) == 3
+        tokens = torch.randint(0, 20, (4, 6))
+        torch.testing.assert_close(m(tokens.to(dev)).cpu(), cpu(tokens), atol=1e-5, rtol=1e-5)
+        half = copy.deepcopy(cpu)
+        w = half.mix.weight
+        half.half()
+        assert w.dtype == torch.float16  # (swapped in place: the old object is the converted one)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(was)

@@ -6,7 +6,9 @@ which set_data cannot take, so torch makes a new Parameter per module and a
 shared one would silently become two, trained apart (Adam then differs from
 CPU). This wraps nn.Module._apply: at the outermost call it notes which
 modules share a Parameter (or buffer) and, after the move, binds them all to
-the first one's moved tensor again when it is an xla tensor."""
+the first one's moved tensor again when it is an xla tensor. With torch's
+swap_module_params_on_conversion on, a move to xla takes torch's default
+path (a CPU Parameter cannot be swapped with an xla one)."""
 import collections
 import threading
 
@@ -32,7 +34,19 @@ def _apply(self, fn, *args, **kwargs):
     groups = _shared(self)
     _local.inside = True
     try:
-        out = _orig_apply(self, fn, *args, **kwargs)
+        try:
+            out = _orig_apply(self, fn, *args, **kwargs)
+        except RuntimeError as e:
+            # torch.__future__.set_swap_module_params_on_conversion(True): swap_tensors cannot turn a CPU
+            # Parameter into an xla one (the class layouts differ: XlaTensor keeps `_lt` in a slot), and fails
+            # at the first tensor moved, before any other moved; torch's default path moves them instead
+            if "Couldn't swap" not in str(e) or not torch.__future__.get_swap_module_params_on_conversion():
+                raise
+            torch.__future__.set_swap_module_params_on_conversion(False)
+            try:
+                out = _orig_apply(self, fn, *args, **kwargs)
+            finally:
+                torch.__future__.set_swap_module_params_on_conversion(True)
     finally:
         _local.inside = False
     from ._tensor import XlaTensor
