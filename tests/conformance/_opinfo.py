@@ -16,8 +16,10 @@ view_as_real). Random ops (RANDOM) are compared by
 shape, dtype and device only. Tolerances: the OpInfo's own CPU overrides for
 the dtype where it declares any, else FLOOR_TOL; never below FLOOR_TOL.
 
-Mode (env TXC_CONFORMANCE): "ci" (default): float32 forward on the first 16
-samples of each op plus the first applicable backward sample; "full": every
+Mode (env TXC_CONFORMANCE): "ci" (default): float32 and int64 forward on the
+first 16 samples of each op plus the first applicable float32 backward
+sample (a float output of an int64 case is compared with the float
+tolerance); "full": every
 sample forward and backward in float32, bfloat16 and int64 where the op
 supports the dtype;
 "off": nothing is collected. TXC_CONFORMANCE_MAX_SAMPLES bounds the samples
@@ -44,12 +46,13 @@ MODE = os.environ.get("TXC_CONFORMANCE", "ci")
 # CI mode runs the first 16 forward samples of an op (a few ops have hundreds:
 # max_pool2d 1440, logspace 1201); full mode all of them.
 MAX_SAMPLES = int(os.environ.get("TXC_CONFORMANCE_MAX_SAMPLES", "16" if MODE == "ci" else "0"))
-DTYPES = {"ci": (torch.float32,), "full": (torch.float32, torch.bfloat16, torch.int64), "off": ()}
+DTYPES = {"ci": (torch.float32, torch.int64), "full": (torch.float32, torch.bfloat16, torch.int64), "off": ()}
 
 # (atol, rtol): XLA:CPU's transcendental approximations and summation order
 # differ from ATen's by a few ulps, and convolutions accumulate in another
 # order (conv2d, conv_transpose3d: up to 5e-5 apart on values of order 10).
 FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2), torch.complex64: (1e-4, 1e-5),
+             torch.float64: (1e-7, 1e-7),
              torch.complex128: (1e-7, 1e-7)}
 
 # Ops whose values depend on a random stream (or are uninitialized memory):
@@ -185,8 +188,9 @@ def compare(actual, expected, atol, rtol, random, what="output"):
                 if (a.shape, a.dtype) != (e.shape, e.dtype):
                     raise Mismatch(f"{where}: xla {a.dtype}{list(a.shape)} vs cpu {e.dtype}{list(e.shape)}")
                 continue
+            floor = FLOOR_TOL.get(e.dtype, (0, 0))  # (an int64 case's float output: float tolerance)
             try:
-                torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)
+                torch.testing.assert_close(a, e, atol=max(atol, floor[0]), rtol=max(rtol, floor[1]), equal_nan=True)
             except AssertionError as err:
                 raise Mismatch(f"{where}: " + " ".join(str(err).split())[:400]) from None
         elif not (a == e or (isinstance(e, float) and e != e and a != a)):

@@ -275,6 +275,8 @@ def _out(base, func):
         outs = list(given[0]) if len(given) == 1 and isinstance(given[0], (list, tuple)) else given
         if factory and kwargs.get("device") is None:
             kwargs["device"] = outs[0].device
+        if factory and kwargs.get("dtype") is None:  # (eye(3, out=int64): an int64 eye, not a float one cast)
+            kwargs["dtype"] = outs[0].dtype
         if in_out_dtype and kwargs.get("dtype") is None:
             kwargs["dtype"] = outs[0].dtype
         r = base(*args, **kwargs)

@@ -81,6 +81,12 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
         raise RuntimeError("arange: step must be nonzero")
     if dtype is None:
         dtype = (torch.int64 if all(isinstance(a, int) for a in (start, end, step)) else torch.get_default_dtype())
+    if not (dtype.is_floating_point or dtype.is_complex):
+        # as ATen: an integer arange takes its bounds and step as integers first (truncated): arange(-0.9, 2.1,
+        # 2, dtype=int64) is [0], not [0, 1]
+        start, end, step = int(start), int(end), int(step)
+        if step == 0:
+            raise RuntimeError("arange: step must be nonzero")
     import math
     n = max(int(math.ceil((end - start) / step)), 0)
     if dtype.is_floating_point:
@@ -124,7 +130,17 @@ def register(name, fn):
     _lib.impl(name, kernel, "PrivateUse1")
 
 
+def _tri_indices(fn):
+    """triu_indices / tril_indices: a function of the shape alone, computed on
+    the host and uploaded (a small constant)."""
+    def make(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return _tensor.from_cpu(fn(row, col, offset, dtype=torch.int64 if dtype is None else dtype))
+    return make
+
+
 for _name, _fn in [
+    ("triu_indices", _tri_indices(torch.triu_indices)),
+    ("tril_indices", _tri_indices(torch.tril_indices)),
     ("empty.memory_format", _empty),
     ("empty_strided", _empty_strided),
     ("full", _full),

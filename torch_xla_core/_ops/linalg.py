@@ -27,6 +27,15 @@ mm = mapping(aten.mm.default, op="dot", ranks=(2, 2), attrs=_MM, check=_check("m
 bmm = mapping(aten.bmm.default, op="dot", ranks=(3, 3), attrs=_BMM, check=_check("bmm", 3))
 
 
+def _integral_scalars(dtype, beta, alpha):
+    """torch's addmm family on integer tensors takes beta and alpha as that
+    integer type (truncated: alpha=2.7 multiplies by 2), so the result stays
+    integral."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return beta, alpha
+    return int(beta), int(alpha)
+
+
 def _scaled_sum(c, p, beta, alpha):
     if alpha != 1:
         p = _make(_MUL, (p, alpha), ())
@@ -47,13 +56,13 @@ def addmm(c, a, b, *, beta=1, alpha=1):
     if beta == 1 and alpha == 1 and type(c) is XlaTensor:
         return _op(_DOT, (a, b, c), _MM)  # one node: the product plus c
     _check_dtypes("addmm", a, b)
-    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _MM), beta, alpha)
+    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _MM), *_integral_scalars(a.dtype, beta, alpha))
 
 
 @impl(aten.baddbmm.default)
 def baddbmm(c, a, b, *, beta=1, alpha=1):
     _check_dtypes("baddbmm", a, b)
-    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _BMM), beta, alpha)
+    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), _BMM), *_integral_scalars(a.dtype, beta, alpha))
 
 
 @impl(aten.dot.default)

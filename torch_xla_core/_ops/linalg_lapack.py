@@ -23,6 +23,7 @@ from .. import _checks, _tensor, runtime
 from .._tensor import XlaTensor
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
+from .linalg import _integral_scalars
 from . import _functional_of, _out, aten, impl
 
 _FLOATS = (torch.float32, torch.float64)
@@ -330,6 +331,7 @@ def addbmm(c, b1, b2, *, beta=1, alpha=1):
         raise RuntimeError(f"addbmm: batch1 must be a 3D tensor, batch2 must be a 3D tensor (got {b1.dim()}D and "
                            f"{b2.dim()}D)")
     p = torch.bmm(b1, b2).sum(0)
+    beta, alpha = _integral_scalars(p.dtype, beta, alpha)
     if alpha != 1:
         p = p * alpha
     if beta == 0:  # torch ignores c then (NaN included)

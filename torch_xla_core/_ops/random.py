@@ -1,11 +1,13 @@
 """Random ops on the xla device: normal_/uniform_/bernoulli/random_/
-exponential_/log_normal_/cauchy_, the factories randn/rand/randint/randperm/
+exponential_/geometric_/log_normal_/cauchy_, the factories randn/rand/randint/randperm/
 normal (PrivateUse1 kernels, as they have no tensor input), the *_like
 factories, dropout (native_dropout and its backward), multinomial and
 rrelu. Each draw is one
 core op whose first operands, a state and an offset, come from
 torch_xla_core._random.draw() (see csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
 device state from that generator instead of the device RNG."""
+import math
+
 import torch
 
 from .. import _random
@@ -82,6 +84,27 @@ def exponential(self, lambd=1.0, *, generator=None):
 @impl(aten.exponential_.default)
 def exponential_(self, lambd=1.0, *, generator=None):
     assign(self, exponential(self, lambd, generator=generator))
+    return self
+
+
+@impl(aten.geometric.default)
+def geometric(self, p, *, generator=None):
+    """Trials until the first success, as torch's decomposition draws them
+    (floor(log1p(-u) / log1p(-p)) + 1), for integer tensors too (their
+    uniform draw is float32)."""
+    if self.dtype.is_complex or self.dtype == torch.bool:
+        raise RuntimeError(f"geometric not implemented for {self.dtype}")
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    u = _draw(UNIFORM, self.dtype if self.dtype.is_floating_point else torch.float32, self.shape, 0.0, 1.0,
+              generator)
+    r = torch.floor(torch.log1p(-u) / math.log1p(-p)) + 1
+    return r if r.dtype == self.dtype else r.to(self.dtype)
+
+
+@impl(aten.geometric_.default)
+def geometric_(self, p, *, generator=None):
+    assign(self, geometric(self, p, generator=generator))
     return self
 
 
