@@ -130,6 +130,18 @@ def register(name, fn):
     _lib.impl(name, kernel, "PrivateUse1")
 
 
+@impl(aten.linspace.default)
+def linspace(start, end, steps, **kwargs):
+    """torch's decomposition, with the bounds of an integer dtype truncated
+    first, as ATen's kernel takes them: linspace(-3.5, 10, 6, dtype=int64)
+    steps from -3 ([-3, 0, 2, 4, 7, 10])."""
+    dtype = kwargs.get("dtype")
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        start, end = int(start), int(end)
+    from . import _decomps
+    return _decomps()[aten.linspace.default](start, end, steps, **{k: v for k, v in kwargs.items() if v is not None})
+
+
 def _tri_indices(fn):
     """triu_indices / tril_indices: a function of the shape alone, computed on
     the host and uploaded (a small constant)."""
