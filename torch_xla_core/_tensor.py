@@ -245,9 +245,10 @@ def _entry(func):
 
 
 def _check_writes(written, inputs):
-    """The dispatcher's overlap check of an in-place op (called from C++)."""
-    from ._ops import check_writes
-    check_writes(written, inputs)
+    """The dispatcher's overlap check of an in-place op, called from C++ once
+    its own pass found an input sharing written's storage."""
+    from ._ops import check_each_input
+    check_each_input(written, inputs)
 
 
 def handler(func):

@@ -28,7 +28,7 @@ struct Entry {
 // interpreter has finalized.
 auto& g_table = *new std::unordered_map<PyObject*, Entry>();
 auto& g_resolver = *new py::object();  // Python: func -> (handler, check_self)
-auto& g_check_writes = *new py::object();  // Python: check_writes(written, inputs), raises on a partial overlap
+auto& g_check_writes = *new py::object();  // Python: check_each_input(written, inputs), raises on a partial overlap
 // The last exception a handler raised on this thread (a new reference, or
 // null). torch's Python device guard runs Python while autograd unwinds from
 // a failed backward op and loses the pending exception on the way (the
@@ -84,7 +84,7 @@ bool shares_self(PyObject* args, PyObject* kwargs) {
   return false;
 }
 
-// torch's overlap check of an in-place op (Python check_writes, reached
+// torch's overlap check of an in-place op (Python check_each_input, reached
 // only when an argument shares the written tensor's storage). False with a
 // Python error set when it raises.
 bool check_self(PyObject* args, PyObject* kwargs) {
@@ -174,7 +174,7 @@ void bind_dispatch(py::module_& m) {
           g_table.clear();
         },
         "Sets the resolver: aten overload -> (its handler (a Mapping or a function), whether args[0] gets the "
-        "overlap check check_writes(args[0], other args) first); clears the table.");
+        "overlap check check_each_input(args[0], other args) first); clears the table.");
   m.def("dispatch_clear", [] { g_table.clear(); }, "Forgets resolved overloads (after handlers change).");
   m.def("take_handler_error", [] {
           PyObject* e = t_last_error;

@@ -373,10 +373,17 @@ def check_writes(written, inputs) -> None:
     `inputs` (its other args: tensors, numbers, lists of tensors): one C++
     pass finds whether any input shares written's storage at all."""
     if _C.shares_storage(written, inputs):
-        for a in inputs:
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, XlaTensor) and t is not written:
-                    check_no_partial_overlap(written, t)
+        check_each_input(written, inputs)
+
+
+def check_each_input(written, inputs) -> None:
+    """check_no_partial_overlap of `written` against each xla tensor in
+    inputs (the C++ dispatcher calls it once its own pass found a shared
+    storage)."""
+    for a in inputs:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, XlaTensor) and t is not written:
+                check_no_partial_overlap(written, t)
 
 
 def convert(x: XlaTensor, dtype: torch.dtype) -> XlaTensor:

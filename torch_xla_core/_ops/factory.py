@@ -8,7 +8,7 @@ import torch
 from .. import _device, _tensor
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
-from . import aten, impl
+from . import _decomps, aten, impl
 
 _lib = torch.library.Library("aten", "IMPL")
 
@@ -77,16 +77,14 @@ def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=
 def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     if end is None:
         start, end = 0, start
-    if step == 0:
-        raise RuntimeError("arange: step must be nonzero")
     if dtype is None:
         dtype = (torch.int64 if all(isinstance(a, int) for a in (start, end, step)) else torch.get_default_dtype())
     if not (dtype.is_floating_point or dtype.is_complex):
         # as ATen: an integer arange takes its bounds and step as integers first (truncated): arange(-0.9, 2.1,
         # 2, dtype=int64) is [0], not [0, 1]
         start, end, step = int(start), int(end), int(step)
-        if step == 0:
-            raise RuntimeError("arange: step must be nonzero")
+    if step == 0:
+        raise RuntimeError("arange: step must be nonzero")
     import math
     n = max(int(math.ceil((end - start) / step)), 0)
     if dtype.is_floating_point:
@@ -138,7 +136,6 @@ def linspace(start, end, steps, **kwargs):
     dtype = kwargs.get("dtype")
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
         start, end = int(start), int(end)
-    from . import _decomps
     return _decomps()[aten.linspace.default](start, end, steps, **{k: v for k, v in kwargs.items() if v is not None})
 
 
