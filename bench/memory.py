@@ -111,11 +111,28 @@ def run(name, cfg, base, x_cpu, steps):
                device_total_bytes=g.get("device_total_bytes"),
                footprint_over_state=(g["device_total_bytes"] / state) if g else None)
     d = txc.memory.device_info()
-    if d:
+    if d:  # the allocator's peak is per process: main() runs each configuration in its own
         row["device_peak_bytes"] = d.get("peak_bytes_in_use")
+        # the part of the peak above the model state: activations and temporaries
+        row["activation_peak_bytes"] = d.get("peak_bytes_in_use", 0) - state
     del layers, opt, x
     os.environ.pop("TXC_DONATE", None)
     return row
+
+
+def _run_in_process(name, a):
+    """run() for one configuration in a new process (same model and sizes),
+    so that its device_peak_bytes is its own."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "row.json"
+        sizes = [f"--{k}={getattr(a, k)}" for k in ("layers", "width", "heads", "batch", "seq", "steps")]
+        subprocess.run([sys.executable, __file__, *sizes, "--configs", name, "--out", str(out), "--one-config"],
+                       check=True)
+        row = json.loads(out.read_text())
+        print(f"{name}: {json.dumps(row)}", flush=True)  # each row as soon as it is known
+        return row
 
 
 def _mib(n):
@@ -165,22 +182,35 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory.json"))
     ap.add_argument("--png", default=None, help="chart path (default: --out with .png; needs matplotlib)")
+    ap.add_argument("--one-config", action="store_true", help=argparse.SUPPRESS)  # worker: one row as JSON to --out
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     base = nn.ModuleList([Block(a.width, a.heads) for _ in range(a.layers)])
     x_cpu = torch.randn(a.batch, a.seq, a.width)
-    rows = [run(n, CONFIGS[n], base, x_cpu, a.steps) for n in a.configs]
+    # the device's peak bytes are per process (GPU/TPU: one process per configuration);
+    # the parent must not start the device itself (jax would take its memory)
+    if a.one_config or os.environ["PJRT_DEVICE"].upper() == "CPU" or len(a.configs) == 1:
+        rows = [run(n, CONFIGS[n], base, x_cpu, a.steps) for n in a.configs]
+    else:
+        rows = [_run_in_process(n, a) for n in a.configs]
+    if a.one_config:
+        Path(a.out).write_text(json.dumps(rows[0]))
+        return
     hdr = (f"{'config':16} {'arg MiB':>9} {'out MiB':>9} {'alias MiB':>9} {'temp MiB':>9} {'total MiB':>9} "
            f"{'/state':>7} {'first s':>8} {'cached s':>8} {'overhead':>8}")
     title = (f"decoder step: {a.layers} layers, width {a.width}, batch {a.batch} x seq {a.seq}, AdamW, "
              f"{txc.runtime.platform()}; state (params+grads+2 moments) = {_mib(rows[0]['state_bytes']).strip()} MiB")
+    peaks = any(r.get("device_peak_bytes") for r in rows)
+    if peaks:
+        hdr += f" {'peak MiB':>9} {'act. peak':>9}"
     print(title)
     print(hdr)
     for r in rows:
         ratio = "-" if r["footprint_over_state"] is None else f"{r['footprint_over_state']:7.2f}"
         print(f"{r['config']:16} {_mib(r['argument_bytes'])} {_mib(r['output_bytes'])} {_mib(r['alias_bytes'])} "
               f"{_mib(r['temp_bytes'])} {_mib(r['device_total_bytes'])} {ratio} {r['first_s']:8.2f} "
-              f"{r['cached_s']:8.3f} {r['first_overhead_s']:8.2f}")
+              f"{r['cached_s']:8.3f} {r['first_overhead_s']:8.2f}" +
+              (f" {_mib(r.get('device_peak_bytes'))} {_mib(r.get('activation_peak_bytes'))}" if peaks else ""))
     out = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(), host=platform.node(),
                platform=txc.runtime.platform(), torch=torch.__version__,
                args=vars(a), rows=rows)

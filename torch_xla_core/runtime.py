@@ -224,12 +224,20 @@ def _outputs(exe, results):
         _handlers.move_to_end(id(exe))
         return results.consume_with_handlers(got[1])
     outs = [x[0] for x in results.disassemble_into_single_device_arrays()]
-    from jax._src.lib import xla_client as xc
-    _handlers[id(exe)] = (exe, [xc.array_result_handler(o.aval, o.sharding, committed=o._committed,
-                                                        _skip_checks=True) for o in outs])
+    _handlers[id(exe)] = (exe, [_result_handler(o) for o in outs])
     while len(_handlers) > _HANDLERS_KEPT:
         _handlers.popitem(last=False)
     return outs
+
+
+def _result_handler(o):
+    """jaxlib's C++ handler that makes Arrays like o (jaxlib >= 0.11 has no
+    _skip_checks argument and does not check there)."""
+    from jax._src.lib import xla_client as xc
+    try:
+        return xc.array_result_handler(o.aval, o.sharding, committed=o._committed, _skip_checks=True)
+    except TypeError:
+        return xc.array_result_handler(o.aval, o.sharding, committed=o._committed)
 
 
 def execute(exe, params, wait: bool = False):

@@ -360,7 +360,10 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 # it on the xla tensors (each op it calls dispatches here).
 
 def _register_linear_cross_entropy():
-    from torch.nn.modules import linear_cross_entropy as lce
+    try:
+        from torch.nn.modules import linear_cross_entropy as lce
+    except ImportError:  # torch before 2.13 has no such module (and no such ops to register)
+        return
     for opdef in (lce._linear_cross_entropy_batch_chunked, lce._linear_cross_entropy_batch_chunked_no_reduction):
         fn = opdef._init_fn
         impl(opdef._opoverload)(lambda *args, _fn=fn, **kwargs: _fn(*args, **kwargs))
