@@ -270,6 +270,64 @@ def test_flash_attention_pallas_kernel_lowers_for_tpu_on_cpu():
         assert text.count("tpu_custom_call") >= calls
 
 
+def test_flash_attention_gpu_kernel_lowers_for_cuda_on_cpu():
+    """CI without a GPU: the GPU path (jax's Pallas GPU kernel, Triton) lowers for CUDA, forward (one Triton
+    call) and backward (forward residuals, dq and dk/dv kernels), GQA, causal, one segment-id array."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from torch_xla_core.kernels.attention import _flash_entry
+
+    sd = jax.ShapeDtypeStruct
+    shapes = (sd((1, 4, 256, 64), jnp.bfloat16), sd((1, 2, 256, 64), jnp.bfloat16),
+              sd((1, 2, 256, 64), jnp.bfloat16), sd((1, 256), jnp.int32))
+
+    def fwd(q, k, v, seg):
+        return _flash_entry(q, k, v, seg, has_ab=False, has_seg=True, causal=True, sm_scale=0.5, impl="gpu")
+
+    def bwd(q, k, v, seg):
+        return jax.grad(lambda a, b, c: fwd(a, b, c, seg).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    for fn, calls in ((fwd, 1), (bwd, 3)):
+        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("xla.gpu.triton") == calls
+
+
+@pytest.mark.parametrize("h,hkv,causal,seg", [(2, 2, True, False), (4, 2, False, True), (2, 1, True, True)])
+def test_flash_attention_gpu_kernel_interpreted_matches_cpu(dev, h, hkv, causal, seg):
+    """The GPU kernel's own body (forward and its Triton backward), run through Pallas' interpreter on CPU,
+    against the plain-torch reference: values and gradients."""
+    b, s, d = 1, 64, 16
+    q, k, v = torch.randn(b, h, s, d), torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
+    ids = torch.randint(0, 3, (b, s)).sort(-1).values if seg else None
+
+    def fx(q_, k_, v_):
+        i = None if ids is None else ids.to(dev)
+        return kernels.flash_attention(q_, k_, v_, causal=causal, q_segment_ids=i, kv_segment_ids=i,
+                                       sm_scale=0.25, impl="interpret")
+
+    def fc(q_, k_, v_):
+        return reference.flash_attention(q_, k_, v_, causal=causal, q_segment_ids=ids, kv_segment_ids=ids,
+                                         sm_scale=0.25)
+
+    _grads_match(fx, fc, [q, k, v], dict(atol=1e-4, rtol=1e-4), dev)
+
+
+def test_flash_attention_gpu_kernel_refusals_name_the_reason(dev):
+    q = torch.randn(1, 2, 64, 16, device=dev)
+    k = torch.randn(1, 2, 32, 16, device=dev)
+    with pytest.raises(ValueError, match="q and kv of one length"):
+        kernels.flash_attention(q, k, k, impl="interpret")
+    with pytest.raises(ValueError, match="multiple of 128"):
+        kernels.flash_attention(q[:, :, :48], q[:, :, :48], q[:, :, :48], impl="interpret")
+    ids = torch.zeros(1, 64, dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match="same tensor as q_segment_ids and kv_segment_ids"):
+        kernels.flash_attention(q, q, q, q_segment_ids=ids, kv_segment_ids=ids.clone(), impl="interpret")
+    with pytest.raises(ValueError, match="no bias"):
+        kernels.flash_attention(q, q, q, ab=torch.zeros(1, 2, 64, 64, device=dev), impl="interpret")
+    with pytest.raises(ValueError, match="impl='pallas' needs a TPU or a GPU .*platform is cpu"):
+        kernels.flash_attention(q, q, q, impl="pallas")
+
+
 # --- F.scaled_dot_product_attention routed to flash_attention -------------------------
 
 @pytest.fixture
