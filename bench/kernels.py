@@ -85,13 +85,13 @@ def _row(bench, shape, method, first, med, mem, **extra):
                 **extra)
 
 
-def bench_attention(seqs, repeats, dev):
+def bench_attention(seqs, repeats, dev, dtype=torch.float32):
     rows = []
     b, h, hkv, d = 1, 8, 2, 64
     for s in seqs:
-        q = torch.randn(b, h, s, d, device=dev, requires_grad=True)
-        k = torch.randn(b, hkv, s, d, device=dev, requires_grad=True)
-        v = torch.randn(b, hkv, s, d, device=dev, requires_grad=True)
+        q = torch.randn(b, h, s, d, device=dev, dtype=dtype, requires_grad=True)
+        k = torch.randn(b, hkv, s, d, device=dev, dtype=dtype, requires_grad=True)
+        v = torch.randn(b, hkv, s, d, device=dev, dtype=dtype, requires_grad=True)
         methods = {
             "kernel": lambda: kernels.flash_attention(q, k, v, causal=True, sm_scale=d ** -0.5),
             "reference": lambda: reference.flash_attention(q, k, v, causal=True, sm_scale=d ** -0.5),
@@ -108,7 +108,7 @@ def bench_attention(seqs, repeats, dev):
             first, med, mem = _run(step, repeats)
             rows.append(_row("attention", f"S={s}", name, first, med, mem))
         for r in rows[-3:]:
-            r["max_err"] = (outs[r["method"]] - outs["xla_sdpa"]).abs().max().item()
+            r["max_err"] = (outs[r["method"]].float() - outs["xla_sdpa"].float()).abs().max().item()
     return rows
 
 
@@ -223,6 +223,8 @@ def main():
     p.add_argument("--paged-seq", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="attention inputs (bfloat16: the GPU runs the Triton kernel there)")
     p.add_argument("--sections", nargs="+", default=list(_SECTIONS), choices=list(_SECTIONS))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernels.json"))
     a = p.parse_args()
@@ -233,7 +235,7 @@ def main():
     mode = ("TPU: compiled Mosaic kernels" if plat == "tpu" else
             f"{plat.upper()}: flash = its jax reference; pallas/megablox = Pallas' interpreter (plain HLO); "
             f"these numbers say correctness only, not kernel speed")
-    run = dict(attention=lambda: bench_attention(a.seq, a.repeats, dev),
+    run = dict(attention=lambda: bench_attention(a.seq, a.repeats, dev, getattr(torch, a.dtype)),
                paged=lambda: bench_paged(a.paged_seq, a.repeats, dev),
                gmm=lambda: bench_gmm(a.tokens, a.repeats, dev), moe=lambda: bench_moe_decoder(dev))
     rows = [r for name in _SECTIONS if name in a.sections for r in run[name]()]

@@ -1,0 +1,43 @@
+#!/bin/bash
+# The GPU checks of a session lent a device machine, as one prepared run
+# (the device tool's `run`; ~8 minutes of its 15). That machine has Python
+# 3.12, torch 2.11, jax 0.11 with the CUDA 13 plugin, no network; our core is
+# built here for it and carried:
+#   echo /.whl/ >> .git/info/exclude
+#   python3.12 -m venv /tmp/v312 && /tmp/v312/bin/pip install scikit-build-core pybind11 ninja
+#   CMAKE_BUILD_PARALLEL_LEVEL=2 /tmp/v312/bin/pip wheel --no-build-isolation --no-deps -w .whl .
+#   unzip -o .whl/*.whl 'torch_xla_core/*.so' -d .
+# then run: bench/device_check.sh, carry ["torch_xla_core/_C.cpython-312-x86_64-linux-gnu.so",
+# "torch_xla_core/_bench_core.cpython-312-x86_64-linux-gnu.so"], timeout_s ~500.
+# STEPS picks the steps (default all), BUDGET the seconds for all of them;
+# each step's output goes to $OUT/all.log, the benchmarks' JSON beside it.
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD PJRT_DEVICE=${PJRT_DEVICE:-CUDA} TXC_COMPILE_CACHE=off
+OUT=${OUT:-/tmp/device_check}; mkdir -p "$OUT"
+START=$(date +%s); BUDGET=${BUDGET:-450}
+LOG=$OUT/all.log
+step() {
+  local name=$1 lim=$2; shift 2
+  local el=$(( $(date +%s) - START )); local left=$(( BUDGET - el ))
+  if [ $left -lt 25 ]; then echo "=== SKIP $name (out of time)" | tee -a "$LOG"; return; fi
+  [ "$lim" -gt $left ] && lim=$left
+  echo "=== $name (limit $lim s, at $el s)" | tee -a "$LOG"
+  timeout "$lim" "$@" >> "$LOG" 2>&1
+  echo "=== $name rc=$? at $(( $(date +%s) - START )) s" | tee -a "$LOG"
+}
+{ nvidia-smi -L; python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"; } >> "$LOG" 2>&1
+for s in ${STEPS:-tests memory replay kernels}; do
+  case $s in
+    # one GPU, several test processes: no preallocation (each would take 75% of the memory)
+    tests) XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 120 python3 -m pytest -q -p no:cacheprovider -n 4 -rf \
+             tests/test_offload.py tests/test_memory.py tests/test_donation.py tests/test_runtime.py tests/test_kernels.py ;;
+    # autotuning off: the 16-layer step compiles in ~10 s instead of ~45 s per configuration
+    memory) XLA_FLAGS=--xla_gpu_autotune_level=0 step memory 200 python3 bench/memory.py --layers 16 --width 512 \
+              --batch 8 --seq 1024 --steps 2 --configs loop loop-offload loop-nodonate scan-offload scan-save \
+              --out "$OUT/memory.json" ;;
+    replay) step replay 100 python3 bench/replay.py --models mlp --steps 10 --warmup 2 --out "$OUT/replay.json" ;;
+    kernels) step kernels 90 python3 bench/kernels.py --sections attention --seq 1024 4096 --dtype bfloat16 \
+               --out "$OUT/kernels.json" ;;
+  esac
+done
+grep -v "torch_xla_core: compil\|Source Location\|external/xla" "$LOG" | tail -c 11000
