@@ -152,11 +152,7 @@ def test_out_kernels_on_the_cpu_fallback_write_back(dev):
 
 
 # (op name, dtype): where an in-place variant differs from CPU on purpose.
-# CPU has no integer kernel for these and raises ("not implemented for
-# 'Long'"); the device computes them as the functional op does.
-INPLACE_KNOWN = {("frac", torch.int64), ("nn.functional.celu", torch.int64), ("nn.functional.hardsigmoid", torch.int64),
-                 ("nn.functional.mish", torch.int64), ("round.decimals_0", torch.int64),
-                 # refused by name on the device: integer means (torch truncates)
+INPLACE_KNOWN = {# refused by name on the device: integer means (torch truncates)
                  ("index_reduce.mean", torch.int64), ("scatter_reduce.mean", torch.int64),
                  # CPU resizes self (a [1] tensor) to the [5, 10] result; an in-place op here keeps self's shape
                  ("addbmm", torch.float32), ("addbmm", torch.int64), ("baddbmm", torch.int64)}

@@ -29,6 +29,11 @@ TXC_OP("dot", -1,
          if (a.dtype != b.dtype)
            op_error(n, std::string("expected both operands to have the same dtype, but got ") + dtype_name(a.dtype) +
                            " and " + dtype_name(b.dtype));
+         // torch has no Bool kernel for matrix products ("addmm_impl_cpu_" not implemented for 'Bool'),
+         // and XLA:CPU aborts the process compiling a bool dot with an addend
+         if (is_bool(a.dtype))
+           op_error(n, "matrix products of bool tensors are not supported (torch has no Bool kernel for them "
+                       "either); cast the operands to an integer or floating dtype first");
          n.dtype = a.dtype;
          n.dims.clear();
          for (auto d : lb) n.dims.push_back(a.dims[d]);

@@ -1,0 +1,84 @@
+"""Dtypes torch's own kernels refuse are refused on the device too
+(_ops/dtype_rules.py): PyTorch's OpInfo samples in int64 and bool, wherever
+CPU raises "not implemented for", must raise on the device, naming the op
+and the dtype, instead of computing (float math truncated into integers)."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+# (op name, dtype): CPU refuses, the device computes, on purpose: C++ mappings whose result for a bool is
+# exact (floor/ceil/round/trunc of a bool is the bool; clamp with tensor bounds is and/or, and torch takes
+# clamp of a bool with scalar bounds), masked.cumsum/cumprod (torch's own composite asks for a bool cumsum)
+KNOWN = {("ceil", torch.bool), ("floor", torch.bool), ("round", torch.bool), ("trunc", torch.bool),
+         ("clamp", torch.bool), ("masked.cumsum", torch.bool), ("masked.cumprod", torch.bool),
+         # max_pool1d without indices is CompositeImplicit: it reaches the device as max_pool2d_with_indices,
+         # which CPU takes for integers too (and max pooling integers is exact)
+         ("nn.functional.max_pool1d", torch.int64)}
+
+
+def _to(x, dev):
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(a, dev) for a in x)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_opinfo_dtypes_cpu_refuses_are_refused(dev, dtype):
+    from torch.testing._internal.common_methods_invocations import op_db
+    computed, checked = [], 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for op in op_db:
+            name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+            if (name, dtype) in KNOWN:
+                continue
+            try:
+                samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))[:2]
+            except Exception:
+                continue
+            for s in samples:
+                try:
+                    op(s.input, *s.args, **s.kwargs)
+                    continue
+                except Exception as e:
+                    if "not implemented for" not in str(e):
+                        continue
+                checked += 1
+                try:
+                    r = op(_to(s.input, dev), *_to(s.args, dev), **{k: _to(v, dev) for k, v in s.kwargs.items()})
+                    torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, r)
+                    computed.append(name)
+                except (NotImplementedError, RuntimeError, TypeError, ValueError):
+                    pass
+                break
+    assert checked > 20
+    assert not computed, f"computed where CPU raises 'not implemented for' {dtype}: {sorted(set(computed))}"
+
+
+def test_the_error_names_the_op_and_dtype(dev):
+    x = torch.tensor([1, -2, 3], device=dev)
+    with pytest.raises(NotImplementedError, match=r"aten::celu: not implemented for 'Long' \(torch.int64\)"):
+        F.celu(x)
+    with pytest.raises(NotImplementedError, match=r"aten::frac_: not implemented for 'Long'"):
+        x.frac_()
+    with pytest.raises(NotImplementedError, match=r"aten::hypot: not implemented for 'Long'"):
+        torch.hypot(x, x)
+    with pytest.raises(NotImplementedError, match=r"aten::trace: not implemented for 'Bool'"):
+        torch.trace(torch.ones(2, 2, dtype=torch.bool, device=dev))
+    # what torch computes still computes: the same ops on floats, round of an integer, hypot of int and float
+    torch.testing.assert_close(F.celu(x.float()).cpu(), F.celu(x.cpu().float()))
+    torch.testing.assert_close(torch.round(x).cpu(), x.cpu())
+    torch.testing.assert_close(torch.hypot(x, x.float()).cpu(), torch.hypot(x.cpu(), x.cpu().float()))
+
+
+def test_matrix_products_of_bool_tensors_raise_instead_of_crashing(dev):
+    """XLA:CPU aborted the process compiling a bool dot with an addend (F.linear with a bias)."""
+    x = torch.tensor([[True, False]], device=dev)
+    w = torch.tensor([[True, True], [False, True]], device=dev)
+    for f in (lambda: F.linear(x, w, w[0]), lambda: x @ w, lambda: torch.einsum("ij,jk->ik", x, w)):
+        with pytest.raises(RuntimeError, match="bool"):
+            f().cpu()

@@ -1,0 +1,98 @@
+"""Dtypes that torch's own kernels refuse, refused here too.
+
+torch has no integer (or no bool) kernel for some ops, on CPU and CUDA alike:
+`F.celu(long_tensor)` raises NotImplementedError ("elu_cpu" not implemented
+for 'Long'). Our lowerings and torch's decompositions would compute them
+anyway, and for float math that means a truncated, meaningless integer result
+(celu(-2) = 0, hardsigmoid(1) = 0). A call torch refuses raises here, naming
+the op and the dtype, before any node is made.
+
+One table, RULES: an overload ("aten::round.decimals") or a whole packet
+("aten::celu") -> (what it refuses, which argument's dtype decides):
+  FLOATING  integer and bool inputs (float and complex pass)
+  NO_BOOL   bool inputs
+  "first"   the first tensor argument (unary ops, pools, interpolation,
+            grid_sample's input)
+  "promoted" the promoted dtype of the tensor arguments (binary math)
+The dispatcher's resolver wraps the handlers of the listed overloads
+(_tensor._entry); nothing else pays for the check. Not listed on purpose:
+ops declared as C++ mappings that return the right value anyway (floor, ceil,
+round, trunc of a bool is the bool itself), and ops whose decision torch
+makes on more than the dtype (clamp of a bool with scalar bounds passes).
+The list came from a sweep of PyTorch's OpInfo samples (int32, int64, bool)
+for calls CPU refuses "not implemented for" that the device computed;
+tests/test_dtype_rules.py reruns that sweep.
+"""
+import torch
+
+FLOATING, NO_BOOL = "floating", "no_bool"
+
+_FIRST_FLOATING = (
+    "frac", "elu", "celu", "selu", "hardsigmoid", "mish", "hardswish", "softplus", "softshrink", "hardshrink",
+    "log_sigmoid_forward", "glu", "logcumsumexp", "histc", "histogram", "_histogramdd_bin_edges",
+    "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors", "grid_sampler_2d", "grid_sampler_3d",
+    "im2col", "col2im", "max_unpool2d", "max_unpool3d", "max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool3d", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
+    "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa",
+    "_upsample_bicubic2d_aa", "multi_margin_loss", "multilabel_margin_loss_forward", "round.decimals",
+    "max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
+)
+_PROMOTED_FLOATING = ("hypot", "igamma", "igammac", "lerp", "logaddexp", "logaddexp2", "nextafter", "huber_loss",
+                      "smooth_l1_loss")
+_FIRST_NO_BOOL = ("addcmul", "kthvalue", "median", "nanmedian", "trace", "threshold", "reflection_pad1d",
+                  "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
+                  "replication_pad3d", "max_pool2d_with_indices", "max_pool3d_with_indices", "bucketize",
+                  "searchsorted", "index_reduce", "_trilinear")
+
+RULES = {**{"aten::" + n: (FLOATING, "first") for n in _FIRST_FLOATING},
+         **{"aten::" + n: (FLOATING, "promoted") for n in _PROMOTED_FLOATING},
+         **{"aten::" + n: (NO_BOOL, "first") for n in _FIRST_NO_BOOL}}
+
+_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+          torch.int64: "Long"}
+
+
+def rule(func):
+    """(kind, mode) for an overload, or None. In-place and out= variants take
+    their functional's rule (frac_ and frac.out: frac's; round_.decimals and
+    round.decimals_out: round.decimals')."""
+    packet, _, overload = func.name().partition(".")
+    if packet.endswith("_") and not packet.endswith("__"):
+        packet = packet[:-1]
+    if overload == "out" or overload.endswith("_out"):
+        overload = overload[:-4] if overload.endswith("_out") else ""
+    return (overload and RULES.get(f"{packet}.{overload}")) or RULES.get(packet)
+
+
+def _decisive_dtype(args, mode):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        return None
+    if mode == "first":
+        return tensors[0].dtype
+    d = tensors[0].dtype
+    for t in tensors[1:]:
+        d = torch.promote_types(d, t.dtype)
+    return d
+
+
+def guard(func, h):
+    """h, or h behind the dtype check of func's rule."""
+    r = rule(func)
+    if r is None:
+        return h
+    kind, mode = r
+    refused = (lambda d: d in _NAMES) if kind == FLOATING else (lambda d: d == torch.bool)
+    name = func.name()
+
+    def checked(*args, **kwargs):
+        d = _decisive_dtype(args, mode)
+        if d is not None and refused(d):
+            raise NotImplementedError(
+                f"{name}: not implemented for '{_NAMES[d]}' ({d}): torch has no kernel for this dtype either "
+                f"(CPU and CUDA raise); cast the input to a "
+                f"{'floating' if kind == FLOATING else 'numeric'} dtype first")
+        return h(*args, **kwargs)
+    checked.__name__ = f"dtype_checked_{getattr(h, '__name__', 'handler')}"
+    return checked
