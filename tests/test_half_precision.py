@@ -91,3 +91,14 @@ def test_half_products_accumulate_in_float32():
     for f in (lambda t: t.prod(1), lambda t: t.cumprod(1)):
         want, got, exact = f(p), f(p.to(DEV)).cpu(), f(p.double())
         assert (got.double() - exact).norm() <= 1.05 * (want.double() - exact).norm()
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_renorm_half_computes_on_the_device(dt):
+    """torch's renorm decomposition casts through prims.convert_element_type (it fell back to the CPU)."""
+    import torch_xla_core as txc
+    x = _data(dt, 48).reshape(4, 12)
+    txc.metrics.clear()
+    got = torch.renorm(x.to(DEV), 2, 0, 1.0).cpu()
+    torch.testing.assert_close(got, torch.renorm(x, 2, 0, 1.0))
+    assert not txc.metrics.fallbacks()

@@ -284,6 +284,12 @@ def _to_copy(x, dtype, device):
     return cpu.to(dev) if dev.type != "cpu" else cpu
 
 
+@impl(torch.ops.prims.convert_element_type.default)
+def convert_element_type(x, dtype):
+    """torch's decompositions' cast (renorm of bf16 computes in float32 through it)."""
+    return convert(x, dtype) if dtype != x.dtype else _op(OP.alias, (x._lt,), ())
+
+
 @impl(aten.clone.default)
 def clone(x, *, memory_format=None):
     return _op(OP.alias, (x._lt,), ())
