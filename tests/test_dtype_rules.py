@@ -82,3 +82,25 @@ def test_matrix_products_of_bool_tensors_raise_instead_of_crashing(dev):
     for f in (lambda: F.linear(x, w, w[0]), lambda: x @ w, lambda: torch.einsum("ij,jk->ik", x, w)):
         with pytest.raises(RuntimeError, match="bool"):
             f().cpu()
+
+
+@pytest.mark.parametrize("dt", [torch.uint8, torch.int8, torch.int32])
+def test_small_integer_dtypes_keep_torch_result_dtypes(dev, dt):
+    """Found by an OpInfo sweep in uint8/int32 (not in CI: ~4 min a dtype): abs of uint8 failed to
+    compile (stablehlo.abs takes signless integers only), any/all of uint8 are uint8 in torch,
+    addbmm and bilinear of int32/uint8 returned int64 (their sums took the default integer sum dtype)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 5, (3, 4), generator=g).to(dt)
+    b1, b2 = torch.randint(0, 3, (2, 3, 4), generator=g).to(dt), torch.randint(0, 3, (2, 4, 5), generator=g).to(dt)
+    w = torch.randint(0, 3, (2, 4, 4), generator=g).to(dt)
+    cases = {
+        "abs": lambda d: torch.abs(x.to(d)),
+        "all": lambda d: torch.all(x.to(d)),
+        "any_dim": lambda d: torch.any(x.to(d), 1),
+        "addbmm": lambda d: torch.addbmm(torch.ones(3, 5, dtype=dt).to(d), b1.to(d), b2.to(d)),
+        "bilinear": lambda d: F.bilinear(x.to(d), x.to(d), w.to(d)),
+    }
+    for name, f in cases.items():
+        want, got = f("cpu"), f(dev).cpu()
+        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+        assert torch.equal(got, want), name

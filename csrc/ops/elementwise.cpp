@@ -238,7 +238,11 @@ namespace {
 // -- unary --------------------------------------------------------------
 [[maybe_unused]] const uint16_t reg_unary[] = {
     simple("neg", 1, Kind::Same, "stablehlo.negate"),
-    simple("abs", 1, Kind::ToReal, "stablehlo.abs"),
+    // abs of an unsigned integer is itself (stablehlo.abs takes signless integers only)
+    custom("abs", 1, Kind::ToReal,
+           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+             return is_unsigned(c) ? a[0] : cx.op("stablehlo.abs", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+           }),
     custom("sign", 1, Kind::Same, unless_bool("stablehlo.sign")),
     simple("exp", 1, Kind::Float, "stablehlo.exponential"),
     simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one"),

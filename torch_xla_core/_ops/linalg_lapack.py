@@ -330,7 +330,8 @@ def addbmm(c, b1, b2, *, beta=1, alpha=1):
     if b1.dim() != 3 or b2.dim() != 3:
         raise RuntimeError(f"addbmm: batch1 must be a 3D tensor, batch2 must be a 3D tensor (got {b1.dim()}D and "
                            f"{b2.dim()}D)")
-    p = torch.bmm(b1, b2).sum(0)
+    p = torch.bmm(b1, b2)
+    p = p.sum(0, dtype=p.dtype)  # int32 stays int32, as torch's kernel (a plain sum of int32 is int64)
     beta, alpha = _integral_scalars(p.dtype, beta, alpha)
     if alpha != 1:
         p = p * alpha

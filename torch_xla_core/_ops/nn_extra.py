@@ -134,7 +134,8 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
                 t = t.unsqueeze(d)
         return t
     r = spread(i1, set(expand1)) * spread(i2, set(expand2)) * spread(i3, set(expand3))
-    return r.sum(sorted(set(sumdim))) if sumdim else r
+    # (dtype=: a sum of int32/int8 products is int64 by default; torch's kernel keeps the input dtype)
+    return r.sum(sorted(set(sumdim)), dtype=r.dtype) if sumdim else r
 
 
 # ---- embedding max_norm ----------------------------------------------------------------

@@ -149,14 +149,19 @@ def min_dim(x, dim, keepdim=False):
     return _reduce("amin", x, dim, keepdim), _arg("argmin", x, dim, keepdim)
 
 
+def _uint8_kept(r, x):
+    """any/all of a uint8 tensor are uint8 (0/1) in torch, a legacy rule; bool for every other dtype."""
+    return r.to(torch.uint8) if x.dtype == torch.uint8 else r
+
+
 @impl(aten.any.default, aten.any.dim, aten.any.dims)
 def any_(x, dim=None, keepdim=False):
-    return _reduce("any", x, dim, keepdim)
+    return _uint8_kept(_reduce("any", x, dim, keepdim), x)
 
 
 @impl(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(x, dim=None, keepdim=False):
-    return _reduce("all", x, dim, keepdim)
+    return _uint8_kept(_reduce("all", x, dim, keepdim), x)
 
 
 # torch.distributions' argument checks: a bool 0-d tensor (the caller's `if` reads it)
