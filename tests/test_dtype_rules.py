@@ -104,3 +104,14 @@ def test_small_integer_dtypes_keep_torch_result_dtypes(dev, dt):
         want, got = f("cpu"), f(dev).cpu()
         assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
         assert torch.equal(got, want), name
+
+
+def test_complex_logcumsumexp_keeps_the_imaginary_part(dev):
+    """logcumsumexp of complex64 returned float32 (the jax bridge cast complex inputs to float: the
+    imaginary part silently dropped); the jax-computed special functions refuse complex as torch does."""
+    x = torch.tensor([[-1000 + 1j, 0 + 2j, 3 - 1j], [0.5 - 0.5j, 1 + 0j, -2 + 3j]], dtype=torch.complex64)
+    got = torch.logcumsumexp(x.to(dev), 1).cpu()
+    assert got.dtype == torch.complex64
+    torch.testing.assert_close(got, torch.logcumsumexp(x, 1))
+    with pytest.raises((NotImplementedError, RuntimeError), match="complex"):
+        torch.special.erfcx(x.to(dev)).cpu()

@@ -108,16 +108,21 @@ def angle(x):
 
 # -- jax implementations inlined as one jax_call node -------------------------
 
-def _jax(fn, *tensors, x64=None, **static):
+def _jax(fn, *tensors, x64=None, complex_ok=False, **static):
     """fn (a jax function of same-shaped float arrays) on xla tensors: promoted
     as torch promotes (integers to float), broadcast, f16/bf16 computed in
-    float32 (jax's series lose their accuracy in half precision)."""
+    float32 (jax's series lose their accuracy in half precision). Complex
+    tensors only where fn computes on them (complex_ok); else an error, as
+    torch's real-only kernels raise (a cast would drop the imaginary part)."""
     from ..kernels.call_jax import call_jax
     ts = [t for t in tensors]
     dtype = ts[0].dtype
     for t in ts[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
-    if not dtype.is_floating_point:
+    if dtype.is_complex and not complex_ok:
+        raise NotImplementedError(f"{fn.__name__.removeprefix('_j_')}: not implemented for complex tensors (got "
+                                  f"{dtype}), as in torch")
+    if not dtype.is_floating_point and not dtype.is_complex:
         dtype = torch.get_default_dtype()
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     shape = torch.broadcast_shapes(*[t.shape for t in ts])
@@ -248,7 +253,7 @@ def frexp(x):
 def logcumsumexp(x, dim):
     if x.dim() == 0:
         return _op(OP.alias, (_floating(x)._lt,), ())
-    return _jax(_j_logcumsumexp, x, axis=dim % x.dim())
+    return _jax(_j_logcumsumexp, x, axis=dim % x.dim(), complex_ok=True)
 
 
 # -- orthogonal polynomials (x, n): special_polynomials.py ---------------------
