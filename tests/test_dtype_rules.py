@@ -8,14 +8,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-# (op name, dtype): CPU refuses, the device computes, on purpose: C++ mappings whose result for a bool is
-# exact (floor/ceil/round/trunc of a bool is the bool; clamp with tensor bounds is and/or, and torch takes
-# clamp of a bool with scalar bounds), masked.cumsum/cumprod (torch's own composite asks for a bool cumsum)
-KNOWN = {("ceil", torch.bool), ("floor", torch.bool), ("round", torch.bool), ("trunc", torch.bool),
-         ("clamp", torch.bool), ("masked.cumsum", torch.bool), ("masked.cumprod", torch.bool),
-         # max_pool1d without indices is CompositeImplicit: it reaches the device as max_pool2d_with_indices,
-         # which CPU takes for integers too (and max pooling integers is exact)
-         ("nn.functional.max_pool1d", torch.int64)}
+# Where CPU refuses ("not implemented for") and the device computes, on purpose: the result is exact for
+# integers and bools (pools and unpooling, nearest interpolation, unfold, histc, pads, threshold,
+# sorting/searching, index_reduce amax/amin/prod, trace; CUDA has integer kernels for several, and
+# transformers calls histc on int32 expert ids), C++ mappings whose result for a bool is the bool
+# (floor/ceil/round/trunc; clamp with tensor bounds is and/or), masked.cumsum/cumprod of bool (torch's own
+# composite asks for a bool cumsum)
+_EXACT_BOTH = ("max_pool2d_with_indices_backward", "nn.functional.adaptive_max_pool1d",
+               "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d",
+               "nn.functional.interpolate.nearest", "nn.functional.interpolate.nearest-exact",
+               "nn.functional.max_pool1d", "nn.functional.upsample_nearest")
+_EXACT_INT64 = ("histc", "nn.functional.max_unpool1d", "nn.functional.max_unpool1d.grad", "nn.functional.max_unpool2d",
+                "nn.functional.max_unpool2d.grad", "nn.functional.max_unpool3d", "nn.functional.max_unpool3d.grad",
+                "nn.functional.unfold")
+_EXACT_BOOL = ("bucketize", "ceil", "clamp", "floor", "index_reduce.amax", "index_reduce.amin", "index_reduce.prod",
+               "kthvalue", "masked.cumprod", "masked.cumsum", "median", "nanmedian", "nn.functional.max_pool2d",
+               "nn.functional.max_pool3d", "nn.functional.pad.reflect", "nn.functional.pad.replicate",
+               "nn.functional.pad.replicate_negative", "nn.functional.threshold", "round", "trace", "trunc")
+KNOWN = {*((n, d) for n in _EXACT_BOTH for d in (torch.int64, torch.bool)),
+         *((n, torch.int64) for n in _EXACT_INT64), *((n, torch.bool) for n in _EXACT_BOOL)}
 
 
 def _to(x, dev):
@@ -67,8 +78,13 @@ def test_the_error_names_the_op_and_dtype(dev):
         x.frac_()
     with pytest.raises(NotImplementedError, match=r"aten::hypot: not implemented for 'Long'"):
         torch.hypot(x, x)
-    with pytest.raises(NotImplementedError, match=r"aten::trace: not implemented for 'Bool'"):
-        torch.trace(torch.ones(2, 2, dtype=torch.bool, device=dev))
+    with pytest.raises(NotImplementedError, match=r"aten::_trilinear: not implemented for 'Bool'"):
+        F.bilinear(*(torch.ones(2, 3, dtype=torch.bool, device=dev),) * 2, torch.ones(4, 3, 3, dtype=torch.bool,
+                                                                                      device=dev))
+    # histc of int32 (CUDA computes it; transformers' MoE routing calls it) stays exact
+    ids = torch.tensor([0, 2, 2, 3, 1, 2], dtype=torch.int32)
+    torch.testing.assert_close(torch.histc(ids.to(dev), bins=4, min=0, max=3).cpu(),
+                               torch.histc(ids.float(), 4, 0, 3).to(torch.int32))  # CUDA keeps int32
     # what torch computes still computes: the same ops on floats, round of an integer, hypot of int and float
     torch.testing.assert_close(F.celu(x.float()).cpu(), F.celu(x.cpu().float()))
     torch.testing.assert_close(torch.round(x).cpu(), x.cpu())

@@ -15,10 +15,15 @@ One table, RULES: an overload ("aten::round.decimals") or a whole packet
             grid_sample's input)
   "promoted" the promoted dtype of the tensor arguments (binary math)
 The dispatcher's resolver wraps the handlers of the listed overloads
-(_tensor._entry); nothing else pays for the check. Not listed on purpose:
-ops declared as C++ mappings that return the right value anyway (floor, ceil,
-round, trunc of a bool is the bool itself), and ops whose decision torch
-makes on more than the dtype (clamp of a bool with scalar bounds passes).
+(_tensor._entry); nothing else pays for the check. Listed: float math whose
+integer result would be truncated, and bool products whose result dtype would
+be wrong. Not listed on purpose: ops that compute integers and bools exactly
+(histc, pools and unpooling, nearest interpolation, pads, trace, median,
+sorting and searching: CUDA has integer kernels for several of them, and
+transformers calls histc on int32 expert ids), C++ mappings whose result is
+the right value anyway (floor/ceil/round/trunc of a bool is the bool), and
+ops whose decision torch makes on more than the dtype (clamp of a bool with
+scalar bounds passes).
 The list came from a sweep of PyTorch's OpInfo samples (int32, int64, bool)
 for calls CPU refuses "not implemented for" that the device computed;
 tests/test_dtype_rules.py reruns that sweep.
@@ -29,21 +34,14 @@ FLOATING, NO_BOOL = "floating", "no_bool"
 
 _FIRST_FLOATING = (
     "frac", "elu", "celu", "selu", "hardsigmoid", "mish", "hardswish", "softplus", "softshrink", "hardshrink",
-    "log_sigmoid_forward", "glu", "logcumsumexp", "histc", "histogram", "_histogramdd_bin_edges",
-    "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors", "grid_sampler_2d", "grid_sampler_3d",
-    "im2col", "col2im", "max_unpool2d", "max_unpool3d", "max_pool1d", "adaptive_max_pool2d",
-    "adaptive_max_pool3d", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
-    "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d",
+    "log_sigmoid_forward", "glu", "logcumsumexp", "grid_sampler_2d", "grid_sampler_3d", "upsample_linear1d",
     "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa",
     "_upsample_bicubic2d_aa", "multi_margin_loss", "multilabel_margin_loss_forward", "round.decimals",
-    "max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
+    "histogram", "_histogramdd_bin_edges", "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors",
 )
 _PROMOTED_FLOATING = ("hypot", "igamma", "igammac", "lerp", "logaddexp", "logaddexp2", "nextafter", "huber_loss",
                       "smooth_l1_loss")
-_FIRST_NO_BOOL = ("addcmul", "kthvalue", "median", "nanmedian", "trace", "threshold", "reflection_pad1d",
-                  "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
-                  "replication_pad3d", "max_pool2d_with_indices", "max_pool3d_with_indices", "bucketize",
-                  "searchsorted", "index_reduce", "_trilinear")
+_FIRST_NO_BOOL = ("addcmul", "_trilinear")
 
 RULES = {**{"aten::" + n: (FLOATING, "first") for n in _FIRST_FLOATING},
          **{"aten::" + n: (FLOATING, "promoted") for n in _PROMOTED_FLOATING},
