@@ -233,6 +233,8 @@ def main():
     dev = txc.device()
     plat = runtime.platform()
     mode = ("TPU: compiled Mosaic kernels" if plat == "tpu" else
+            "CUDA: flash = the Triton kernel in bf16 (--dtype bfloat16), else its jax reference; pallas/megablox = "
+            "Pallas' interpreter (plain HLO): those rows say correctness only" if plat == "cuda" else
             f"{plat.upper()}: flash = its jax reference; pallas/megablox = Pallas' interpreter (plain HLO); "
             f"these numbers say correctness only, not kernel speed")
     run = dict(attention=lambda: bench_attention(a.seq, a.repeats, dev, getattr(torch, a.dtype)),
