@@ -471,3 +471,43 @@ def test_a_failed_launch_leaves_the_replaced_grads_none(dev):
     step(m, opt, x, y)
     step(m, opt, x, y)
     assert m.weight.grad is not None and txc.metrics.counters()["replay"] >= n + 1
+
+
+def test_views_held_across_a_replay_see_what_a_traced_step_gives(dev):
+    """A replay writes most outputs into the existing data node (its buffer
+    swapped, no node made: replay.cpp swap_buffer), which is only right where
+    nothing else refers to that storage. A view of the last step's grad held
+    across a replayed step keeps the old grad (the step made a new one); a
+    view or a detached alias of a parameter (whose buffer the step donates)
+    makes that call trace, and they see the parameter's new value. Parameters
+    and grads equal a traced step's throughout."""
+    m, opt, step, x, y = _sgd_linear_after_3_steps(dev)
+    ref = torch.nn.Linear(4, 4)  # the same values, in buffers of its own (a deepcopy would share them)
+    ref.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
+    ref = ref.to(dev)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+
+    def both_steps(replayed):
+        n = txc.metrics.counters().get("replay", 0)
+        step(m, opt, x, y)
+        assert txc.metrics.counters().get("replay", 0) == n + replayed
+        _train_step(ref, ref_opt, x, y)  # the same step, traced
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach().cpu())
+            torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+
+    grad_row = m.weight.grad[1:3]
+    old_grad = m.weight.grad.cpu().clone()
+    both_steps(replayed=1)
+    torch.testing.assert_close(grad_row.cpu(), old_grad[1:3])
+    assert not torch.equal(old_grad, m.weight.grad.cpu())
+    both_steps(replayed=1)  # (the view still held)
+    del grad_row
+
+    row, alias = m.weight[0], m.weight.detach()
+    with pytest.warns(RuntimeWarning, match="donated buffer is held"):
+        both_steps(replayed=0)
+    torch.testing.assert_close(row.detach().cpu(), m.weight.detach().cpu()[0])
+    torch.testing.assert_close(alias.cpu(), m.weight.detach().cpu())
+    del row, alias
+    both_steps(replayed=1)

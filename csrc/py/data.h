@@ -19,7 +19,7 @@ struct PyData final : LeafData {
 
 // A data leaf holding `buffer` on xla device `device` (-1: any).
 inline NodePtr make_py_data(py::object buffer, DType dtype, Dims dims, int16_t device, uint8_t memory = 0) {
-  return make_data(dtype, std::move(dims), std::make_shared<const PyData>(std::move(buffer)), device, memory);
+  return make_data(dtype, std::move(dims), std::make_shared<PyData>(std::move(buffer)), device, memory);
 }
 
 // The buffer of a data leaf, borrowed from the node (nullptr for other nodes

@@ -53,6 +53,11 @@ bool is_wrapper(py::handle h) {
                         PyObject_TypeCheck(h.ptr(), (PyTypeObject*)g_wrap.cls));
 }
 
+PyObject* lazy_slot_unchecked(PyObject* h) {
+  if (!g_wrap.lt_offset || Py_TYPE(h) != (PyTypeObject*)g_wrap.cls) return nullptr;
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(h) + g_wrap.lt_offset);
+}
+
 LazyTensor& lazy_of_wrapper(py::handle h) {
   if (g_wrap.lt_offset && is_wrapper(h)) {  // read the slot directly: no attribute lookup
     PyObject* lt = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(h.ptr()) + g_wrap.lt_offset);

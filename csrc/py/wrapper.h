@@ -15,6 +15,9 @@ Attr to_attr(py::handle h);                  // int/bool, float, str, or a tuple
 Attrs to_attrs(const py::tuple& t);
 bool is_wrapper(py::handle h);               // an XlaTensor (or subclass)
 LazyTensor& lazy_of_wrapper(py::handle h);   // its LazyTensor (the wrapper keeps it alive)
+// The `_lt` object of an XlaTensor h, read from its slot without checks (nullptr
+// when h is no XlaTensor or the slot is not known): for prefetching.
+PyObject* lazy_slot_unchecked(PyObject* h);
 // The core operand for h: a wrapper's or LazyTensor's value, a Python number
 // (a "wrapped" scalar: sets has_wrapped), or (number, dtype) for a 0-d host tensor.
 NodePtr operand(py::handle h, bool& has_wrapped);
