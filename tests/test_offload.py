@@ -119,15 +119,20 @@ def test_offload_activations_matches_cpu_eager(dev, make, shape):
     text = txc.debug.stablehlo([loss_x, *g_x])
     ann = _annotations(text)
     assert ann.count("host") >= 2 and ann.count("device") >= ann.count("host")
+    # each round trip (host, then device for the backward) has an optimization barrier between its
+    # placements: without it XLA:GPU folds the two copies away (ops/placement.cpp)
+    assert text.count("stablehlo.optimization_barrier") == ann.count("host")
     torch.testing.assert_close(loss_x.cpu(), loss_c.detach(), atol=1e-5, rtol=1e-5)
     for a, b in zip(g_x, g_c):
         torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
-    # the same step without offload: the same numbers
+    # the same step without offload: the same numbers (up to the order of float operations: XLA:CPU drops the
+    # placements but keeps the barriers, which bound its fusions)
     loss_y, g_y = _train_grads(mx, x.to(dev), _Null())
-    assert _annotations(txc.debug.stablehlo([loss_y, *g_y])) == []
-    torch.testing.assert_close(loss_y.cpu(), loss_x.cpu(), atol=0, rtol=0)
+    text_y = txc.debug.stablehlo([loss_y, *g_y])
+    assert _annotations(text_y) == [] and "optimization_barrier" not in text_y
+    torch.testing.assert_close(loss_y.cpu(), loss_x.cpu(), atol=1e-7, rtol=1e-6)
     for a, b in zip(g_y, g_x):
-        torch.testing.assert_close(a.cpu(), b.cpu(), atol=0, rtol=0)
+        torch.testing.assert_close(a.cpu(), b.cpu(), atol=1e-7, rtol=1e-6)
 
 
 def test_offload_threshold_and_nesting(dev):

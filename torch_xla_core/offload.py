@@ -19,7 +19,10 @@ kinds (executor.Key.memory). Gradients pass through both ops unchanged.
 XLA decides when the copies run (the whole step is one graph): offload pays
 off for large activations with enough compute between their forward and
 backward use, and within scan loops (scan(..., policy="offload"),
-torch_xla_core/scan.py). XLA:CPU keeps host and device in the same memory and
+torch_xla_core/scan.py). A round trip within one graph (an activation
+offloaded in the forward and brought back for the backward) is lowered with
+an optimization barrier between its two placements, which XLA:GPU would
+otherwise fold away (csrc/ops/placement.cpp). XLA:CPU keeps host and device in the same memory and
 drops the annotations; there the placement shows in the StableHLO
 (txc.debug.stablehlo), the output memory kinds and the numerics.
 """

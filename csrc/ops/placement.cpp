@@ -54,7 +54,21 @@ static const uint16_t kPlace = register_op(OpDef{
       n.dims = n.operands[0]->dims;
     },
     [](LowerCtx& cx, const Node& n) {
-      return annotate_placement(cx, cx.in(n, 0), LowerCtx::type(n), parse_memory_kind(n.attr_str(0)));
+      int kind = parse_memory_kind(n.attr_str(0));
+      std::string v = cx.in(n, 0), type = LowerCtx::type(n);
+      const Node& from = *n.operands[0];
+      if (kind == kDevice && from.op == place_op() && parse_memory_kind(from.attr_str(0)) == kPinnedHost) {
+        // A round trip within one graph (an activation saved to the host and
+        // brought back for the backward): XLA's host offloader makes the two
+        // annotations a copy to host memory and a copy back, and XLA:GPU's
+        // algebraic simplifier then folds copy(copy(x)) into x, memory spaces
+        // and all (seen in jaxlib 0.11's pass dumps; jax's own device_put round
+        // trip inside jit loses its offload the same way). An optimization
+        // barrier between the copies keeps them: the offloader lets a host
+        // value pass through one, the simplifier cannot fold across it.
+        v = cx.op("stablehlo.optimization_barrier", {v}, {type}, type);
+      }
+      return annotate_placement(cx, v, type, kind);
     }});
 
 static const uint16_t& place_op() { return kPlace; }
