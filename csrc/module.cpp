@@ -110,7 +110,8 @@ PYBIND11_MODULE(_C, m) {
       .def("largest", &GraphCut::largest)
       .def("roots_using", &GraphCut::roots_using)
       .def("subset", &GraphCut::subset)
-      .def("poison", &GraphCut::poison);
+      .def("poison", &GraphCut::poison)
+      .def("poison_assigned", &GraphCut::poison_assigned);
 
   bind_scan(m);
   bind_replay(m);

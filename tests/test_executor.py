@@ -93,11 +93,11 @@ def test_a_real_compile_failure_is_named(dev):
 
 
 def test_out_of_memory_names_the_largest_buffers(dev, monkeypatch):
-    def execute(exe, params, wait=False):
+    def launch(exe, params):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB.")
     a = torch.ones(1024, 512, device=dev)
     b = a @ torch.ones(512, 1024, device=dev)
-    monkeypatch.setattr(runtime, "execute", execute)
+    monkeypatch.setattr(runtime, "launch", launch)
     with pytest.raises(torch.OutOfMemoryError) as info:
         txc.sync()
     msg = str(info.value)
@@ -238,3 +238,22 @@ def test_load_all_surfaces_import_errors(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", imp)
     with pytest.raises(ModuleNotFoundError, match="conv"):
         _ops.load_all()
+
+
+def test_a_graph_failing_while_it_runs_poisons_what_it_computes(dev, monkeypatch):
+    """A sync(wait=True) hands the outputs to their tensors before it waits
+    (that host work overlaps the device's); a failure found while waiting
+    leaves those tensors holding the error, named, not a garbage value."""
+    a = torch.ones(4, 4).to(dev)  # device data: an input of the graph
+    b = (a * 3).sum(0)
+    real = runtime.wait_ready
+
+    def failing(outs, t0):
+        raise RuntimeError("INTERNAL: injected failure while running")
+    monkeypatch.setattr(runtime, "wait_ready", failing)
+    with pytest.raises(executor.GraphError, match="failed while running: INTERNAL: injected"):
+        txc.sync(wait=True)
+    monkeypatch.setattr(runtime, "wait_ready", real)
+    with pytest.raises(RuntimeError, match="failed while running: INTERNAL: injected"):
+        b.cpu()
+    assert a.cpu().sum().item() == 16.0  # an input, not computed by it: unaffected

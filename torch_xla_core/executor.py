@@ -330,16 +330,18 @@ def spans_processes(lts=None) -> bool:
     return any(p.key.spmd is not None and not set(p.key.spmd.device_ids) <= local for p in plans)
 
 
-def run_recorded(exe, params, wait=False):
-    """Executes an executable recorded from an earlier sync on new parameters
-    (torch_xla_core/replay.py): the execute timers and counter as a sync's."""
+def run_recorded(exe, params):
+    """Launches an executable recorded from an earlier sync on new parameters
+    (torch_xla_core/replay.py): (outputs, launch time), the launch's timer and
+    counter as a sync's; runtime.wait_ready(outputs, launch time) waits, after
+    the replay wrote the outputs, as _run does."""
     global _last
     with _lock:
         _checks.verify()
-        outs = runtime.execute(exe, params, wait=wait)
+        outs, t0 = runtime.launch(exe, params)
         _last = exe
         metrics.counter_add("execute")
-    return outs
+    return outs, t0
 
 
 def _run(p: Plan, wait: bool) -> None:
@@ -349,22 +351,28 @@ def _run(p: Plan, wait: bool) -> None:
         return
     for listen in _sync_listeners:
         listen(p)
+    t0 = None
     try:
         exe = executable(p)
         params = _bind(p)
         if p.key.spmd is not None:
             outs = _spmd.execute(exe, p.key, params, cut.output_specs(), wait=wait)
         else:
-            outs = runtime.execute(exe, params, wait=wait)
+            outs, t0 = runtime.launch(exe, params)
     except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation):
         raise
     except Exception as e:
         raise _failure(cut, e) from None
     _last = exe
-    cut.assign(outs)
+    cut.assign(outs)  # (before waiting: this host work overlaps the device's)
     # with several devices, a check made on another device waits for that device's graph
     _checks.computed([c for c in p.checks if c[0].is_data] if _multi else p.checks)
     metrics.counter_add("execute")
+    if wait and t0 is not None:
+        try:
+            runtime.wait_ready(outs, t0)
+        except Exception as e:
+            raise _run_failure(cut, outs, e) from None
     if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay.py)
         _recorder(p, exe, params, outs)
 
@@ -403,6 +411,18 @@ def _failure(cut, e):
     cut.poison(roots, msg)
     _checks.discard_failed()
     return GraphError(msg)
+
+
+def _run_failure(cut, outs, e):
+    """The error to raise when a launched graph failed while running (its
+    outputs were already handed to their tensors): every tensor it computes
+    holds this error instead of a value."""
+    metrics.counter_add("graph_failed")
+    msg = (f"torch_xla_core: a graph of {cut.num_nodes} nodes failed while running: {_first_line(e)}. The "
+           f"{cut.num_roots} tensor(s) it computes hold no value and raise this error when used.")
+    cut.poison_assigned(outs, msg)
+    _checks.discard_failed()
+    return (torch.OutOfMemoryError if _OOM.search(str(e)) else GraphError)(msg)
 
 
 def _failing_node(cut, e):

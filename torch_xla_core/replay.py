@@ -615,11 +615,12 @@ class Compiled:
         # set of grads at the peak, not two); one that nobody else holds is kept to take its new value
         plan.release(tensors, w.kinds, _grad_refs())
         try:
-            outs = executor.run_recorded(rec.exe, params, wait=self._wait) if rec.exe is not None else ()
+            outs, t0 = executor.run_recorded(rec.exe, params) if rec.exe is not None else ((), None)
         except BaseException:
             plan.unrelease(tensors, w.kinds, w.owners)
             raise
         del params  # (the inputs' buffers: donated ones must not stay referenced)
+        # the outputs go where they belong while the device runs (a wait=True call waits after that)
         plan.write(tensors, outs)
         plan.set(tensors, w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None
         if rec.rng_out is not None:
@@ -628,7 +629,10 @@ class Compiled:
             done = [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
             _checks.computed(done)
         metrics.counter_add("replay")
-        return _returned(rec, tensors, outs), None
+        ret = _returned(rec, tensors, outs)
+        if self._wait and t0 is not None:
+            runtime.wait_ready(outs, t0)
+        return ret, None
 
 
 _grad_refs_seen = None

@@ -342,6 +342,18 @@ void GraphCut::poison(const std::vector<int>& roots, const std::string& message)
   }
 }
 
+void GraphCut::poison_assigned(const py::list& outs, const std::string& message) {
+  static const uint16_t error = op_id("error");
+  if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.poison_assigned: wrong number of outputs");
+  for (size_t i = 0; i < roots_.size(); ++i) {
+    Storage& s = *roots_[i];
+    size_t k = size_t(root_output_[i]);
+    if (py_data_ptr(*s.value) != outs[k].ptr()) continue;  // written since
+    s.value = make_node_shaped(error, {}, {message}, outputs_[k]->dtype, outputs_[k]->dims);
+    ++s.version;
+  }
+}
+
 py::list GraphCut::params() const {
   static const uint16_t data = op_id("data");
   py::list l;

@@ -67,6 +67,9 @@ class GraphCut {
   // Makes the given roots hold a failed value (core op "error") whose use
   // raises `message`; unless they were written since the cut.
   void poison(const std::vector<int>& roots, const std::string& message);
+  // The same for every root still holding what assign(outs) gave it (the
+  // graph failed while running, after its outputs were handed out).
+  void poison_assigned(const pybind11::list& outs, const std::string& message);
   // Parameters in order: a device buffer object, or (number, dtype code) for
   // a Python number (one per distinct number: equal ones share it).
   pybind11::list params() const;
