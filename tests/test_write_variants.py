@@ -110,8 +110,12 @@ def test_opinfo_float_results_into_int64_out_as_on_cpu(dev):
                 try:
                     _call(op, s, d, _empty_like(want, d, torch.int64))
                     got[d] = "ok"
+                except UnsupportedDtype:  # (a float8 input the device does not hold: refused by name)
+                    got[d] = "unsupported"
                 except Exception:  # noqa: BLE001
                     got[d] = "error"
+            if got[dev] == "unsupported":  # (CPU's float8 _scaled_mm runs on some hosts: AMD EPYC here)
+                continue
             if got["cpu"] != got[dev]:
                 differ.append(f"{name}: CPU {got['cpu']}, xla {got[dev]}")
             raised += got["cpu"] == "error"

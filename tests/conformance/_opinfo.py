@@ -55,6 +55,14 @@ FLOOR_TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-2, 1.6e-2), torch.
              torch.float64: (1e-7, 1e-7),
              torch.complex128: (1e-7, 1e-7)}
 
+# Backward (atol, rtol) where the CPU reference computes with another
+# algorithm than XLA, so float32 results differ by more than rounding order:
+# matrix_exp is jax's Pade-13 against ATen's Taylor-18 (the forward is an
+# expected mismatch; the backward's 25 entries of order 50 differ by up to
+# 6e-3 on an AMD EPYC host, 1.2e-4 relative, where MKL's code paths move
+# ATen's reference itself).
+BWD_TOL = {"matrix_exp": (1e-2, 1e-3)}
+
 # Ops whose values depend on a random stream (or are uninitialized memory):
 # compared by shape/dtype/device only. test_opinfo checks every name exists.
 RANDOM = {
@@ -303,13 +311,14 @@ def run_backward(op, s, dtype, random):
         _reset()
         return "error", msg
     atol, rtol = tolerance(op, dtype)
+    atol, rtol = BWD_TOL.get(op.name, (atol * 10, rtol * 10))
     try:
         for i, (gx, gc_) in enumerate(zip(grads_x, grads_c)):
             if (gx is None) != (gc_ is None):
                 raise Mismatch(f"grad[{i}]: xla {'None' if gx is None else 'a tensor'}, "
                                f"cpu {'None' if gc_ is None else 'a tensor'}")
             if gc_ is not None:
-                compare(gx, gc_, atol * 10, rtol * 10, random, what=f"grad[{i}]")
+                compare(gx, gc_, atol, rtol, random, what=f"grad[{i}]")
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001
