@@ -102,7 +102,8 @@ def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
     """Wraps fn so that repeated calls replay its recorded graph (see this
     module's docstring). Usable as @txc.compile on functions and methods.
     wait=True: a replay blocks until the device is done (timer "execute", as
-    a sync(wait=True) records it); a traced call then syncs with wait too."""
+    a sync(wait=True) records it), after writing its outputs (that work
+    overlaps the device's); a traced call then syncs with wait too."""
     if fn is None:
         return lambda f: Compiled(f, lift_optimizers=lift_optimizers, wait=wait)
     return Compiled(fn, lift_optimizers=lift_optimizers, wait=wait)
