@@ -57,7 +57,7 @@ static const uint16_t kPlace = register_op(OpDef{
       int kind = parse_memory_kind(n.attr_str(0));
       std::string v = cx.in(n, 0), type = LowerCtx::type(n);
       const Node& from = *n.operands[0];
-      if (kind == kDevice && from.op == place_op() && parse_memory_kind(from.attr_str(0)) == kPinnedHost) {
+      if (kind == kDevice && from.op == place_op() && memory_kind_of(from) == kPinnedHost) {
         // A round trip within one graph (an activation saved to the host and
         // brought back for the backward): XLA's host offloader makes the two
         // annotations a copy to host memory and a copy back, and XLA:GPU's

@@ -330,27 +330,27 @@ GraphCut GraphCut::subset(const std::vector<int>& roots) const {
   return GraphCut(std::move(rs), false);
 }
 
-void GraphCut::poison(const std::vector<int>& roots, const std::string& message) {
+// Storage s now holds a failed value shaped like `out` whose use raises `message`.
+static void hold_error(Storage& s, const Node& out, const std::string& message) {
   static const uint16_t error = op_id("error");
+  s.value = make_node_shaped(error, {}, {message}, out.dtype, out.dims);
+  ++s.version;
+}
+
+void GraphCut::poison(const std::vector<int>& roots, const std::string& message) {
   for (int i : roots) {
     Storage& s = *roots_.at(size_t(i));
     const NodePtr& out = outputs_[size_t(root_output_[size_t(i)])];
-    if (s.value != out) continue;
-    auto n = make_node_shaped(error, {}, {message}, out->dtype, out->dims);
-    s.value = std::move(n);
-    ++s.version;
+    if (s.value == out) hold_error(s, *out, message);
   }
 }
 
 void GraphCut::poison_assigned(const py::list& outs, const std::string& message) {
-  static const uint16_t error = op_id("error");
   if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.poison_assigned: wrong number of outputs");
   for (size_t i = 0; i < roots_.size(); ++i) {
     Storage& s = *roots_[i];
     size_t k = size_t(root_output_[i]);
-    if (py_data_ptr(*s.value) != outs[k].ptr()) continue;  // written since
-    s.value = make_node_shaped(error, {}, {message}, outputs_[k]->dtype, outputs_[k]->dims);
-    ++s.version;
+    if (py_data_ptr(*s.value) == outs[k].ptr()) hold_error(s, *outputs_[k], message);  // (else written since)
   }
 }
 
