@@ -146,19 +146,27 @@ def test_in_place_update_of_an_input(dev):
     assert txc.metrics.counters()["replay"] == 3
 
 
-def test_host_read_in_step_is_traced_every_call(dev):
+def test_host_read_in_step_is_a_guard_each_value_its_own_recording(dev):
+    calls = {"n": 0}
+
     def f(x):
-        if x.sum().item() > 0:   # control flow on a value: cannot be replayed
+        calls["n"] += 1
+        if x.sum().item() > 0:   # control flow on a value: the step is cut there, the value guarded
             return x * 2
         return x * -1
 
     step = txc.compile(f)
-    with pytest.warns(RuntimeWarning, match="read a tensor value on the host"):
-        for v in (1.0, -1.0, 1.0):
-            x = torch.full((2,), v)
-            torch.testing.assert_close(step(x.to(dev)).cpu(), x * 2 if v > 0 else x * -1)
+    for v in (1.0, -1.0, 1.0, -1.0, 2.0, -3.0):
+        x = torch.full((2,), v)
+        torch.testing.assert_close(step(x.to(dev)).cpu(), x * 2 if v > 0 else x * -1)
     c = txc.metrics.counters()
-    assert c.get("replay", 0) == 0 and c["replay_refused"] == 1 and c["replay_trace"] == 3
+    # 1.0 records; -1.0 misses the guard and records its path; 1.0 and -1.0 replay theirs; 2.0 (sum 4.0) and
+    # -3.0 read other values: new variants, up to MAX_VARIANTS per signature
+    assert calls["n"] == 4 and c["replay"] == 2 and c["replay_record"] == 4 and c["replay_guard_miss"] == 3, c
+    assert c.get("replay_refused", 0) == 0
+    x = torch.full((2,), 5.0)  # past MAX_VARIANTS: traced, still right
+    torch.testing.assert_close(step(x.to(dev)).cpu(), x * 2)
+    assert calls["n"] == 5
 
 
 def test_device_data_from_outside_is_refused(dev):

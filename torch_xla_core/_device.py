@@ -159,8 +159,13 @@ class _Engine(torch._C._ImperativeEngine):
     dispatcher keeps the handler's exception per thread
     (csrc/py/dispatch.cpp): raise that one instead."""
 
+    backward_listener = None  # fn(roots, keep_graph): a txc.compile recording notes the graphs it consumes
+
     def run_backward(self, *args, **kwargs):
         from . import _C
+        if _Engine.backward_listener is not None:
+            _Engine.backward_listener(args[0] if args else kwargs.get("tensors", ()),
+                                      args[2] if len(args) > 2 else kwargs.get("keep_graph", False))
         _C.take_handler_error()
         try:
             return super().run_backward(*args, **kwargs)

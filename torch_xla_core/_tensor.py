@@ -154,14 +154,20 @@ def op(name: str, *operands, attrs=()) -> XlaTensor:
     return _op(getattr(OP, name), operands, attrs)
 
 
-def from_cpu(t: torch.Tensor, device_index: int = 0) -> XlaTensor:
+def from_cpu(t: torch.Tensor, device_index: int = 0, user: bool = False) -> XlaTensor:
     """Uploads a CPU tensor to xla device `device_index` (-1: device 0, as a
     value that may join a graph on any device, such as the RNG state); the
-    result is device data (a graph parameter)."""
+    result is device data (a graph parameter). user: the user's own data
+    (`cpu_tensor.to("xla")`, `torch.tensor(..., device="xla")`), not a value
+    an op handler derived from shapes, numbers or values read (a recording
+    of txc.compile tells them apart: replay.py)."""
     code = _dtypes.code(t.dtype)
     if device_index > 0:
         executor.use_devices()
-    return wrap(_C.from_data(runtime.to_device(t, max(device_index, 0)), code, list(t.shape), device_index))
+    buf = runtime.to_device(t, max(device_index, 0))
+    if capture is not None:
+        capture.upload(t, buf, user)
+    return wrap(_C.from_data(buf, code, list(t.shape), device_index))
 
 
 def index_of(t: XlaTensor) -> int:
@@ -199,8 +205,13 @@ def sync_lazy(lts=None, wait=False) -> None:
     executor.sync(lts, wait)
 
 
+capture = None  # a txc.compile recording under way (replay's _Session): it sees host reads and uploads
+
+
 def materialize(t: XlaTensor):
     """The device buffer holding t's current value (computing it if pending)."""
+    if capture is not None:
+        return capture.read(t)
     lt = t._lt
     if lt.is_data:
         if _checks._computed:  # a value is read: checks computed with it raise now (as a sync would)

@@ -80,22 +80,24 @@ import warnings
 import torch
 
 from . import _C, _checks, _dtypes, _random, _tensor, executor, metrics, runtime
+from . import _replay_session as _S
+from ._device import _Engine
+from ._replay_session import Refused as _Refused
 from ._tensor import XlaTensor as _XlaTensor
 
-__all__ = ["compile", "Compiled", "MAX_RECORDINGS"]
+__all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
 
 MAX_RECORDINGS = 16  # signatures recorded per compiled function
+MAX_VARIANTS = 4     # recordings per signature that differ in the values they read on the host
+_GUARD = "a value it reads on the host differs from every recorded one"
 _LIFTABLE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam"}
 _SCALARS = (bool, int, float, str, type(None))
 _ARG, _GROUP = _C.replay_slot_kinds["arg"], _C.replay_slot_kinds["group"]  # input slot kinds made here
                                                                          # (csrc/py/replay.cpp makes the others)
 _tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
+_S.install_scheduler_hook()
 _make = _tensor._make
 _ALIAS = _C.op_ids()["alias"]
-
-
-class _Refused(Exception):
-    """This call cannot be recorded for replay; the message says why."""
 
 
 def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
@@ -161,6 +163,8 @@ class _Walk:
                 self.value(x, where + (k,), seen)
         elif isinstance(v, (torch.dtype, torch.device, torch.Size, types.FunctionType, types.ModuleType, type)):
             self.sig.append((type(v), v))
+        elif isinstance(v, torch.optim.lr_scheduler.LRScheduler):  # its step() runs on every call (_replay_session)
+            self.sig.append(("scheduler", id(v)))
         else:
             self.refusal = self.refusal or (f"an argument of type {type(v).__name__} cannot be guarded; pass "
                                             f"tensors, modules, optimizers, numbers and containers of them")
@@ -305,7 +309,8 @@ def _own_storage(t) -> bool:
 
 
 class _Recording:
-    __slots__ = ("exe", "donated", "inplace", "inplace_of", "ret", "rng_out", "checks", "specs", "plan")
+    __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "inplace_of", "ret",
+                 "rng_out", "checks", "specs", "plan")
 
 
 def _lazy_of(buf, spec):
@@ -326,15 +331,17 @@ def _flatten(out, leaves):
     raise _Refused(f"it returned a {type(out).__name__}; return tensors, numbers and containers of them")
 
 
-def _unflatten(tpl, leaves):
+def _unflatten(tpl, leaves, results):
     tag, v = tpl
     if tag == "T":
         return leaves[v]
     if tag == "V":
         return v
+    if tag == "R":  # a value read on the host and returned (return loss.item())
+        return v[1](results[v[0]])
     if tag is dict:
-        return {k: _unflatten(x, leaves) for k, x in v}
-    seq = [_unflatten(x, leaves) for x in v]
+        return {k: _unflatten(x, leaves, results) for k, x in v}
+    seq = [_unflatten(x, leaves, results) for x in v]
     return tag(seq) if tag is not list else seq
 
 
@@ -346,7 +353,7 @@ class Compiled:
         self._fn = fn
         self._lift = lift_optimizers
         self._wait = wait
-        self._recordings = {}   # signature -> _Recording
+        self._recordings = {}   # signature -> [_Recording]: variants told apart by the values they read
         self._refused = {}      # signature -> reason
         self._warned = set()
 
@@ -376,9 +383,9 @@ class Compiled:
         try:
             w = _walk(src, args, kwargs)
             sig = w.signature()
-            rec = self._recordings.get(sig) if w.refusal is None else None
-            if rec is not None:
-                out, why = self._replay(rec, w)
+            recs = self._recordings.get(sig) if w.refusal is None else None
+            if recs is not None:
+                out, why = self._replay(recs, w)
                 if why is None:
                     return out
         finally:
@@ -386,7 +393,10 @@ class Compiled:
                 gc.enable()
         if w.refusal is not None:
             return self._traced(w.refusal, args, kwargs)
-        if rec is not None:
+        if recs is not None:
+            if why is _GUARD and len(recs) < MAX_VARIANTS:  # another value read: record that path too
+                metrics.counter_add("replay_guard_miss")
+                return self._record(sig, w, src, args, kwargs)
             return self._traced(why, args, kwargs)
         why = self._refused.get(sig)
         if why is not None:
@@ -431,30 +441,30 @@ class Compiled:
                 if b is None:
                     return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
                 slots[id(b)] = i
-        rng_in = _random._state.data
-        c0 = metrics.counters()
-        out = self._call_fn(args, kwargs)
-        c1 = metrics.counters()
-        for name, why in (("execute", "it read a tensor value on the host (.item(), .cpu(), print or control "
-                                      "flow on a tensor)"),
-                          ("transfer_to_host", "it read a tensor value on the host"),
-                          ("transfer_to_device", "it uploaded host data (a tensor made from Python or CPU data "
-                                                 "inside the step); pass it as an argument")):
-            if c1.get(name, 0) != c0.get(name, 0):
-                self._refused[sig] = why
-                metrics.counter_add("replay_refused")
-                return self._warn_refused(why, out)
+        session = _S.Session(slots, _random._state.data)
+        c0 = metrics.counters().get("execute", 0)
+        _tensor.capture, executor._recorder, _Engine.backward_listener = session, session.grab, session.backward
         try:
-            rec, outs = self._capture(sig, pre, src, args, kwargs, out, slots, rng_in)
+            out = self._call_fn(args, kwargs)
+        finally:
+            _tensor.capture, executor._recorder, _Engine.backward_listener = None, None, None
+        if metrics.counters().get("execute", 0) - c0 != len(session.segments):
+            session.refuse("it ran a sync the recording cannot replay (a graph over a mesh of devices)")
+        try:
+            if session.refusal is not None:
+                raise _Refused(session.refusal)
+            rec, outs, results = self._capture(sig, pre, src, args, kwargs, out, session)
         except _Refused as e:
             self._refused[sig] = str(e)
             metrics.counter_add("replay_refused")
             executor.sync()
             return self._warn_refused(str(e), out)
-        if rec is not None and len(self._recordings) < MAX_RECORDINGS:
-            self._recordings[sig] = rec
+        finally:
+            session.run_schedulers()  # after the step's graph: the lr they write is the next call's input
+        if rec is not None and (sig in self._recordings or len(self._recordings) < MAX_RECORDINGS):
+            self._recordings.setdefault(sig, []).append(rec)
             metrics.counter_add("replay_record")
-            return _returned(rec, pre.tensors, outs)  # what a replay returns (detached, the same views)
+            return _returned(rec, pre.tensors, outs, results)  # what a replay returns (detached, the same views)
         return out
 
     def _warn_refused(self, why, out):
@@ -469,55 +479,49 @@ class Compiled:
         metrics.counter_add("replay_refused")
         return self._warn_refused(why, self._run(args, kwargs))
 
-    def _capture(self, sig, pre, src, args, kwargs, out, slots, rng_in):
-        """Syncs the traced step, recording its executable and bindings.
-        None when the step is transitional (its outputs have another
-        signature than its inputs: optimizer state or grads appeared)."""
+    def _capture(self, sig, pre, src, args, kwargs, out, session):
+        """Syncs the traced step (its last segment) and makes the recording
+        from the session's segments: where each output goes, what it returns.
+        The recording is None when the step is transitional (its outputs have
+        another signature than its inputs: optimizer state or grads appeared)."""
         post = _walk(src, args, kwargs)
         leaves = []
         tpl = _flatten(out, leaves)
         inputs = {id(t) for t in pre.tensors}
-        # fine: an input returned as it is, a view made under no_grad (no grad_fn; returned not requiring grad)
+        # fine: an input returned as it is, a view made under no_grad (no grad_fn; returned not requiring grad),
+        # a loss whose graph a backward pass in the step consumed (returned detached, as every replay returns)
         if any(t.requires_grad and id(t) not in inputs and (t.grad_fn is not None or t._base is None)
-               for t in leaves):
-            raise _Refused("it returns a tensor that requires grad: replay covers whole steps (forward, backward "
-                           "and optimizer) and no_grad functions; return loss.detach()")
+               and not session.consumed(t) for t in leaves):
+            raise _Refused("it returns a tensor that requires grad and that no backward pass in the step "
+                           "consumed: replay covers whole steps (forward, backward and optimizer) and no_grad "
+                           "functions; return the loss after loss.backward(), or loss.detach()")
         shared = [t for t in post.tensors if t is not None and not _own_storage(t)]  # views read through chains
         views = {j: t._lt for j, t in enumerate(leaves) if not _own_storage(t)}  # re-made on replay
-        got = {}
-
-        def grab(p, exe, params, outs):
-            got.update(plan=p, exe=exe, params=params, outs=outs)
         gc.collect()  # garbage of the trace holds no pending values
-        executor._recorder = grab
+        n_before = len(session.segments)
+        executor._recorder = session.grab
         try:
             executor.sync(wait=self._wait)
         finally:
             executor._recorder = None
-        p, outs = got.get("plan"), got.get("outs", [])  # no plan: it computed nothing (views, inputs)
-        out_of = {id(b): k for k, b in enumerate(outs)}
+        if session.refusal is not None:
+            raise _Refused(session.refusal)
+        tpl = session.classify_reads(tpl)
+        outs, out_of = session.outs, session.out_of
         for t in shared:  # their storage must be an input's or an output's, else its new value is lost
             b = id(_root_buffer(t))
-            if b not in slots and b not in out_of:
+            if b not in session.slots and b not in out_of:
                 raise _Refused("a tensor it wrote is a view sharing its storage with other tensors")
-        claimed = set()
+        # claimed: outputs that go somewhere (a tensor, a later segment, a read, a check)
+        claimed = set(session.used)
+        claimed.update(r.source[1] for r in session.reads if r.source[0] == "out")
         rec = _Recording()
-        rec.exe = got.get("exe")
+        rec.segments = session.segments
+        rec.reads = session.reads
+        rec.schedulers = session.schedulers
         rec.specs = [None] * len(outs)
-        # what each parameter is
-        binds = []
-        cut_params = p.cut.params() if p is not None else ()
-        for a in cut_params:
-            if type(a) is tuple:
-                binds.append(("const", runtime.scalar(*a)))
-            elif id(a) in slots:
-                binds.append(("slot", slots[id(a)]))
-            elif a is rng_in:
-                binds.append(("rng", None))
-            else:
-                raise _Refused("it reads device data that is not among its inputs (a tensor reached other than "
-                               "through arguments, modules, optimizers, globals or closure)")
-        rec.donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"] if p is not None else []
+        rec.donated = sorted({i for seg in session.segments for i in seg.donated})
+        rec.trailing_guard = any(not r.returned and r.after == len(session.segments) for r in session.reads)
 
         def output(t):
             k = out_of.get(id(_buffer(t)))
@@ -546,13 +550,13 @@ class Compiled:
         ret = []
         for j, t in enumerate(leaves):
             if j in views:
-                ret.append(self._view_of(views[j], slots, out_of, claimed, rec))
+                ret.append(self._view_of(views[j], session.slots, out_of, claimed, rec))
                 continue
             k = output(t)
             if k is not None:
                 ret.append(("out", k))
-            elif id(_buffer(t)) in slots:
-                ret.append(("slot", slots[id(_buffer(t))]))
+            elif id(_buffer(t)) in session.slots:
+                ret.append(("slot", session.slots[id(_buffer(t))]))
             else:
                 raise _Refused("it returned a tensor that is neither computed by it nor an input")
         rec.ret = (tpl, ret)
@@ -561,18 +565,19 @@ class Compiled:
         if st is not None and st.is_data and id(st.data) in out_of:
             rec.rng_out = out_of[id(st.data)]
             claimed.add(rec.rng_out)
-        rec.checks = []
-        for lt, msg, exc in (p.checks if p is not None else ()):
-            k = out_of.get(id(lt.data))
-            if k is not None:
-                claimed.add(k)
-                rec.checks.append((k, msg, exc))
-        if len(claimed) != len(outs):
-            raise _Refused(f"it wrote {len(outs) - len(claimed)} tensor(s) that are not among its inputs or "
+        rec.checks = session.checks
+        claimed.update(k for k, _, _ in rec.checks)
+        # an output nobody claims is lost on replay: refused where a live tensor still holds it (an output of
+        # an earlier segment that the step only used meanwhile, a temporary, is dead by now)
+        last = sum(seg.n for seg in session.segments[:n_before])  # the first output of the step's last sync
+        lost = [k for k in range(len(outs)) if k not in claimed and (k >= last or sys.getrefcount(outs[k]) > 3)]
+        if lost:
+            raise _Refused(f"it wrote {len(lost)} tensor(s) that are not among its inputs or "
                            f"outputs (their new values would be lost on replay)")
-        rec.plan = _C.ReplayPlan(binds, rec.inplace, others, rec.specs)
+        rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs)
+        results = {idx: r.value[0] for idx, r in enumerate(session.reads) if r.returned}
         _grad_refs()  # (its probe runs ops: here, not in a replay)
-        return (None if transitional else rec), outs
+        return (None if transitional else rec), outs, results
 
     @staticmethod
     def _view_of(lt, slots, out_of, claimed, rec):
@@ -594,7 +599,7 @@ class Compiled:
         raise _Refused("it returned a view of a tensor that is neither computed by it nor an input")
 
     # -- replaying ----------------------------------------------------------
-    def _replay(self, rec, w):
+    def _replay(self, recs, w):
         tensors = w.tensors
         pending = False
         if not _C.replay_ready(tensors):  # (the common case, every input device data, in one C++ pass)
@@ -608,19 +613,16 @@ class Compiled:
         if not st.is_data or pending:
             executor.sync(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
             st = _random._state
-        if _C.replay_exclusive(tensors, rec.donated) >= 0:
-            return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
+        for rec in recs:
+            if _C.replay_exclusive(tensors, rec.donated) >= 0:
+                return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
+            done = self._run_segments(rec, w, st)
+            if done is not None:
+                break
+        else:
+            return None, _GUARD
+        outs, results, t0 = done
         plan = rec.plan
-        params = plan.params(tensors, st.data)
-        # the grads this step replaces let their buffers go first, as zero_grad did in the recorded call (one
-        # set of grads at the peak, not two); one that nobody else holds is kept to take its new value
-        plan.release(tensors, w.kinds, _grad_refs())
-        try:
-            outs, t0 = executor.run_recorded(rec.exe, params) if rec.exe is not None else ((), None)
-        except BaseException:
-            plan.unrelease(tensors, w.kinds, w.owners)
-            raise
-        del params  # (the inputs' buffers: donated ones must not stay referenced)
         # the outputs go where they belong while the device runs (a wait=True call waits after that)
         plan.write(tensors, outs)
         plan.set(tensors, w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None
@@ -630,10 +632,56 @@ class Compiled:
             done = [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
             _checks.computed(done)
         metrics.counter_add("replay")
-        ret = _returned(rec, tensors, outs)
+        ret = _returned(rec, tensors, outs, results)
+        for sched in rec.schedulers:  # as in the recorded call, after the step's graph
+            _S._step_of_scheduler(sched)
         if self._wait and t0 is not None:
-            runtime.wait_ready(outs, t0)
+            runtime.wait_ready(outs[-rec.segments[-1].n:] if rec.segments[-1].n else outs, t0)
         return ret, None
+
+    @staticmethod
+    def _run_segments(rec, w, st):
+        """Runs a recording's segments, comparing each value read on the host
+        with the recorded one: (outputs, returned values, last launch time),
+        or None when one differs (nothing written, no input donated: the
+        segments before a guard donate nothing)."""
+        tensors = w.tensors
+        outs, reads, ri = [], rec.reads, 0
+        last = len(rec.segments) - 1
+        t0 = None
+
+        def value(r):
+            kind, v = r.source
+            return _S.host_value(outs[v] if kind == "out" else _root_buffer(tensors[v]))[0]
+        for s, seg in enumerate(rec.segments):
+            while ri < len(reads) and reads[ri].after == s:
+                if value(reads[ri]) != reads[ri].value:
+                    return None
+                ri += 1
+            params = seg.plan.params(tensors, st.data, outs)
+            release = s == last and not rec.trailing_guard
+            if release:
+                # the grads this step replaces let their buffers go first, as zero_grad did in the recorded
+                # call (one set of grads at the peak, not two); one that nobody else holds is kept to take its
+                # new value
+                rec.plan.release(tensors, w.kinds, _grad_refs())
+            try:
+                o, t0 = executor.run_recorded(seg.exe, params)
+            except BaseException:
+                if release:
+                    rec.plan.unrelease(tensors, w.kinds, w.owners)
+                raise
+            del params  # (the inputs' buffers: donated ones must not stay referenced)
+            outs.extend(o)
+        results = {}
+        for idx in range(ri, len(reads)):
+            r = reads[idx]
+            v = value(r)
+            if r.returned:
+                results[idx] = v[0]
+            elif v != r.value:
+                return None
+        return outs, results, t0
 
 
 _grad_refs_seen = None
@@ -658,7 +706,7 @@ def _grad_refs() -> int:
     return _grad_refs_seen
 
 
-def _returned(rec, tensors, outs):
+def _returned(rec, tensors, outs, results):
     """What a recorded step returns, made from its outputs' buffers and its
     inputs (the recording call returns the same, so that the tensors it
     returns look as those of later calls do: detached, the same views)."""
@@ -684,4 +732,4 @@ def _returned(rec, tensors, outs):
             leaves.append(tensors[v])
         else:  # a view of an input or an output: its chain on the new value
             leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
-    return _unflatten(tpl, leaves)
+    return _unflatten(tpl, leaves, results)

@@ -414,7 +414,9 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
 // The parts of a recording that a replay walks per tensor, converted once
 // from replay.py's lists into C++ vectors:
 //   binds: (kind, v) per executable parameter: ("slot", i) the buffer of
-//     tensors[i]; ("const", buffer); ("rng", None) the RNG state's buffer
+//     tensors[i]; ("const", buffer); ("rng", None) the RNG state's buffer;
+//     ("out", k) output k of the step's earlier segments (a step cut by a
+//     host read runs as several executables: replay.py)
 //   inplace: (i, k): tensors[i] now holds output k
 //   others: (i, k, mode): slot i gets a new tensor holding output k (mode
 //     "new": a grad after zero_grad(set_to_none)) or None, at the slot's
@@ -430,6 +432,7 @@ class ReplayPlan {
       if (kind == "slot") binds_.push_back({kSlot, kv[1].cast<int64_t>(), py::object()});
       else if (kind == "const") binds_.push_back({kConst, -1, py::reinterpret_borrow<py::object>(kv[1])});
       else if (kind == "rng") binds_.push_back({kRng, -1, py::object()});
+      else if (kind == "out") binds_.push_back({kOut, kv[1].cast<int64_t>(), py::object()});
       else throw std::invalid_argument("replay: unknown parameter binding " + kind);
     }
     auto spec = [&](int64_t k, DType& t, Dims& d) {
@@ -455,8 +458,8 @@ class ReplayPlan {
     for (const Out& o : others_) others_slots_.push_back(o.i);
   }
 
-  // The executable's arguments.
-  py::list params(py::list tensors, py::handle rng) const {
+  // The executable's arguments (outs: the outputs of the step's earlier segments).
+  py::list params(py::list tensors, py::handle rng, py::list outs) const {
     py::list out(binds_.size());
     size_t j = 0;
     for (const Bind& b : binds_) {
@@ -464,6 +467,10 @@ class ReplayPlan {
       if (b.kind == kSlot) {
         p = root_buffer(lazy_of_wrapper(tensors[size_t(b.slot)]));
         if (!p) throw std::runtime_error("replay: input slot " + std::to_string(b.slot) + " holds no device data");
+      } else if (b.kind == kOut) {
+        if (b.slot >= PyList_GET_SIZE(outs.ptr()))
+          throw std::runtime_error("replay: output " + std::to_string(b.slot) + " of an earlier segment is missing");
+        p = PyList_GET_ITEM(outs.ptr(), b.slot);
       } else {
         p = b.kind == kConst ? b.buffer.ptr() : rng.ptr();
       }
@@ -583,7 +590,7 @@ class ReplayPlan {
     if (!c) throw py::error_already_set();
     return c.ptr() == Py_True;
   }
-  enum Kind { kSlot, kConst, kRng };
+  enum Kind { kSlot, kConst, kRng, kOut };
   struct Bind {
     Kind kind;
     int64_t slot;
@@ -609,7 +616,7 @@ void bind_replay(py::module_& m) {
   py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
       .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list>(),
            py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"))
-      .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"))
+      .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"), py::arg("outs") = py::list())
       .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))
       .def("release", &ReplayPlan::release, py::arg("tensors"), py::arg("kinds"), py::arg("grad_refs"))
       .def("unrelease", &ReplayPlan::unrelease, py::arg("tensors"), py::arg("kinds"), py::arg("owners"))

@@ -277,7 +277,7 @@ def _to_copy(x, dtype, device):
             r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
             return r
         src = x if dtype is None else x.to(dtype)
-        return _tensor.from_cpu(src, i or 0)
+        return _tensor.from_cpu(src, i or 0, user=True)
     cpu = _tensor.to_cpu(x)
     if dtype is not None:
         cpu = cpu.to(dtype)
@@ -312,7 +312,7 @@ def copy_(dst, src, non_blocking=False):
         src = src.to(dst.dtype)
     if src.shape != dst.shape:
         src = src.expand(dst.shape)
-    assign(dst, _tensor.from_cpu(src, _tensor.index_of(dst)))
+    assign(dst, _tensor.from_cpu(src, _tensor.index_of(dst), user=True))
     return dst
 
 

@@ -1,0 +1,270 @@
+"""What a txc.compile recording sees while the step's Python runs (replay.py
+records; this module watches): every sync the step makes (a segment: an
+executable and where each of its parameters comes from), every value it
+reads on the host (a guard, or a value it returns), every upload (baked as
+a constant when that is sound), every backward pass (the graphs it consumed)
+and every LR scheduler step (run again after each replay).
+
+A step that reads a tensor value on the host (`.item()`, `if tensor:`,
+transformers' mask checks) is cut there: the recording syncs everything
+pending (one segment), reads the value and goes on. A replay runs the
+segments in order and reads the same values from their outputs: a value
+that differs from the recorded one stops the replay before anything is
+written, and that call is traced instead (and recorded as another variant).
+That is sound only while the segments before a guard overwrite no input
+(they donate nothing): a step that reads after its optimizer update is
+refused, unless the read is its last act and the value is what it returns
+(`return loss.item()`): that value is read again from each replay's
+outputs, as a result, not a guard."""
+import functools
+import sys
+
+import torch
+
+from . import _C, _tensor, runtime
+
+GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard compares every element)
+_ALIAS = _C.op_ids()["alias"]
+
+
+class Refused(Exception):
+    """This call cannot be recorded for replay; the message says why."""
+
+
+class Segment:
+    """One sync of a recorded step: its executable, the plan that binds its
+    parameters (slots, constants, the RNG state, earlier segments' outputs),
+    how many outputs it has and whether it donates input buffers."""
+    __slots__ = ("exe", "plan", "n", "donated", "donates")
+
+    def __init__(self, exe, plan, n, donated, donates):
+        self.exe, self.plan, self.n, self.donated, self.donates = exe, plan, n, donated, donates
+
+
+class Read:
+    """A value the step read on the host: after how many segments, from where
+    (("out", k): output k of the segments; ("slot", i): input slot i), its
+    recorded value (flat tuple), its dtype and shape; returned: the step
+    returns it (a result read on every replay, not a guard)."""
+    __slots__ = ("after", "source", "value", "dtype", "shape", "returned")
+
+    def __init__(self, after, source, value, dtype, shape):
+        self.after, self.source, self.value, self.dtype, self.shape = after, source, value, dtype, shape
+        self.returned = False
+
+
+def host_value(buf):
+    """A device buffer's value as (flat tuple, dtype, shape) on the host."""
+    t = runtime.to_host(buf, "a value a compiled step reads on the host")
+    return tuple(t.reshape(-1).tolist()), t.dtype, tuple(t.shape)
+
+
+class Session:
+    """The recording of one call (see the module docstring). slots: id of each
+    input buffer -> its input slot; rng_in: the RNG state's buffer at entry."""
+
+    def __init__(self, slots, rng_in):
+        self.slots, self.rng_in = slots, rng_in
+        self.segments = []
+        self.outs, self.out_of = [], {}   # every segment's outputs in order; id(buffer) -> index
+        self.used = set()                 # outputs that a later segment reads
+        self.reads = []
+        self.consts = {}                  # id(buffer) -> buffer: uploads baked as constants (held: never donated)
+        self.checks = []                  # (output index, message, exception type) of deferred checks
+        self.refusal = None
+        self.roots = []                   # grad_fns whose graphs a backward pass consumed
+        self.schedulers = []              # LR schedulers whose step() ran after the step (in order)
+        self.synced = 0                   # syncs the executor ran meanwhile (each must be a segment)
+
+    def refuse(self, why):
+        if self.refusal is None:
+            self.refusal = why
+
+    # -- the executor's recorder: every sync during the call ------------------
+    def grab(self, p, exe, params, outs):
+        binds = []
+        for a in p.cut.params():
+            if type(a) is tuple:
+                binds.append(("const", runtime.scalar(*a)))
+            elif id(a) in self.slots:
+                binds.append(("slot", self.slots[id(a)]))
+            elif a is self.rng_in:
+                binds.append(("rng", None))
+            elif id(a) in self.out_of:
+                binds.append(("out", self.out_of[id(a)]))
+                self.used.add(self.out_of[id(a)])
+            elif id(a) in self.consts:
+                binds.append(("const", a))
+            else:
+                self.refuse("it reads device data that is not among its inputs (a tensor reached other than "
+                            "through arguments, modules, optimizers, globals or closure)")
+                binds.append(("const", a))
+        base = len(self.outs)
+        for j, b in enumerate(outs):
+            self.out_of[id(b)] = base + j
+        self.outs.extend(outs)
+        for lt, msg, exc in p.checks:
+            k = self.out_of.get(id(lt.data)) if lt.is_data else None
+            if k is not None:
+                self.checks.append((k, msg, exc))
+        donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
+        self.segments.append(Segment(exe, _C.ReplayPlan(binds, [], [], []), len(outs), donated, bool(p.key.aliases)))
+
+    # -- host reads (_tensor.materialize) --------------------------------------
+    def read(self, t):
+        lt = t._lt
+        if not lt.is_data:
+            if lt.is_view:
+                lt = _tensor._make(_ALIAS, (lt,), ())  # a storage of its own holding the view's value
+            _tensor.sync_lazy(None, wait=True)  # everything pending: one segment (no computation twice)
+        else:
+            from . import _checks
+            if _checks._computed:
+                _checks.verify()
+        buf = lt.data
+        k = self.out_of.get(id(buf))
+        if k is not None:
+            source = ("out", k)
+        else:
+            i = self.slots.get(id(buf))
+            if i is None:
+                return buf  # a constant (an upload baked into the recording) or data nobody else can change
+            source = ("slot", i)
+        n = 1
+        for d in lt.shape:
+            n *= d
+        if n > GUARD_ELEMENTS:
+            self.refuse(f"it read a tensor of {n} elements on the host; a replay compares every value a step "
+                        f"reads with the recorded one (up to {GUARD_ELEMENTS} elements): read smaller values, or "
+                        f"move the read out of the step")
+            return buf
+        value, dtype, shape = host_value(buf)
+        self.reads.append(Read(len(self.segments), source, value, dtype, shape))
+        return buf
+
+    # -- uploads (_tensor.from_cpu) -------------------------------------------
+    def upload(self, host, buf, user):
+        if user and host.numel() > 0:
+            self.refuse("it uploaded host data (a tensor made from Python or CPU data inside the step); pass it "
+                        "as an argument")
+        else:  # empty, or made by an op from shapes, numbers and values the step read (guarded): a constant
+            self.consts[id(buf)] = buf
+
+    # -- backward passes (_device._Engine) --------------------------------------
+    def backward(self, roots, keep_graph):
+        if keep_graph:
+            return
+        for r in roots if isinstance(roots, (tuple, list)) else (roots,):
+            fn = getattr(r, "grad_fn", None)
+            if fn is not None:
+                self.roots.append(fn)
+
+    def consumed(self, t) -> bool:
+        """Whether a backward pass in the call consumed t's autograd graph (a
+        loss returned after loss.backward(): nothing can backward through it
+        again, so a detached value is all a caller can use)."""
+        fn = t.grad_fn
+        if fn is None or not self.roots:
+            return False
+        seen, todo = set(), list(self.roots)
+        while todo:
+            n = todo.pop()
+            if n is None or id(n) in seen:
+                continue
+            if n is fn:
+                return True
+            seen.add(id(n))
+            todo.extend(f for f, _ in n.next_functions)
+        return False
+
+    # -- LR schedulers ---------------------------------------------------------
+    def scheduler_step(self, sched) -> bool:
+        """A scheduler's step() inside the step: run after the step's graph
+        (and again after each replay), so that its host-side count and the
+        lr it writes move on every call. True: deferred."""
+        self.schedulers.append(sched)
+        return True
+
+    def run_schedulers(self):
+        for s in self.schedulers:
+            _step_of_scheduler(s)
+
+    # -- after the call -----------------------------------------------------------
+    def classify_reads(self, template):
+        """Reads that are the step's last act and whose value it returns
+        (return loss.item()) become results; every other read is a guard,
+        refused where a segment before it overwrote inputs. Returns the
+        template with those values as ("R", read index)."""
+        last = len(self.segments)
+        for idx, r in enumerate(self.reads):
+            if r.after == last and len(r.value) == 1:
+                template, found = _mark_returned(template, r.value[0], idx)
+                r.returned = found
+        for r in self.reads:
+            if not r.returned and any(s.donates for s in self.segments[:r.after]):
+                raise Refused("it reads a tensor value on the host after a sync that updated its inputs in place, "
+                              "and goes on computing; a replay could not redo the step if the value differed. "
+                              "Read values at the end of the step and return them (return loss.item())")
+        return template
+
+
+def _mark_returned(tpl, value, idx):
+    """tpl with the first returned Python number equal to value replaced by ("R", idx, its type)."""
+    tag, v = tpl
+    if tag == "V":
+        if type(v) in (float, int, bool) and v == value:
+            return ("R", (idx, type(v))), True
+        return tpl, False
+    if tag in ("T", "R"):
+        return tpl, False
+    items = list(v)
+    for j, x in enumerate(items):
+        if tag is dict:
+            k, sub = x
+            new, found = _mark_returned(sub, value, idx)
+            if found:
+                items[j] = (k, new)
+                return (tag, items), True
+        else:
+            new, found = _mark_returned(x, value, idx)
+            if found:
+                items[j] = new
+                return (tag, items), True
+    return tpl, False
+
+
+# --- LR schedulers: their step() inside a recorded step is deferred ------------------
+
+_scheduler_step = None  # torch's LRScheduler.step
+
+
+def _step_of_scheduler(s):
+    return _scheduler_step(s)
+
+
+def install_scheduler_hook() -> None:
+    """Routes LRScheduler.step() (without arguments, of a scheduler that does
+    not override it, not called from another scheduler) to the recording
+    session when one is under way; any other scheduler step inside a
+    recording is refused (its lr would be baked into the graph)."""
+    global _scheduler_step
+    cls = torch.optim.lr_scheduler.LRScheduler
+    if _scheduler_step is not None:
+        return
+    _scheduler_step = orig = cls.step
+
+    @functools.wraps(orig)
+    def step(self, *args, **kwargs):
+        s = _tensor.capture
+        if s is None:
+            return orig(self, *args, **kwargs)
+        caller = sys._getframe(1).f_locals.get("self")
+        if args or kwargs or type(self).step is not step or isinstance(caller, cls):
+            s.refuse(f"it steps an LR scheduler ({type(self).__name__}.step with arguments, or from another "
+                     f"scheduler) whose new lr would be baked into the graph; step it outside the compiled "
+                     f"function")
+            return orig(self, *args, **kwargs)
+        s.scheduler_step(self)
+        return None
+
+    cls.step = step
