@@ -53,7 +53,7 @@ def test_two_processes_data_parallel_match_cpu(tmp_path):
 def test_a_dead_process_stops_the_others(tmp_path):
     r = _launch(tmp_path, "die")  # process 1 exits with status 3 before joining
     assert r.returncode == 3
-    assert "process 1 of 2 exited with status 3; stopping the others" in r.stderr
+    assert "process 1 of 2 exited with status 3; told the others (PeerLostError)" in r.stderr
     assert not (tmp_path / "rank0.json").exists()
 
 

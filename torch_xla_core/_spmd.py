@@ -35,7 +35,7 @@ import re
 
 import numpy as np
 
-from . import metrics, runtime
+from . import metrics, peers, runtime
 
 active = False   # set by sharding.mark_sharding: only then are parameters inspected
 
@@ -299,8 +299,7 @@ def execute(exe, key, params: list, specs: list, wait: bool = False) -> list:
                 for (code, dims), s, arrs in zip(specs, shardings, parts)]
     metrics.timer_add("execute_launch", time.perf_counter() - t0)
     if wait:
-        for b in outs:
-            b.block_until_ready()
+        peers.wait(outs)  # a dead peer process raises PeerLostError here
         metrics.timer_add("execute", time.perf_counter() - t0)
     return outs
 

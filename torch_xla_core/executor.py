@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, _spmd, compile_cache, metrics, recompiles, runtime
+from . import _C, _checks, _random, _spmd, compile_cache, metrics, peers, recompiles, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd", defaults=(None,))):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -359,7 +359,7 @@ def _run(p: Plan, wait: bool) -> None:
             outs = _spmd.execute(exe, p.key, params, cut.output_specs(), wait=wait)
         else:
             outs, t0 = runtime.launch(exe, params)
-    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation):
+    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
         raise
     except Exception as e:
         raise _failure(cut, e) from None
@@ -371,6 +371,8 @@ def _run(p: Plan, wait: bool) -> None:
     if wait and t0 is not None:
         try:
             runtime.wait_ready(outs, t0)
+        except peers.PeerLostError:  # the graph still runs, waiting on a dead process: no failure of its own
+            raise
         except Exception as e:
             raise _run_failure(cut, outs, e) from None
     if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay.py)

@@ -15,10 +15,21 @@ through it: torch_xla_core/distributed_checkpoint.py). In the
 script, txc.world_size(), txc.global_ordinal() and txc.local_ordinal() say
 where it runs; xs.Mesh(range(world devices), ...) spans every process.
 
-When a process fails, the launcher stops the others and exits with that
-process's status (naming it), so nothing waits forever on a dead peer; the
-distributed runtime's own heartbeat (TXC_DISTRIBUTED_TIMEOUT, 60 s) covers
-peers lost without the launcher."""
+Listeners: jax's coordination service (process 0) binds 127.0.0.1 only,
+jax's gloo collectives 127.0.0.1, torch.distributed's store is hosted by
+the launcher on 127.0.0.1 (workers join it as clients:
+TORCHELASTIC_USE_AGENT_STORE), torch's gloo process group uses the
+loopback interface (GLOO_SOCKET_IFNAME=lo). Nothing listens on another
+interface (SECURITY.md; several machines: torch_xla_core/peers.py).
+
+When a process fails, the launcher names it ("process 1 of 2 exited with
+status 3") and tells the others at once (a pipe, TXC_LAUNCH_FD): a call of
+theirs waiting on a value that needs the dead process raises
+peers.PeerLostError naming it, so a script can save and exit. Those still
+running TXC_COLLECTIVE_TIMEOUT s (default 60) later are stopped with a
+message, before jax's heartbeat (TXC_DISTRIBUTED_TIMEOUT, set past that
+bound here) would abort them; the launcher exits with the failed process's
+status."""
 import argparse
 import os
 import socket
@@ -33,37 +44,89 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _store(timeout: float):
+    """torch.distributed's TCPStore, hosted here on 127.0.0.1 (torch's own
+    store in rank 0 would bind every interface): (store, port)."""
+    from datetime import timedelta
+    import torch.distributed as dist
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(128)
+    port = s.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+                          master_listen_fd=s.detach())
+    return store, port
+
+
+def _seconds(env, name, default):
+    v = env.get(name)
+    try:
+        return float(v) if v else float(default)
+    except ValueError:
+        raise ValueError(f"{name}={v!r} must be a number of seconds") from None
+
+
 def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.2) -> int:
     """Runs `python script_argv...` in nproc processes; returns the exit
     status (0 when all succeed, else the first failure's)."""
     if nproc < 1 or devices < 1:
         raise ValueError(f"launch: --nproc ({nproc}) and --devices ({devices}) must be at least 1")
     base = dict(os.environ if env is None else env)
+    grace = _seconds(base, "TXC_COLLECTIVE_TIMEOUT", _seconds(base, "TXC_DISTRIBUTED_TIMEOUT", 60))
+    store, store_port = _store(max(grace, 300))
     base.update(TXC_COORDINATOR=f"127.0.0.1:{_free_port()}", TXC_NUM_PROCESSES=str(nproc),
-                TXC_NUM_CPU_DEVICES=str(devices), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))
-    procs = []
+                TXC_NUM_CPU_DEVICES=str(devices), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
+                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), TORCHELASTIC_USE_AGENT_STORE="True",
+                TXC_COLLECTIVE_TIMEOUT=f"{grace:g}")
+    base.setdefault("TXC_DISTRIBUTED_TIMEOUT", str(int(2 * grace + 30)))  # jax's abort after our own end
+    if os.path.exists("/sys/class/net/lo"):
+        base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    procs, notices = [], []
     for rank in range(nproc):
-        e = dict(base, TXC_PROCESS_ID=str(rank), TXC_LOCAL_RANK=str(rank), RANK=str(rank), LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable] + list(script_argv), env=e))
-    status = 0
+        r, w = os.pipe()
+        e = dict(base, TXC_PROCESS_ID=str(rank), TXC_LOCAL_RANK=str(rank), RANK=str(rank), LOCAL_RANK=str(rank),
+                 TXC_LAUNCH_FD=str(r))
+        procs.append(subprocess.Popen([sys.executable] + list(script_argv), env=e, pass_fds=(r,)))
+        os.close(r)
+        notices.append(w)
+    running = dict(enumerate(procs))
+    status, deadline, stopping = 0, None, False
     try:
-        while procs:
-            for rank, p in enumerate(list(procs)):
+        while running:
+            for rank, p in list(running.items()):
                 rc = p.poll()
                 if rc is None:
                     continue
-                procs.remove(p)
+                del running[rank]
                 if rc != 0 and status == 0:
-                    status = rc
-                    print(f"torch_xla_core.launch: process {rank} of {nproc} exited with status {rc}; "
-                          f"stopping the others", file=sys.stderr)
-                    for q in procs:
-                        q.terminate()
+                    status, deadline = rc, time.monotonic() + grace
+                    print(f"torch_xla_core.launch: process {rank} of {nproc} exited with status {rc}; told the "
+                          f"others (PeerLostError), stopping any still running in {grace:g} s "
+                          f"(TXC_COLLECTIVE_TIMEOUT)",
+                          file=sys.stderr, flush=True)
+                    note = f"lost {rank} {rc} process {rank} of {nproc} exited with status {rc}\n".encode()
+                    for other in running:
+                        try:
+                            os.write(notices[other], note)
+                        except OSError:
+                            pass
+            if deadline is not None and running and time.monotonic() >= deadline:
+                for rank, p in running.items():
+                    if not stopping:
+                        print(f"torch_xla_core.launch: process {rank} of {nproc} still runs {grace:g} s after "
+                              f"its peer failed; stopping it", file=sys.stderr, flush=True)
+                        p.terminate()
+                    else:
+                        p.kill()
+                stopping, deadline = True, time.monotonic() + 5
             time.sleep(poll)
     finally:
-        for q in procs:
-            q.kill()
+        for p in running.values():
+            p.kill()
+            p.wait()
+        for w in notices:
+            os.close(w)
+        del store
     return status
 
 

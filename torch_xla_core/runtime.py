@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from . import _dtypes, metrics
+from . import _dtypes, metrics, peers
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
 _INSTALL_HINT = {
@@ -50,16 +50,13 @@ def _cpu_device_count():
 def _distributed():
     """Joins jax's distributed runtime when started by torch_xla_core.launch
     (TXC_COORDINATOR=host:port, TXC_NUM_PROCESSES, TXC_PROCESS_ID): one
-    global device list over the processes, CPU collectives through gloo."""
+    global device list over the processes, CPU collectives through gloo;
+    what listens where and what a dead peer does: peers.py."""
     n = os.environ.get("TXC_NUM_PROCESSES")
     if not n or int(n) <= 1:
         return
-    import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    timeout = int(os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60"))
-    jax.distributed.initialize(os.environ["TXC_COORDINATOR"], num_processes=int(n),
-                               process_id=int(os.environ["TXC_PROCESS_ID"]), initialization_timeout=timeout,
-                               heartbeat_timeout_seconds=timeout)
+    peers.join(int(n), int(os.environ["TXC_PROCESS_ID"]), os.environ["TXC_COORDINATOR"],
+               int(os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60")))
 
 
 def _select_backend():
@@ -271,8 +268,7 @@ def wait_ready(outs, t0):
     it. The executor writes the outputs where they go between the launch and
     this wait (a sync's cut.assign, a replay's writes), so that this work of
     the host overlaps the device's instead of following it."""
-    for b in outs:
-        b.block_until_ready()
+    peers.wait(outs)
     metrics.timer_add("execute", time.perf_counter() - t0)
 
 
@@ -368,6 +364,7 @@ def to_host(buf, what: str = "copying an xla tensor to the CPU") -> torch.Tensor
             collective_barrier(f"{what} (a {buf.dtype}{list(buf.shape)} tensor sharded "
                                f"{tuple(spec) if spec is not None else buf.sharding})")
             buf = multihost_utils.process_allgather(buf, tiled=True)
+        peers.wait([buf], what)
         a = np.asarray(buf)
         if a.dtype == _dtypes.NUMPY[_dtypes.BF16]:
             t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
@@ -382,7 +379,9 @@ def wait_all() -> None:
     executions and transfers have finished."""
     for a in backend().live_arrays():
         try:
-            a.block_until_ready()
+            peers.wait([a], "waiting for the device's work")
+        except peers.PeerLostError:
+            raise
         except RuntimeError:  # a deleted (donated) buffer: nothing to wait for
             pass
 

@@ -1,0 +1,211 @@
+"""The processes of a multi-process job: how this process joins jax's
+distributed runtime (and so what listens where), and what it does when a
+peer process dies.
+
+What listens (see SECURITY.md):
+- Process 0 runs jax's coordination service (unauthenticated gRPC). It
+  binds TXC_COORDINATOR_BIND when set (host:port; e.g. "[::]:1234" for
+  every interface), else exactly the address of TXC_COORDINATOR: on one
+  machine (torch_xla_core.launch) 127.0.0.1:PORT, on several machines the
+  address the user named for process 0 — never every interface unless the
+  user says so (jax's own default is [::]).
+- Every process listens for jax's CPU collectives (gloo, over TCP). It
+  binds TXC_GLOO_HOSTNAME when set, else 127.0.0.1 when the coordinator is
+  a loopback address, else gloo's default (this machine's host name,
+  resolved).
+- torch.distributed's store (init_process_group): under the launcher the
+  launcher hosts it on 127.0.0.1 (launch.py); torch's gloo process group
+  listens on the loopback interface there (GLOO_SOCKET_IFNAME=lo).
+
+A dead peer. torch_xla_core.launch tells the other processes at once
+(through a pipe, TXC_LAUNCH_FD) when one exits with an error; a call of
+this process waiting on the device (a .cpu(), .item(), sync(wait=True),
+txc.wait_device_ops()) whose value waits on a collective then raises
+PeerLostError naming the peer, within TXC_COLLECTIVE_TIMEOUT (default 60 s),
+so that `try/except` around a step can save what is on the host and exit.
+jax's runtime cannot be told to raise instead: its coordination client
+aborts the process (a C++ fatal error) once its heartbeat
+(TXC_DISTRIBUTED_TIMEOUT) sees the dead peer; jaxlib 0.10's
+missed_heartbeat_callback cannot be a Python function (the call fails with
+std::bad_cast, itself an abort). So the launcher sets that heartbeat past
+its own bound and ends any process still running TXC_COLLECTIVE_TIMEOUT s
+after the death itself, with a message naming both. A process that has
+lost a peer ends with os._exit once its own exit handlers (registered after
+torch_xla_core's join) have run: jax's exit handlers would wait for the
+dead peer (shutdown barrier, the collective still blocked in gloo). Its
+exit status is 1 unless the script calls peers.exit(status).
+Without the launcher (several machines), jax's heartbeat is what notices
+a dead peer, and it aborts."""
+import atexit
+import ipaddress
+import os
+import sys
+import threading
+import time
+
+__all__ = ["PeerLostError", "lost", "wait", "exit"]
+
+
+class PeerLostError(RuntimeError):
+    """A peer process of this job died while this process waited on a value
+    that needs it. `peer` is its process index (None when unknown), `status`
+    its exit status (None when unknown)."""
+
+    def __init__(self, message, peer=None, status=None):
+        super().__init__(message)
+        self.peer, self.status = peer, status
+
+
+_lost = None          # (message, peer, status) once a peer is known dead
+_watching = False     # a multi-process job: waits poll instead of blocking
+_exit_status = [1]
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _split(address: str):
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise RuntimeError(f"TXC_COORDINATOR={address!r} is not host:port (e.g. 127.0.0.1:1234)")
+    return host, port
+
+
+def bind_addresses(coordinator: str):
+    """(where process 0's coordination service listens, where gloo listens or
+    None for its default) for this coordinator address and the environment."""
+    host, _ = _split(coordinator)
+    bind = os.environ.get("TXC_COORDINATOR_BIND") or coordinator
+    gloo = os.environ.get("TXC_GLOO_HOSTNAME") or ("127.0.0.1" if _is_loopback(host) else None)
+    return bind, gloo
+
+
+def join(num_processes: int, process_id: int, coordinator: str, timeout: int) -> None:
+    """jax.distributed.initialize with the listeners bound as the module
+    docstring says, gloo CPU collectives, and the launcher's notices."""
+    import jax
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+    bind, gloo = bind_addresses(coordinator)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
+                               initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
+                               coordinator_bind_address=bind)
+    if gloo is not None:
+        from functools import partial
+        from jax._src import distributed
+        coll = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=gloo)
+        try:
+            xla_bridge.register_backend_factory("cpu", partial(xla_bridge.make_cpu_client, collectives=coll),
+                                                priority=0, fail_quietly=False)
+        except RuntimeError as e:  # jax's CPU client started before torch_xla_core joined
+            import warnings
+            warnings.warn(f"torch_xla_core: jax's CPU client had already started ({e}), so its gloo collectives "
+                          f"listen where gloo's default puts them, not on {gloo}; start torch_xla_core before "
+                          f"using jax", RuntimeWarning, stacklevel=3)
+    _watch()
+
+
+def _watch():
+    global _watching
+    _watching = True
+    atexit.register(_end_if_lost)  # after jax's handlers were registered: runs before them
+    fd = os.environ.get("TXC_LAUNCH_FD")
+    if fd:
+        try:
+            fd = int(fd)
+            os.set_inheritable(fd, False)
+        except (ValueError, OSError):
+            return
+        threading.Thread(target=_read_notices, args=(fd,), name="txc-peer-notices", daemon=True).start()
+
+
+def _read_notices(fd: int) -> None:
+    """Lines from the launcher: 'lost <peer> <status> <message>'. End of
+    file: the launcher itself is gone."""
+    global _lost
+    buf = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if _lost is None:
+                _lost = (f"the launcher (torch_xla_core.launch, pid {os.getppid()} at start) exited while this "
+                         f"process ran", None, None)
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            parts = line.decode(errors="replace").split(" ", 3)
+            if len(parts) == 4 and parts[0] == "lost" and _lost is None:
+                _lost = (parts[3], int(parts[1]), int(parts[2]))
+
+
+def lost():
+    """The message of a peer known dead, or None."""
+    return None if _lost is None else _lost[0]
+
+
+def _raise(what: str):
+    message, peer, status = _lost
+    timeout = os.environ.get("TXC_COLLECTIVE_TIMEOUT", "60")
+    raise PeerLostError(
+        f"{what}: {message}, and this value waits on it (a collective over the job's processes), so it will "
+        f"never be ready. Save what you need from the host now and exit: the launcher ends this process "
+        f"{timeout} s (TXC_COLLECTIVE_TIMEOUT) after the peer died, and jax's runtime can only abort it once "
+        f"its heartbeat notices (TXC_DISTRIBUTED_TIMEOUT). Device values computed by this step are lost.",
+        peer, status) from None
+
+
+def wait(bufs, what: str = "waiting on the device") -> None:
+    """Blocks until every buffer is ready. In a multi-process job it polls,
+    and raises PeerLostError once a peer is known dead while one is not."""
+    if not _watching:
+        for b in bufs:
+            b.block_until_ready()
+        return
+    for b in bufs:
+        if not hasattr(b, "is_ready"):  # host data already (process_allgather's numpy result)
+            continue
+        delay = 5e-5
+        while True:
+            try:
+                if b.is_ready():
+                    break
+            except RuntimeError:  # deleted (donated) or failed: block_until_ready says which
+                break
+            if _lost is not None:
+                _raise(what)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+        b.block_until_ready()
+
+
+def exit(status: int = 1):  # noqa: A001 (as sys.exit)
+    """sys.exit(status) for a process that lost a peer: the status it ends
+    with (its exit goes through os._exit, see the module docstring)."""
+    _exit_status[0] = status
+    sys.exit(status)
+
+
+def _end_if_lost():
+    if _lost is None:
+        return
+    try:
+        print(f"torch_xla_core: this process lost a peer ({_lost[0]}); it ends now (os._exit) with status "
+              f"{_exit_status[0]}, without jax's own shutdown, which would wait for that peer", file=sys.stderr)
+        import logging
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(_exit_status[0])
