@@ -1,7 +1,12 @@
 // Scaled dot-product attention, forward (output and logsumexp, one node per
 // output chosen by a `which` attribute) and backward (one node per gradient),
 // with grouped-query heads and causal or explicit (bool or additive) masks,
-// as dot_general products. Half-precision inputs compute in f32.
+// as dot_general products. Half-precision (bf16/f16) inputs keep their
+// products in the input dtype (bf16 operands and result: XLA accumulates in
+// f32 inside the product, as cuBLAS and jax's plain bf16 dot do), so the
+// scores and probabilities tensors are bf16 as in torch's math SDPA on CUDA;
+// the softmax (max, exp, sum, normalisation) and the backward's elementwise
+// algebra compute in f32 between the products, which XLA fuses.
 #include <cmath>
 #include "lower/emitter.h"
 #include "ops/arith.h"
@@ -93,16 +98,16 @@ void check_mask(const Node& n, const Attn& a, const Node& m) {
     op_error(n, std::string("expected attn_mask of dtype bool or float, got ") + dtype_name(m.dtype));
 }
 
-// Masked, scaled scores (a.s5) in compute type ct.
+// Masked, scaled scores (a.s5) in compute type ct; q5 (in q's dtype) . k^T is
+// one product in q's dtype, converted to ct for the softmax.
 std::string attn_scores(Arith& k, const Node& n, const Attn& a, const std::string& q5, int64_t mi) {
   LowerCtx& cx = k.cx;
-  DType ct = k.t;
+  DType ct = k.t, io = n.operands[0]->dtype;
   Dims kd = a.kb;
   kd.insert(kd.end(), {a.S, a.E});
-  std::string kk = cx.convert(cx.in(n, 1), n.operands[1]->dtype, ct, kd);
   int64_t nb = a.nb;
-  std::string s = dot(cx, ct, q5, a.q5, kk, kd, range(0, nb), range(0, nb), {nb + 2}, {nb + 1}, a.s5);
-  s = k.mul(s, k.c(n.attr_float(0), a.s5), a.s5);
+  std::string s = dot(cx, io, q5, a.q5, cx.in(n, 1), kd, range(0, nb), range(0, nb), {nb + 2}, {nb + 1}, a.s5);
+  s = k.mul(cx.convert(s, io, ct, a.s5), k.c(n.attr_float(0), a.s5), a.s5);
   if (mi >= 0) {
     const Node& m = *n.operands[mi];
     std::string mv = cx.broadcast(cx.in(n, mi), m.dtype, m.dims, a.full_s);
@@ -119,14 +124,10 @@ std::string attn_scores(Arith& k, const Node& n, const Attn& a, const std::strin
   return s;
 }
 
-std::string attn_q5(LowerCtx& cx, const Node& n, const Attn& a, DType ct) {
+// q viewed as (B..., Hk, G, L, E), in its own dtype (the products' dtype).
+std::string attn_q5(LowerCtx& cx, const Node& n, const Attn& a) {
   const Node& q = *n.operands[0];
-  return cx.reshape(cx.convert(cx.in(n, 0), q.dtype, ct, q.dims), ct, q.dims, a.q5);
-}
-
-std::string attn_v(LowerCtx& cx, const Node& n, DType ct) {
-  const Node& v = *n.operands[2];
-  return cx.convert(cx.in(n, 2), v.dtype, ct, v.dims);
+  return cx.reshape(cx.in(n, 0), q.dtype, q.dims, a.q5);
 }
 
 // sdpa(q, k, v, [mask]; scale, causal, which, has_mask) which: 0 out, 1 logsumexp (f32, q dims[:-1])
@@ -150,7 +151,8 @@ TXC_OP("sdpa", -1,
          DType ct = float_compute_dtype(q.dtype);
          Arith k{cx, ct};
          int64_t nb = a.nb, last = nb + 2;
-         std::string s = attn_scores(k, n, a, attn_q5(cx, n, a, ct), n.attr_int(3) ? 3 : -1);
+         DType io = q.dtype;
+         std::string s = attn_scores(k, n, a, attn_q5(cx, n, a), n.attr_int(3) ? 3 : -1);
          std::string m = k.max(s, a.s5, {last});
          std::string m0 = k.sel(k.eq(m, k.c(-INFINITY, a.lse5), a.lse5), k.c(0, a.lse5), m, a.lse5);
          std::string e = k.u("stablehlo.exponential", k.sub(s, k.back(m0, a.s5, {last}), a.s5), a.s5);
@@ -161,10 +163,11 @@ TXC_OP("sdpa", -1,
          }
          Dims vd = a.kb;
          vd.insert(vd.end(), {a.S, a.Ev});
-         std::string o = dot(cx, ct, e, a.s5, attn_v(cx, n, ct), vd, range(0, nb), range(0, nb), {last}, {nb}, a.o5);
+         // probabilities normalised in ct, then one product in the input dtype (a fully masked row: l = 0, e = 0)
          std::string l1 = k.sel(k.eq(l, k.c(0, a.lse5), a.lse5), k.c(1, a.lse5), l, a.lse5);
-         o = k.div(o, k.back(l1, a.o5, {last}), a.o5);
-         return cx.convert(cx.reshape(o, ct, a.o5, n.dims), ct, n.dtype, n.dims);
+         std::string p = cx.convert(k.div(e, k.back(l1, a.s5, {last}), a.s5), ct, io, a.s5);
+         std::string o = dot(cx, io, p, a.s5, cx.in(n, 2), vd, range(0, nb), range(0, nb), {last}, {nb}, a.o5);
+         return cx.reshape(o, io, a.o5, n.dims);
        });
 
 // sdpa_backward(q, k, v, grad, out, lse, [mask]; scale, causal, which, has_mask)
@@ -193,21 +196,25 @@ TXC_OP("sdpa_backward", -1,
          Arith k{cx, ct};
          int64_t nb = a.nb, last = nb + 2, which = n.attr_int(2);
          Dims B = range(0, nb);
-         std::string q5 = attn_q5(cx, n, a, ct);
+         DType io = q.dtype;
+         std::string q5 = attn_q5(cx, n, a);
          std::string s = attn_scores(k, n, a, q5, n.attr_int(3) ? 6 : -1);
          std::string lse = cx.reshape(cx.convert(cx.in(n, 5), n.operands[5]->dtype, ct, n.operands[5]->dims), ct,
                                       n.operands[5]->dims, a.lse5);
          lse = k.sel(k.eq(lse, k.c(-INFINITY, a.lse5), a.lse5), k.c(INFINITY, a.lse5), lse, a.lse5);
          std::string p = k.u("stablehlo.exponential", k.sub(s, k.back(lse, a.s5, {last}), a.s5), a.s5);
          const Node& go = *n.operands[3];
-         std::string g5 = cx.reshape(cx.convert(cx.in(n, 3), go.dtype, ct, go.dims), ct, go.dims, a.o5);
+         std::string gi = cx.reshape(cx.convert(cx.in(n, 3), go.dtype, io, go.dims), io, go.dims, a.o5);
          Dims vd = a.kb;
          vd.insert(vd.end(), {a.S, a.Ev});
          if (which == 2) {
-           std::string dv = dot(cx, ct, p, a.s5, g5, a.o5, B, B, {nb, nb + 1}, {nb, nb + 1}, vd);
-           return cx.convert(dv, ct, n.dtype, n.dims);
+           std::string pi = cx.convert(p, ct, io, a.s5);
+           std::string dv = dot(cx, io, pi, a.s5, gi, a.o5, B, B, {nb, nb + 1}, {nb, nb + 1}, vd);
+           return cx.convert(dv, io, n.dtype, n.dims);
          }
-         std::string dp = dot(cx, ct, g5, a.o5, attn_v(cx, n, ct), vd, B, B, {last}, {nb + 1}, a.s5);
+         std::string dp = dot(cx, io, gi, a.o5, cx.in(n, 2), vd, B, B, {last}, {nb + 1}, a.s5);
+         dp = cx.convert(dp, io, ct, a.s5);
+         std::string g5 = cx.convert(gi, io, ct, a.o5);
          const Node& out = *n.operands[4];
          std::string o5 = cx.reshape(cx.convert(cx.in(n, 4), out.dtype, ct, out.dims), ct, out.dims, a.o5);
          std::string D = k.sum(k.mul(g5, o5, a.o5), a.o5, {last});
@@ -223,18 +230,15 @@ TXC_OP("sdpa_backward", -1,
            r = k.sum(r, f, axes);
            return cx.convert(cx.reshape(r, ct, drop(f, axes), m.dims), ct, n.dtype, n.dims);
          }
-         ds = k.mul(ds, k.c(n.attr_float(0), a.s5), a.s5);
-         if (which == 0) {
-           Dims kd = a.kb;
-           kd.insert(kd.end(), {a.S, a.E});
-           std::string kk = cx.convert(cx.in(n, 1), n.operands[1]->dtype, ct, kd);
-           std::string dq = dot(cx, ct, ds, a.s5, kk, kd, B, B, {last}, {nb}, a.q5);
-           return cx.convert(cx.reshape(dq, ct, a.q5, q.dims), ct, n.dtype, n.dims);
-         }
+         ds = cx.convert(k.mul(ds, k.c(n.attr_float(0), a.s5), a.s5), ct, io, a.s5);
          Dims kd = a.kb;
          kd.insert(kd.end(), {a.S, a.E});
-         std::string dk = dot(cx, ct, ds, a.s5, q5, a.q5, B, B, {nb, nb + 1}, {nb, nb + 1}, kd);
-         return cx.convert(dk, ct, n.dtype, n.dims);
+         if (which == 0) {
+           std::string dq = dot(cx, io, ds, a.s5, cx.in(n, 1), kd, B, B, {last}, {nb}, a.q5);
+           return cx.convert(cx.reshape(dq, io, a.q5, q.dims), io, n.dtype, n.dims);
+         }
+         std::string dk = dot(cx, io, ds, a.s5, q5, a.q5, B, B, {nb, nb + 1}, {nb, nb + 1}, kd);
+         return cx.convert(dk, io, n.dtype, n.dims);
        });
 
 }  // namespace
