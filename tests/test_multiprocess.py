@@ -105,3 +105,127 @@ def test_flash_attention_per_shard_over_two_processes(tmp_path):
         torch.testing.assert_close(torch.tensor(out["out"]), o.detach(), rtol=1e-5, atol=1e-5)
         for gr, t in zip(out["grads"], (q, k, v)):
             torch.testing.assert_close(torch.tensor(gr), t.grad, rtol=1e-4, atol=1e-4)
+
+
+def _listening(pids):
+    """{pid: [(address, port)]}: the TCP sockets each process listens on,
+    from /proc/net/tcp{,6} (state 0A) and the socket inodes of its fds."""
+    import ipaddress
+    inodes = {}
+    for name, v6 in (("tcp", False), ("tcp6", True)):
+        with open(f"/proc/net/{name}") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] != "0A":
+                    continue
+                addr, port = cols[1].split(":")
+                raw = bytes.fromhex(addr)
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # per 32-bit word, host order
+                ip = ipaddress.IPv6Address(raw) if v6 else ipaddress.IPv4Address(raw)
+                inodes[cols[9]] = (ip, int(port, 16))
+    out = {}
+    for pid in pids:
+        socks = []
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                socks.append(inodes[link[8:-1]])
+        out[pid] = socks
+    return out
+
+
+def _descendants(pid):
+    kids = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            kids.setdefault(ppid, []).append(int(p))
+    out, todo = [], [pid]
+    while todo:
+        q = todo.pop()
+        out.append(q)
+        todo.extend(kids.get(q, []))
+    return out
+
+
+def test_a_launched_job_listens_on_loopback_only(tmp_path):
+    """Every socket the launcher and its processes listen on (jax's
+    coordination service, gloo collectives, torch.distributed's store and
+    gloo process group) is bound to a loopback address, never every
+    interface (jax's default, and torch's store's, is [::] / 0.0.0.0)."""
+    import ipaddress
+    import time
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    script = os.path.join(os.path.dirname(__file__), "scripts", "listeners.py")
+    p = subprocess.Popen([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                          str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert p.poll() is None, p.communicate()[1][-4000:]
+            assert time.monotonic() - t0 < 120, "the job did not start"
+            time.sleep(0.2)
+        procs = _descendants(p.pid)
+        socks = _listening(procs)
+        with open(f"/proc/{procs[-1]}/environ", "rb") as f:  # a worker's environment
+            wenv = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    finally:
+        (tmp_path / "release").touch()
+        out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-4000:]
+    everything = [s for ss in socks.values() for s in ss]
+    coordinator_port = int(wenv[b"TXC_COORDINATOR"].rsplit(b":", 1)[1])
+    store_port = int(wenv[b"MASTER_PORT"])
+    ports = {port for _, port in everything}
+    assert coordinator_port in ports and store_port in ports, (socks, coordinator_port, store_port)
+    assert store_port in {port for _, port in socks[p.pid]}  # the launcher hosts torch.distributed's store
+    assert len(everything) >= 2 + 4, socks  # and each process listens for gloo (jax's and torch's)
+
+    def loopback(ip):
+        return ip.is_loopback or (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None
+                                  and ip.ipv4_mapped.is_loopback)
+    assert [(str(ip), port) for ip, port in everything if not loopback(ip)] == []
+
+
+def test_a_dead_peer_raises_in_the_waiting_call(tmp_path):
+    """Process 1 ends (os._exit(3)) while process 0 waits on a collective
+    step: process 0's .item() raises PeerLostError naming process 1 well
+    within TXC_COLLECTIVE_TIMEOUT, it saves and exits by itself (status 5,
+    through peers.exit), and the launcher exits with process 1's status."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    env["TXC_COLLECTIVE_TIMEOUT"] = "20"
+    script = os.path.join(os.path.dirname(__file__), "scripts", "dead_peer.py")
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr[-4000:]
+    assert "process 1 of 2 exited with status 3; told the others (PeerLostError)" in r.stderr
+    assert "still runs" not in r.stderr  # the survivor ended by itself, not stopped by the launcher
+    assert "ends now (os._exit) with status 5" in r.stderr
+    assert "Terminating process" not in r.stderr  # no abort of jax's coordination client
+    out = json.loads((tmp_path / "survivor.json").read_text())
+    assert (out["type"], out["peer"], out["status"]) == ("PeerLostError", 1, 3)
+    assert "process 1 of 2 exited with status 3" in out["error"]
+    assert out["waited"] < 20  # TXC_COLLECTIVE_TIMEOUT
+    assert out["losses"] == [pytest.approx(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)).sum()
+                                           .item() * 2, rel=1e-5)]
+
+
+def test_a_survivor_that_does_not_exit_is_stopped(tmp_path):
+    """A survivor that swallows PeerLostError and keeps running is stopped by
+    the launcher TXC_COLLECTIVE_TIMEOUT s after its peer died, with a
+    message naming it (before jax's heartbeat would abort it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    env["TXC_COLLECTIVE_TIMEOUT"] = "3"
+    script = os.path.join(os.path.dirname(__file__), "scripts", "dead_peer.py")
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
+                        str(tmp_path), "stay"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr[-4000:]
+    assert "process 0 of 2 still runs 3 s after its peer failed; stopping it" in r.stderr
+    assert json.loads((tmp_path / "survivor.json").read_text())["peer"] == 1

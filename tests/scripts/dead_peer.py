@@ -4,7 +4,9 @@ spanning both processes, then process 1 ends with os._exit(3) while
 process 0 is in the next step's collective. Process 0 catches
 PeerLostError around the step, writes <out>/survivor.json (the error, the
 seconds it waited, what it saved from the host) and exits through
-peers.exit(5)."""
+if sys.argv[2:] == ["stay"]:  # swallows the error and runs on: the launcher must stop it
+    time.sleep(600)
+peers.exit(5); with argv[2] == "stay" it sleeps instead."""
 import json, os, sys, time
 import torch, torch_xla_core as txc, torch_xla_core.sharding as xs
 from torch_xla_core import peers
@@ -27,4 +29,6 @@ except peers.PeerLostError as e:
 result.update(waited=time.monotonic() - t0, losses=losses)
 with open(os.path.join(out_dir, "survivor.json"), "w") as f:
     json.dump(result, f)
+if sys.argv[2:] == ["stay"]:  # swallows the error and runs on: the launcher must stop it
+    time.sleep(600)
 peers.exit(5)
