@@ -382,3 +382,54 @@ def test_sdpa_routing_rules(sdpa_mode):
     assert not sdpa_route(long, long, long, None, 0.0, False, platform="tpu")
     with pytest.raises(ValueError, match="set_sdpa_kernel: mode must be one of"):
         sdpa_mode("fast")
+
+
+def test_sdpa_auto_on_cuda_picks_the_fused_kernel(sdpa_mode):
+    """On CUDA, "auto" routes bf16/f16 SDPA calls the Pallas GPU kernel takes (causal, GQA as transformers'
+    Llama calls it: no mask, enable_gqa=True) to flash_attention, whose default there is that kernel; f32,
+    masks, and shapes it cannot take keep the core op. "cudnn" routes what cuDNN's fused attention takes."""
+    from torch_xla_core.kernels.attention import sdpa_route
+    q = torch.randn(1, 4, 256, 64, dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    sdpa_mode("auto")
+    assert sdpa_route(q, kv, kv, None, 0.0, True, platform="cuda")
+    assert sdpa_route(q.half(), kv.half(), kv.half(), None, 0.0, True, platform="cuda")
+    assert not sdpa_route(q, kv, kv, None, 0.0, True, platform="cpu")
+    assert not sdpa_route(q.float(), kv.float(), kv.float(), None, 0.0, True, platform="cuda")  # f32: TF32 dots
+    assert not sdpa_route(q, kv, kv, torch.ones(256, 256, dtype=torch.bool), 0.0, True, platform="cuda")
+    assert not sdpa_route(q, kv, kv, None, 0.1, True, platform="cuda")  # dropout: the math path
+    assert not sdpa_route(q[:, :, :100], kv[:, :, :100], kv[:, :, :100], None, 0.0, True, platform="cuda")
+    assert not sdpa_route(q[:, :, :128], kv, kv, None, 0.0, True, platform="cuda")  # decoding: q shorter than kv
+    assert not sdpa_route(q[..., :8], kv[..., :8], kv[..., :8], None, 0.0, True, platform="cuda")  # head_dim 8
+    assert not sdpa_route(q, kv, kv, None, 0.0, False, platform="cuda")  # heads differ without enable_gqa
+    sdpa_mode("cudnn")
+    assert sdpa_route(q, kv, kv, None, 0.0, True, platform="cuda")
+    assert not sdpa_route(q, kv, kv, None, 0.0, True, platform="cpu")
+    wide = torch.randn(1, 2, 256, 256, dtype=torch.bfloat16)  # head_dim over 128
+    assert not sdpa_route(wide, wide, wide, None, 0.0, False, platform="cuda")
+    assert not sdpa_route(q.float(), kv.float(), kv.float(), None, 0.0, True, platform="cuda")
+    sdpa_mode("xla")
+    assert not sdpa_route(q, kv, kv, None, 0.0, True, platform="cuda")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_cudnn_attention_layout_matches_torch(causal):
+    """The cuDNN entry's layout (our [B, H, S, D] to jax's [B, S, H, D] and back, GQA, scale, causal), run
+    with jax's own implementation on CPU (cuDNN's needs a GPU) against torch's SDPA."""
+    jax = pytest.importorskip("jax")
+    import numpy as np
+    import torch.nn.functional as F
+    from torch_xla_core.kernels.attention import _cudnn_attention
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g), \
+        torch.randn(2, 2, 16, 8, generator=g)
+    got = _cudnn_attention(*(jax.numpy.asarray(t.numpy()) for t in (q, k, v)), causal=causal, sm_scale=0.3,
+                           implementation="xla")
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(torch.from_numpy(np.array(got)), want, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_attention_cudnn_needs_cuda(dev):
+    q = torch.randn(1, 2, 64, 16, device=dev, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="impl='cudnn' .*needs a CUDA GPU .*platform is cpu"):
+        kernels.flash_attention(q, q, q, impl="cudnn")

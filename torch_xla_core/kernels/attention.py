@@ -17,6 +17,11 @@ flash_attention(q, k, v, causal=False, q_segment_ids=None,
         (bf16, B=2, H=8, D=64, causal, fwd+bwd): 2.2-2.5x faster than
         "reference" at S=1024 and 4096. float32 keeps "reference" by default
         (Triton's dots round through TF32).
+      "cudnn": GPU: XLA's cuDNN fused (flash) attention, as
+        jax.nn.dot_product_attention(implementation="cudnn") emits: bf16/f16,
+        head_dim a multiple of 8 up to 128, no bias or segment ids (GQA and
+        causal taken as they are). The default on CUDA for the calls it takes
+        when TXC_SDPA_KERNEL / set_sdpa_kernel is "cudnn".
       "interpret": the GPU kernel through Pallas' interpreter (plain HLO,
         any platform: how CPU tests check its numerics; slow).
       "reference": the same math written in jax (kernels/reference.py's
@@ -46,9 +51,13 @@ multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices,
     implementation's vjp).
 
 F.scaled_dot_product_attention goes to flash_attention where set_sdpa_kernel /
-TXC_SDPA_KERNEL allow it (default "auto": on TPU, for calls the kernel takes,
-kv length >= 1024; "flash": every platform; "xla": never), counted as
-"sdpa_flash" in metrics; the rest keeps the fused core sdpa op.
+TXC_SDPA_KERNEL allow it, counted as "sdpa_flash" in metrics; the rest keeps
+the fused core sdpa op. Modes: "auto" (the default): on TPU for calls the
+kernel takes with kv length >= 1024; on CUDA for bf16/f16 calls the Pallas
+GPU kernel takes (no mask, causal or not, GQA as transformers' Llama calls
+it: one length for q and kv, a multiple of 128 or 32/64, head_dim 16..256);
+"flash": every platform, every call without mask or dropout; "cudnn": on
+CUDA, the calls cuDNN's fused attention takes, run by it; "xla": never.
 
 Under SPMD both kernels run per shard (kernels/per_shard.py: jax.shard_map's
 manual region around the call) when given partition_spec= (q's layout,
@@ -134,12 +143,39 @@ def _flash_gpu(q, k, v, seg, *, causal, sm_scale, interpret):
     return t(o)
 
 
+def _cudnn_attention(q, k, v, *, causal, sm_scale, implementation="cudnn"):
+    """XLA's cuDNN fused attention (jax.nn.dot_product_attention): q [B, H, S, D],
+    k/v [B, Hkv, T, D] (GQA as is; jax's layout is [B, S, H, D]).
+    implementation="xla" is jax's own math, for checking this layout on CPU."""
+    jax, jnp = _jax()
+    t = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
+    o = jax.nn.dot_product_attention(t(q), t(k), t(v), scale=sm_scale, is_causal=causal,
+                                     implementation=implementation)
+    return t(o)
+
+
+def _cudnn_refusal(q, k, q_segment_ids, ab):
+    """Why cuDNN's fused attention cannot take this call (None when it can)."""
+    d, s, t = q.shape[3], q.shape[2], k.shape[2]
+    if s != t:
+        return f"cuDNN's fused attention is used here for q and kv of one length (got {s} and {t})"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"cuDNN's fused attention needs bf16 or f16 (got {q.dtype})"
+    if d % 8 or d > 128:
+        return f"cuDNN's fused attention needs head_dim a multiple of 8 up to 128 (got {d})"
+    if ab is not None or q_segment_ids is not None:
+        return "cuDNN's fused attention is used here without bias or segment ids"
+    return None
+
+
 def _flash_entry(*arrays, has_ab, has_seg, causal, sm_scale, impl):
     """impl: "pallas" (TPU, Mosaic), "gpu" (Triton), "interpret" (the GPU
     kernel interpreted) or "reference"."""
     q, k, v = arrays[:3]
     rest = list(arrays[3:])
     ab = rest.pop(0) if has_ab else None
+    if impl == "cudnn":
+        return _cudnn_attention(q, k, v, causal=causal, sm_scale=sm_scale)
     if impl in ("gpu", "interpret"):
         return _flash_gpu(q, k, v, rest[0] if has_seg else None, causal=causal, sm_scale=sm_scale,
                           interpret=impl == "interpret")
@@ -234,11 +270,21 @@ def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=No
         _need(tuple(ab.shape) == (b, h, s, t), f"{op}: ab must be [{b}, {h}, {s}, {t}], got {list(ab.shape)}")
     platform = runtime.platform()
     gpu_refusal = _gpu_kernel_refusal(q, k, q_segment_ids, kv_segment_ids, ab)
+    cudnn_refusal = _cudnn_refusal(q, k, q_segment_ids, ab)
     if impl is None:
-        impl = ("pallas" if platform == "tpu" or (platform == "cuda" and gpu_refusal is None and
-                                                  q.dtype in (torch.bfloat16, torch.float16)) else "reference")
-    _need(impl in ("pallas", "interpret", "reference"),
-          f"{op}: impl must be None, 'pallas', 'interpret' or 'reference', got {impl!r}")
+        half = q.dtype in (torch.bfloat16, torch.float16)
+        if platform == "cuda" and sdpa_kernel() == "cudnn" and cudnn_refusal is None:
+            impl = "cudnn"
+        else:
+            impl = "pallas" if platform == "tpu" or (platform == "cuda" and gpu_refusal is None and half) \
+                else "reference"
+    _need(impl in ("pallas", "cudnn", "interpret", "reference"),
+          f"{op}: impl must be None, 'pallas', 'cudnn', 'interpret' or 'reference', got {impl!r}")
+    _need(impl != "cudnn" or platform == "cuda",
+          f"{op}: impl='cudnn' (XLA's cuDNN fused attention) needs a CUDA GPU (the platform is {platform}); use "
+          f"impl='reference'")
+    if impl == "cudnn":
+        _need(cudnn_refusal is None, f"{op}: {cudnn_refusal}; use impl='pallas' or 'reference'")
     _need(impl != "pallas" or platform in ("tpu", "cuda"),
           f"{op}: impl='pallas' needs a TPU or a GPU (the platform is {platform}); use impl='interpret' (the GPU "
           f"kernel through Pallas' interpreter) or impl='reference'")
@@ -365,18 +411,23 @@ def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, ef
 # --- F.scaled_dot_product_attention routed to flash_attention ---------------------
 # TXC_SDPA_KERNEL (or set_sdpa_kernel): "auto" (default) routes SDPA calls the
 # flash kernel can take to it on TPU when the kv length is at least
-# _AUTO_MIN_KV (O(S) memory instead of the S x S logits; untimed here: no TPU);
-# "flash" routes them on every platform (CPU: the jax reference; GPU: the
-# Triton kernel for bf16/f16 calls it takes, else the reference; for
-# comparison); "xla" never routes (the fused core sdpa op, csrc/ops/attention.cpp).
-_SDPA_MODES = ("auto", "flash", "xla")
+# _AUTO_MIN_KV (O(S) memory instead of the S x S logits; untimed here: no TPU),
+# and on CUDA the bf16/f16 calls the Pallas GPU (Triton) kernel takes: on an
+# H200 the issue-29 Llama step's device time was 19.3 ms with it against 47 ms
+# with the core op (f32 scores then; cuDNN's kernel is the other candidate,
+# bench/device_check.sh measures the three); "flash" routes every call without
+# mask or dropout on every platform (CPU: the jax reference; GPU: the Triton
+# kernel for bf16/f16 calls it takes, else the reference; for comparison);
+# "cudnn" routes the calls cuDNN's fused attention takes on CUDA to it; "xla"
+# never routes (the fused core sdpa op, csrc/ops/attention.cpp).
+_SDPA_MODES = ("auto", "flash", "cudnn", "xla")
 _AUTO_MIN_KV = 1024
 _sdpa_mode = None
 
 
 def set_sdpa_kernel(mode: str) -> None:
-    """Where F.scaled_dot_product_attention goes: "auto", "flash" or "xla"
-    (overrides TXC_SDPA_KERNEL)."""
+    """Where F.scaled_dot_product_attention goes: "auto", "flash", "cudnn" or
+    "xla" (overrides TXC_SDPA_KERNEL)."""
     global _sdpa_mode
     if mode not in _SDPA_MODES:
         raise ValueError(f"set_sdpa_kernel: mode must be one of {_SDPA_MODES}, got {mode!r}")
@@ -402,7 +453,7 @@ def sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa, platform=None) -> bool
     if mode == "xla":
         return False
     platform = platform or runtime.platform()
-    if mode == "auto" and platform != "tpu":
+    if (mode == "auto" and platform not in ("tpu", "cuda")) or (mode == "cudnn" and platform != "cuda"):
         return False
     if attn_mask is not None or dropout_p > 0 or q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         return False
@@ -416,4 +467,8 @@ def sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa, platform=None) -> bool
             return False
         if mode == "auto" and t < _AUTO_MIN_KV:
             return False
+    if platform == "cuda" and mode == "auto":
+        return q.dtype in (torch.bfloat16, torch.float16) and _gpu_kernel_refusal(q, k, None, None, None) is None
+    if mode == "cudnn":
+        return _cudnn_refusal(q, k, None, None) is None
     return True
