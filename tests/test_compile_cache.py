@@ -2,7 +2,9 @@
 process loads what the first compiled (one-device graphs and graphs
 partitioned over a mesh, in one process and in two; another mesh misses),
 corrupt entries are recompiled and rewritten, the directory is
-size-bounded. Always a temporary directory."""
+size-bounded; only this user's own directory and files feed it (an unsafe
+directory is not used, a planted entry never loaded). Always a temporary
+directory."""
 import json
 import os
 import subprocess
@@ -217,3 +219,144 @@ def test_key_covers_precision_and_runtime(dev, cache_dir):
         key, mesh, mesh._replace(spmd=Spmd((3, 2, 1, 0), mesh.spmd.params)),  # another device order
         mesh._replace(spmd=Spmd((0, 1, 2, 3), ("{devices=[2,1,2]<=[4] last_tile_dim_replicate}",))))}
     assert len(names) == 4
+
+
+# --- trust: only this user's own files feed the cache ----------------------------------------------------
+
+_STRANGER = 12345  # a uid that is not this user's (the tests run as root, so chown works)
+
+
+def _warnings_of(fn):
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [str(m.message) for m in w if issubclass(m.category, RuntimeWarning)]
+
+
+def test_the_directory_is_created_0700(dev, tmp_path, monkeypatch):
+    d = tmp_path / "made" / "cache"
+    monkeypatch.setenv("TXC_COMPILE_CACHE", str(d))
+    old = os.umask(0)  # even with no umask at all
+    try:
+        executor.clear_cache()
+        (torch.randn(3).to(dev) + 2).cpu()
+    finally:
+        os.umask(old)
+        executor.clear_cache()
+    assert (d.stat().st_mode & 0o777) == 0o700 and len(list(d.glob("*.xexe"))) == 1
+    assert all((e.stat().st_mode & 0o777) == 0o600 for e in d.glob("*.xexe"))
+
+
+@pytest.mark.parametrize("mode, why", [(0o777, "writable by everyone (mode 0777)"),
+                                       (0o770, "writable by its group (mode 0770)"),
+                                       (None, f"owned by uid {_STRANGER}, not by this user")])
+def test_an_unsafe_directory_is_not_used(dev, cache_dir, mode, why):
+    """A cache directory others can write (or another user's) is neither
+    read nor written: a warning names it and the fix; counted; the graph
+    compiles as with no cache. Fixed (chmod 700), it is used again."""
+    x = torch.randn(5)
+    (x.to(dev) * 3).cpu()
+    (entry,) = cache_dir.glob("*.xexe")  # written while the directory was safe
+    if mode is None:
+        os.chown(cache_dir, _STRANGER, -1)
+    else:
+        cache_dir.chmod(mode)
+    executor.clear_cache()
+    y, warned = _warnings_of(lambda: (x.to(dev) * 3 + 1).cpu() + (x.to(dev) * 3).cpu())
+    torch.testing.assert_close(y, (x * 3 + 1) + x * 3)
+    c = txc.metrics.counters()
+    assert c["compile"] == 3 and c.get("persistent_cache_hit", 0) == 0  # the cached entry was not loaded
+    assert c["persistent_cache_unsafe"] >= 2 and c["persistent_cache_write"] == 1  # nothing written since
+    assert list(cache_dir.glob("*.xexe")) == [entry]
+    msg = [w for w in warned if "compile cache directory is not used" in w]
+    assert len(msg) == 1 and why in msg[0] and str(cache_dir) in msg[0]  # once, naming it
+    assert f"chmod 700 {cache_dir}" in msg[0] and "TXC_COMPILE_CACHE=off" in msg[0]
+    os.chown(cache_dir, os.geteuid(), -1)
+    cache_dir.chmod(0o700)
+    executor.clear_cache()
+    (x.to(dev) * 3).cpu()
+    assert txc.metrics.counters()["persistent_cache_hit"] == 1  # trusted again: loaded
+
+
+@pytest.mark.parametrize("plant", ["foreign owner", "world-writable", "symlink"])
+def test_an_entry_not_this_users_own_is_never_loaded(dev, cache_dir, tmp_path_factory, plant):
+    """An entry with the right name and a valid digest (anyone can compute
+    both) that is another user's file, writable by others or a symlink is
+    not loaded: a warning, a recompile, and the next write replaces it."""
+    x = torch.randn(4)
+    (x.to(dev) - 1).cpu()
+    (entry,) = cache_dir.glob("*.xexe")
+    if plant == "foreign owner":
+        os.chown(entry, _STRANGER, -1)
+    elif plant == "world-writable":
+        entry.chmod(0o666)
+    else:
+        elsewhere = tmp_path_factory.mktemp("elsewhere") / "planted.xexe"
+        elsewhere.write_bytes(entry.read_bytes())
+        entry.unlink()
+        entry.symlink_to(elsewhere)
+    executor.clear_cache()
+    y, warned = _warnings_of(lambda: (x.to(dev) - 1).cpu())
+    torch.testing.assert_close(y, x - 1)
+    c = txc.metrics.counters()
+    assert c["compile"] == 2 and c.get("persistent_cache_hit", 0) == 0 and c["persistent_cache_unsafe"] == 1
+    assert any(str(entry) in w and "never" in w and "loaded" in w for w in warned), warned
+    st = os.lstat(entry)  # rewritten: this user's regular file, 0600
+    assert st.st_uid == os.geteuid() and (st.st_mode & 0o777) == 0o600 and not entry.is_symlink()
+    executor.clear_cache()
+    (x.to(dev) - 1).cpu()
+    assert txc.metrics.counters()["persistent_cache_hit"] == 1
+
+
+def test_a_fifo_entry_does_not_block(dev, cache_dir):
+    x = torch.randn(4)
+    (x.to(dev) * 7).cpu()
+    (entry,) = cache_dir.glob("*.xexe")
+    entry.unlink()
+    os.mkfifo(entry, 0o600)
+    executor.clear_cache()
+    y, warned = _warnings_of(lambda: (x.to(dev) * 7).cpu())  # an open() without O_NONBLOCK would wait forever
+    torch.testing.assert_close(y, x * 7)
+    assert any("not a regular file" in w for w in warned), warned
+
+
+@pytest.mark.parametrize("damage", ["empty", "magic only", "half", "payload replaced, digest valid"])
+def test_a_damaged_entry_recompiles_and_the_others_still_load(dev, cache_dir, damage):
+    """Truncated or corrupt entries (one with a valid digest over a payload
+    PJRT refuses) are warned about, deleted and recompiled; the other
+    entries of the directory are untouched and still load."""
+    import hashlib
+    x = torch.randn(6)
+    (x.to(dev) + 4).cpu()
+    (bad,) = cache_dir.glob("*.xexe")
+    (x.to(dev) * 4).cpu()
+    (good,) = set(cache_dir.glob("*.xexe")) - {bad}
+    good_bytes = good.read_bytes()
+    blob = bad.read_bytes()
+    head = len(compile_cache._MAGIC) + 32
+    bad.write_bytes({"empty": b"", "magic only": compile_cache._MAGIC, "half": blob[:len(blob) // 2],
+                     "payload replaced, digest valid": compile_cache._MAGIC + hashlib.sha256(b"x" * 99).digest()
+                     + b"x" * 99}[damage])
+    executor.clear_cache()
+    (y, z), warned = _warnings_of(lambda: ((x.to(dev) + 4).cpu(), (x.to(dev) * 4).cpu()))
+    torch.testing.assert_close(y, x + 4)
+    torch.testing.assert_close(z, x * 4)
+    why = {"empty": "bad header", "magic only": "bad header", "half": "checksum mismatch",
+           "payload replaced, digest valid": "PJRT could not load it"}[damage]
+    assert any(str(bad) in w and why in w for w in warned), warned
+    c = txc.metrics.counters()
+    assert c["compile"] == 3 and c["persistent_cache_corrupt"] == 1 and c["persistent_cache_hit"] == 1
+    assert good.read_bytes() == good_bytes and bad.stat().st_size > head  # the other kept, the bad rewritten
+
+
+def test_trusted_directory(tmp_path):
+    assert compile_cache.trusted_directory(str(tmp_path)) is None
+    assert compile_cache.trusted_directory(str(tmp_path / "no")) == f"{tmp_path / 'no'} does not exist"
+    f = tmp_path / "file"
+    f.write_text("")
+    assert compile_cache.trusted_directory(str(f)) == f"{f} is not a directory"
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(0o1777)  # sticky, as /tmp: still writable by everyone
+    assert "writable by everyone (mode 1777)" in compile_cache.trusted_directory(str(d))

@@ -28,12 +28,23 @@ that a second process (or a restarted job) loads instead of compiling.
   leave a whole file and a reader never sees half of one. A corrupt entry
   (bad header or digest, or one PJRT refuses) is warned about, deleted and
   recompiled, never executed.
+- Trust: an entry is native code this process runs, so only its owner
+  may feed the cache. The directory is created 0700. A directory that is
+  group- or world-writable, owned by another user, or not a directory is
+  not used at all (nothing loaded or written; a warning naming it and the
+  fix, once per directory; counter "persistent_cache_unsafe"); an entry
+  that is not a regular file of this user's, writable by no one else
+  (a symlink, another owner, mode g+w/o+w), is never loaded (the same
+  warning and counter) and is replaced by the next write.
+  trusted_directory() is that rule for any directory code or pickles are
+  loaded from. The digest in the header guards against corruption, not
+  against a planted file: the owner check is what does.
 - Size: at most TXC_COMPILE_CACHE_MAX_BYTES (default 4 GiB); after each
   write the least recently used entries (file mtime; a hit touches it) go
   until the directory fits.
 - Metrics: counters "persistent_cache_hit", "persistent_cache_miss",
   "persistent_cache_write", "persistent_cache_corrupt",
-  "persistent_cache_evict"; timers "persistent_cache_load",
+  "persistent_cache_evict", "persistent_cache_unsafe"; timers "persistent_cache_load",
   "persistent_cache_write".
 
 jax has a compilation cache of its own (jax._src.compilation_cache), but it
@@ -43,12 +54,13 @@ executables — is this short module over jaxlib's public serialize /
 deserialize_executable."""
 import hashlib
 import os
+import stat
 import tempfile
 import warnings
 
 from . import _spmd, metrics, runtime
 
-__all__ = ["directory", "max_bytes", "entry_path", "load", "store"]
+__all__ = ["directory", "max_bytes", "entry_path", "load", "store", "trusted_directory"]
 
 _MAGIC = b"TXCEXE1\n"
 _DIGEST = 32
@@ -110,6 +122,76 @@ def entry_path(key, text: str):
     return None if d is None else os.path.join(d, entry_name(key, text))
 
 
+def _untrusted(st, what: str):
+    """Why a file or directory with this stat may not feed this process
+    code, or None: it must be this user's and writable by no one else."""
+    me = os.geteuid()
+    if st.st_uid != me:
+        return f"{what} is owned by uid {st.st_uid}, not by this user (uid {me})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"{what} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def trusted_directory(path: str, create: bool = False):
+    """None when `path` is a directory only this user can write (created
+    0700 when missing and `create`), else why it is not: the rule for any
+    directory torch_xla_core loads executables, code or pickles from."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if not create:
+            return f"{path} does not exist"
+        os.makedirs(path, mode=0o700, exist_ok=True)  # the leaf 0700 (the umask may only take bits away)
+        st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    return _untrusted(st, path)
+
+
+_warned = set()
+
+
+def _usable(d: str, create: bool) -> bool:
+    """Whether the cache directory may be used; warns once per directory."""
+    try:
+        why = trusted_directory(d, create)
+    except OSError as e:
+        why = f"{d} cannot be created ({e})"
+    if why is None:
+        return True
+    if why.endswith("does not exist"):
+        return False  # nothing cached yet: a plain miss
+    metrics.counter_add("persistent_cache_unsafe")
+    if (d, why) not in _warned:
+        _warned.add((d, why))
+        warnings.warn(f"torch_xla_core: the persistent compile cache directory is not used: {why}. Its entries are "
+                      f"native code this process would run, so another user able to write there could run code "
+                      f"as you. Fix: chmod 700 {d} (as its owner), or set TXC_COMPILE_CACHE to a directory of "
+                      f"your own (default ~/.cache/torch_xla_core), or TXC_COMPILE_CACHE=off", RuntimeWarning,
+                      stacklevel=4)
+    return False
+
+
+def _open_entry(path):
+    """The bytes of an entry this user owns and no one else can write; None
+    (and a warning) for any other file. The checks are made on the open
+    file (fstat), not on the name, and a symbolic link is not followed."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))  # a FIFO: no wait
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        why = "it is not a regular file" if not stat.S_ISREG(st.st_mode) else _untrusted(st, "it")
+        if why is not None:
+            metrics.counter_add("persistent_cache_unsafe")
+            warnings.warn(f"torch_xla_core: persistent compile cache entry {path} is never loaded: {why}, so it "
+                          f"may have been planted by someone else (its name is a hash anyone can compute). "
+                          f"Compiling instead; the next write replaces it. Delete it if you do not know where it "
+                          f"came from", RuntimeWarning, stacklevel=4)
+            return None
+        return f.read()
+
+
 def _corrupt(path, why):
     metrics.counter_add("persistent_cache_corrupt")
     warnings.warn(f"torch_xla_core: persistent compile cache entry {path} is unusable ({why}); it is ignored, "
@@ -124,18 +206,29 @@ def load(key, text: str):
     """The cached executable of this graph, or None (a miss, the cache off, or
     an entry that could not be used)."""
     path = entry_path(key, text)
-    if path is None:
+    if path is None or not _usable(os.path.dirname(path), create=False):
+        if path is not None:
+            metrics.counter_add("persistent_cache_miss")
         return None
     with metrics.timed("persistent_cache_load"):
         try:
-            with open(path, "rb") as f:
-                blob = f.read()
+            blob = _open_entry(path)
         except FileNotFoundError:
             metrics.counter_add("persistent_cache_miss")
             return None
-        except OSError as e:
+        except OSError as e:  # ELOOP: a symbolic link (O_NOFOLLOW)
+            if os.path.islink(path):
+                metrics.counter_add("persistent_cache_unsafe")
+                warnings.warn(f"torch_xla_core: persistent compile cache entry {path} is a symbolic link; it is "
+                              f"never followed or loaded. Compiling instead; the next write replaces it",
+                              RuntimeWarning, stacklevel=2)
+                metrics.counter_add("persistent_cache_miss")
+                return None
             warnings.warn(f"torch_xla_core: cannot read the compile cache entry {path} ({e}); compiling instead",
                           RuntimeWarning, stacklevel=2)
+            metrics.counter_add("persistent_cache_miss")
+            return None
+        if blob is None:  # not this user's own file
             metrics.counter_add("persistent_cache_miss")
             return None
         head = len(_MAGIC) + _DIGEST
@@ -167,7 +260,7 @@ def store(key, text: str, exe) -> None:
     """Writes the executable (atomically), then evicts beyond max_bytes()."""
     global _unserializable_warned
     d = directory()
-    if d is None:
+    if d is None or not _usable(d, create=True):
         return
     path = os.path.join(d, entry_name(key, text))
     with metrics.timed("persistent_cache_write"):
@@ -180,7 +273,6 @@ def store(key, text: str, exe) -> None:
                               f"persistent compile cache stores nothing", RuntimeWarning, stacklevel=2)
             return
         try:
-            os.makedirs(d, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".xexe")
             try:
                 with os.fdopen(fd, "wb") as f:
