@@ -474,3 +474,64 @@ def test_load_to_cpu_in_a_process_without_torch_xla_core(dev, tmp_path):
     assert out["dtypes"] == ["torch.bfloat16", "torch.int64", "torch.bool"]
     # without map_location torch says where the data were and how to map them
     assert "xla:0" in out["error"] and "restore data location" in out["error"]
+
+
+# ---- damaged checkpoints ------------------------------------------------------------
+
+def _rezipped(data, member_suffix, edit):
+    """A torch.save zip checkpoint with one member's bytes edited."""
+    import zipfile
+    zin, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for name in zin.namelist():
+            b = zin.read(name)
+            zout.writestr(name, edit(b) if name.endswith(member_suffix) else b)
+    return out.getvalue()
+
+
+def _replace_once(old, new):
+    def edit(b):
+        assert b.count(old) == 1, b
+        return b.replace(old, new)
+    return edit
+
+
+@pytest.mark.parametrize("damage, error, match", [
+    ("truncated to half", RuntimeError, "checkpoint file is corrupted"),
+    ("truncated to 100 bytes", RuntimeError, "checkpoint file is corrupted"),
+    ("empty", EOFError, None),
+    ("storage record cut short", RuntimeError, "does not match expected size"),
+    ("location not xla:N", RuntimeError, r"storage location 'xla:x', which is not 'xla' or 'xla:N': the file is "
+                                         r"corrupt"),
+    ("view past its storage", RuntimeError, r"a float32 tensor of the checkpoint \(size \[3\], stride \[1\], offset "
+                                            r"11\) does not lie inside its storage of 12 elements"),
+    ("negative stride", RuntimeError, r"stride \[-1\], offset 2\) does not lie inside its storage"),
+    ("legacy format truncated", RuntimeError, "unexpected EOF"),
+])
+def test_a_damaged_checkpoint_raises_clearly_and_loses_nothing(dev, damage, error, match):
+    """torch.load of a truncated or corrupt xla checkpoint raises an error
+    that says so (torch's own for the container; ours, naming the tensor's
+    layout or the location, for what our loader reads); the tensors and
+    pending values this process already has are untouched, and the intact
+    checkpoint still loads."""
+    x = torch.arange(12.).to(dev)
+    data = _saved({"x": x, "v": x[2:5]})
+    damaged = {
+        "truncated to half": lambda: data[:len(data) // 2],
+        "truncated to 100 bytes": lambda: data[:100],
+        "empty": lambda: b"",
+        "storage record cut short": lambda: _rezipped(data, "data/0", lambda b: b[:20]),
+        "location not xla:N": lambda: _rezipped(data, "data.pkl", _replace_once(b"xla:0", b"xla:x")),
+        "view past its storage": lambda: _rezipped(data, "data.pkl", _replace_once(b"K\x02K\x03\x85", b"K\x0bK\x03\x85")),
+        "negative stride": lambda: _rezipped(data, "data.pkl", _replace_once(b"K\x03\x85q\x10K\x01\x85",
+                                                                              b"K\x03\x85q\x10J\xff\xff\xff\xff\x85")),
+        "legacy format truncated": lambda: _saved({"x": x}, _use_new_zipfile_serialization=False)[:-20],
+    }[damage]()
+    held = torch.randn(4, 3).to(dev)
+    pending = held * 2 + 1  # not computed yet
+    with pytest.raises(error, match=match):
+        _load(damaged)
+    torch.testing.assert_close(pending.cpu(), held.cpu() * 2 + 1)
+    assert torch.equal(x.cpu(), torch.arange(12.))
+    ok = _load(data)
+    assert torch.equal(ok["v"].cpu(), torch.arange(2., 5.))

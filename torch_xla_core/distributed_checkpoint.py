@@ -22,10 +22,15 @@ layout can read it. A tensor on one device is one chunk. Everything else
 
 Loading: each xla tensor asks for the chunks its current layout puts on
 this process's devices (DCP's create_read_items_for_chunk_list works out
-which saved chunks overlap them); the reads land in host buffers, and when
-a tensor's last read is in, its pieces go straight to their devices and the
-tensor's storage takes the new value in place (parameters, optimizer state
-and their aliases keep their identity; no gather onto one device).
+which saved chunks overlap them); the reads land in host buffers, and once
+every read of this process is in, each tensor's pieces go straight to their
+devices and its storage takes the new value in place (parameters, optimizer
+state and their aliases keep their identity; no gather onto one device).
+All or nothing: CPU tensors and Python values of the state dict are staged
+the same way, so a load that fails part way (a truncated, missing or
+corrupt file; DCP names the step and the error) leaves every value of the
+state dict as it was. The price: this process's share of the state is on
+the host at once during a load.
 
 Several processes (torch_xla_core.launch): DCP coordinates its plans
 through torch.distributed, so every process calls
@@ -198,6 +203,7 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
 
     def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
         _check_process_group("SPMDLoadPlanner")
+        self._left, self._staged, self._dests = None, [], {}
         super().set_up_planner(state_dict, metadata, is_coordinator)
         _compute([v for v in self.state_dict.values() if isinstance(v, XlaTensor)])
         self._targets = {fqn: _Target(fqn, obj) for fqn, obj in self.state_dict.items() if isinstance(obj, XlaTensor)}
@@ -225,10 +231,43 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
             items += reads
         return dataclasses.replace(plan, items=items)
 
+    def finish_plan(self, new_plan: LoadPlan) -> LoadPlan:
+        plan = super().finish_plan(new_plan)
+        self._left, self._staged, self._dests = len(plan.items), [], {}  # reads to come; applied after the last
+        return plan
+
+    def _done(self, apply) -> None:
+        """One read is in; `apply` gives the state dict its value, after the last read (all or nothing)."""
+        if self._left is None:  # a reader that never asked finish_plan: no count to wait for
+            apply()
+            return
+        self._staged.append(apply)
+        self._left -= 1
+        if self._left == 0:
+            staged, self._staged = self._staged, []
+            for f in staged:
+                f()
+
+    def load_bytes(self, read_item: ReadItem, value) -> None:
+        obj = torch.load(value, weights_only=False)  # as DefaultLoadPlanner; parsed now, set with the rest
+        fqn = read_item.dest_index.fqn
+
+        def apply():
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+        self._done(apply)
+
     def resolve_tensor(self, read_item: ReadItem):
         tgt = self._targets.get(read_item.dest_index.fqn)
         if tgt is None:
-            return super().resolve_tensor(read_item)
+            dest = super().resolve_tensor(read_item)
+            if self._left is None:
+                return dest
+            self._dests[read_item] = dest
+            return torch.empty(dest.shape, dtype=dest.dtype)  # staged: copied into dest after the last read
         host = tgt.host_piece(tuple(read_item.dest_index.offset))
         for d, (o, n) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
             host = host.narrow(d, o, n)
@@ -237,8 +276,11 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
         tgt = self._targets.get(read_item.dest_index.fqn)
         if tgt is None:
-            return super().commit_tensor(read_item, tensor)
+            super().commit_tensor(read_item, tensor)
+            dest = self._dests.pop(read_item, None)
+            if dest is not None:
+                self._done(lambda: dest.copy_(tensor))
+            return
         metrics.counter_add("checkpoint_read_piece")
         tgt.pending -= 1
-        if tgt.pending == 0:
-            tgt.install()
+        self._done(tgt.install if tgt.pending == 0 else (lambda: None))

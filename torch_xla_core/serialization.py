@@ -252,7 +252,12 @@ def _device_index(location):
         return 0
     if not location.startswith("xla:"):
         return None
-    index = int(location[4:])
+    try:
+        index = int(location[4:])
+    except ValueError:
+        raise RuntimeError(f"torch.load: the checkpoint names the storage location {location!r}, which is not "
+                           f"'xla' or 'xla:N': the file is corrupt or was not written by torch.save (pass "
+                           f"map_location='cpu' to read it elsewhere)") from None
     n = runtime.device_count()
     if not 0 <= index < n:
         raise RuntimeError(f"Attempting to deserialize object on xla device {index} but there are {n} xla "
@@ -281,12 +286,28 @@ def _set(self, source, storage_offset=None, size=None, stride=None):
         storage_offset, size = 0, [source.nbytes() // self.element_size()]
     if not stride:
         stride = _contiguous(size)
+    _check_fits(self.dtype, source, storage_offset, size, stride)
     cpu = torch.empty(0, dtype=self.dtype).set_(source, storage_offset, size, stride)
     lt = _shared(source, cpu, storage_offset, tuple(size), tuple(stride))
     with torch.no_grad():
         self.data = _tensor.wrap(lt)  # the wrapper's sizes (it was torch.empty((0,)))
     self._lt = lt
     return self
+
+
+def _check_fits(dtype, source, offset, size, stride) -> None:
+    """A tensor of a loaded checkpoint must lie inside its storage (torch's
+    set_ would try to grow the storage: 'Trying to resize storage that is
+    not resizable')."""
+    n = source.nbytes() // torch.empty(0, dtype=dtype).element_size()
+    bad = len(size) != len(stride) or offset < 0 or any(d < 0 for d in size) or any(st < 0 for st in stride)
+    if not bad and 0 not in size:
+        bad = offset + sum((d - 1) * st for d, st in zip(size, stride)) + 1 > n
+    if bad:
+        raise RuntimeError(f"torch.load: a {str(dtype).replace('torch.', '')} tensor of the checkpoint (size "
+                           f"{list(size)}, stride {list(stride)}, offset {offset}) does not lie inside its storage of "
+                           f"{n} elements: the file is corrupt or was not written by torch.save. Nothing of it was "
+                           f"loaded")
 
 
 def _shared(source, cpu, offset, size, stride):
