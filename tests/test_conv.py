@@ -54,6 +54,41 @@ def test_conv_transpose2d(stride, padding, output_padding, dilation, groups):
                                                           dilation), x, w, b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_transpose_output_padding_past_stride(dtype):
+    # output_padding >= stride is allowed where it is < dilation: rows of the
+    # output no input row reaches; the input gradient's convolution over them
+    # computed more rows than the input has (it failed to compile)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    x, w, b = _r(2, 4, 4, 4).to(dtype), _r(4, 2, 3, 3, seed=1).to(dtype), _r(4, seed=2).to(dtype)
+    assert_matches_cpu(lambda x, w, b: F.conv_transpose2d(x, w, b, (3, 2), (1, 2), (2, 3), 2, 4),
+                       x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_(),
+                       atol=tol, rtol=tol)
+    x3, w3 = _r(1, 2, 3, 3, 3).to(dtype), _r(2, 1, 2, 2, 2, seed=1).to(dtype)
+    assert_matches_cpu(lambda x, w: F.conv_transpose3d(x, w, None, 1, 0, (1, 1, 1), 1, (2, 2, 2)),
+                       x3.detach().requires_grad_(), w3.detach().requires_grad_(), atol=tol, rtol=tol)
+
+
+def test_conv_bf16_bias_rounded_once():
+    # a bf16 convolution's bias is added in float32 before the one rounding
+    # to bf16, as CPU does: rounding the product first, then the sum, was
+    # 1.15x bf16 tolerance from float64 where CPU's error is 0.22x
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 3, 4, 4, 4, generator=g).bfloat16()
+    w = torch.randn(3, 3, 3, 3, 3, generator=g).bfloat16()
+    b = (torch.randn(3, generator=g) * 4).bfloat16()
+    f = lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2, padding=2, output_padding=1)  # noqa: E731
+    ref = f(x.double(), w.double(), b.double())
+    cpu = f(x, w, b)
+    d = txc.device()
+    xla = f(x.to(d), w.to(d), b.to(d))
+    assert "xf32>" in txc.debug.stablehlo([xla]).split("stablehlo.convolution")[1].split("\n")[0]
+    xla = xla.cpu()
+    assert xla.dtype == torch.bfloat16
+    assert (xla.double() - ref).abs().max() <= (cpu.double() - ref).abs().max()
+    torch.testing.assert_close(xla, cpu, atol=0, rtol=2 ** -8)
+
+
 def test_conv_backward_single_grads():
     # only one of input/weight requires grad: output_mask selects the gradients
     assert_matches_cpu(lambda x, w: F.conv2d(x, w, stride=2), _r(1, 2, 6, 6), _r(3, 2, 3, 3, grad=False, seed=1),
@@ -167,6 +202,26 @@ def test_batch_norm_aten_overloads():
                        atol=1e-4, rtol=1e-4)
     assert_matches_cpu(lambda *a: (aten._native_batch_norm_legit(*a, True, 0.1, 1e-5), a[3], a[4]), x, w, b,
                        rm, rv, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_with_update(dtype):
+    # torch's newer training entry: saved statistics in the running stats'
+    # dtype (CPU's; torch's decomposition made bf16 ones float32), an empty
+    # uint8 reserve, running stats updated in place; the functional twin
+    # returns the new ones
+    aten = torch.ops.aten
+    x = _r(4, 3, 5, 5, grad=False).to(dtype)
+    w, b = _r(3, grad=False, seed=1).to(dtype), _r(3, grad=False, seed=2).to(dtype)
+    rm, rv = torch.rand(3).to(dtype), (torch.rand(3) + 0.5).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert_matches_cpu(lambda *a: (aten._batch_norm_with_update(*a, 0.1, 1e-5), a[3], a[4]), x, w, b, rm, rv,
+                       atol=tol, rtol=tol)
+    assert_matches_cpu(lambda *a: aten._batch_norm_with_update_functional(*a, 0.1, 1e-5), x, w, b, rm, rv,
+                       atol=tol, rtol=tol)
+    d = txc.device()
+    out = aten._batch_norm_with_update(x.to(d), w.to(d), b.to(d), rm.to(d), rv.to(d), 0.1, 1e-5)
+    assert [t.dtype for t in out] == [dtype, dtype, dtype, torch.uint8] and out[3].shape == (0,)
 
 
 class SmallCNN(nn.Module):

@@ -8,6 +8,7 @@
 // _conv_general_dilated_transpose_lhs/_rhs.
 #include <algorithm>
 #include "lower/emitter.h"
+#include "ops/arith.h"
 #include "ops/registry.h"
 #include "ops/window.h"
 
@@ -48,10 +49,22 @@ Dims conv_general_dims(const Dims& ld, const Dims& rd, const ConvGeneral& c) {
   return out;
 }
 
+// A convolution of t operands; its result in out_t (t by default; float32
+// for a half-precision convolution whose bias is added before the one
+// rounding, as CPU's kernels do). crop: the result may have more rows at
+// the high end of a spatial dim than want, which are dropped (a transposed
+// convolution's input gradient where output_padding >= stride).
 std::string emit_conv(LowerCtx& cx, const std::string& lhs, const Dims& ld, const std::string& rhs, const Dims& rd,
-                      DType t, const Dims& want, const ConvGeneral& c) {
+                      DType t, const Dims& want, const ConvGeneral& c, DType out_t = DType::kCount,
+                      bool crop = false) {
+  if (out_t == DType::kCount) out_t = t;
   Dims od = conv_general_dims(ld, rd, c);
-  if (od != want)
+  bool cropped = false;
+  if (crop && od != want && od.size() == want.size()) {
+    cropped = true;
+    for (size_t i = 0; i < od.size(); ++i) cropped &= od[i] >= want[i] && (i >= 2 || od[i] == want[i]);
+  }
+  if (od != want && !cropped)
     throw std::runtime_error("convolution lowering: computed shape " + dims_str(od) + " but expected " +
                              dims_str(want));
   int rank = int(ld.size());
@@ -74,8 +87,13 @@ std::string emit_conv(LowerCtx& cx, const std::string& lhs, const Dims& ld, cons
                       " : i64, lhs_dilation = " + LowerCtx::i64_array(c.lhs_dil) + ", padding = " + pads_attr(c.pads) +
                       precision_config(t) + ", rhs_dilation = " + LowerCtx::i64_array(c.rhs_dil) + ", window_reversal = " + rev +
                       ", window_strides = " + LowerCtx::i64_array(c.strides);
-  return cx.op("stablehlo.convolution", {lhs, rhs}, {LowerCtx::type(t, ld), LowerCtx::type(t, rd)},
-               LowerCtx::type(t, od), props);
+  std::string r = cx.op("stablehlo.convolution", {lhs, rhs}, {LowerCtx::type(t, ld), LowerCtx::type(t, rd)},
+                         LowerCtx::type(out_t, od), props);
+  if (!cropped) return r;
+  Dims zeros(od.size(), 0), unit(od.size(), 1);
+  return cx.op("stablehlo.slice", {r}, {LowerCtx::type(out_t, od)}, LowerCtx::type(out_t, want),
+               "start_indices = " + LowerCtx::i64_array(zeros) + ", limit_indices = " + LowerCtx::i64_array(want) +
+                   ", strides = " + LowerCtx::i64_array(unit));
 }
 
 // Torch-style parameters of a (regular, i.e. non-transposed) convolution.
@@ -98,7 +116,7 @@ ConvP conv_params(const Node& n) {
 
 // Regular forward: x [N, I, in...], w [O, I/G, k...] -> [N, O, out...].
 std::string conv_fwd(LowerCtx& cx, const std::string& x, const Dims& xd, const std::string& w, const Dims& wd,
-                     DType t, const Dims& od, const ConvP& p) {
+                     DType t, const Dims& od, const ConvP& p, DType out_t = DType::kCount, bool crop = false) {
   ConvGeneral c;
   int rank = int(xd.size());
   c.lspec = c.rspec = c.ospec = iota_spec(rank);
@@ -107,13 +125,13 @@ std::string conv_fwd(LowerCtx& cx, const std::string& x, const Dims& xd, const s
   c.rhs_dil = p.dil;
   for (auto q : p.pad) c.pads.push_back({q, q});
   c.fgc = p.groups;
-  return emit_conv(cx, x, xd, w, wd, t, od, c);
+  return emit_conv(cx, x, xd, w, wd, t, od, c, out_t, crop);
 }
 
 // Gradient of a regular convolution w.r.t. its input: g [N, O, out...],
 // w [O, I/G, k...] -> [N, I, in...] (in = xd's spatial dims).
 std::string conv_vjp_lhs(LowerCtx& cx, const std::string& g, const Dims& gd, const std::string& w, const Dims& wd,
-                         DType t, const Dims& xd, const ConvP& p) {
+                         DType t, const Dims& xd, const ConvP& p, DType out_t = DType::kCount) {
   int rank = int(gd.size()), ns = rank - 2;
   int64_t G = p.groups;
   std::string rw = w;
@@ -149,7 +167,7 @@ std::string conv_vjp_lhs(LowerCtx& cx, const std::string& g, const Dims& gd, con
     int64_t after = xd[2 + j] + kd - 1 - dilate(gd[2 + j], p.stride[j]) - before;
     c.pads.push_back({before, after});
   }
-  return emit_conv(cx, g, gd, rev, rwd, t, xd, c);
+  return emit_conv(cx, g, gd, rev, rwd, t, xd, c, out_t);
 }
 
 // Gradient of a regular convolution w.r.t. its weight: x [N, I, in...],
@@ -271,12 +289,17 @@ TXC_OP("convolution", -1,
        [](LowerCtx& cx, const Node& n) {
          const Node &x = *n.operands[0], &w = *n.operands[1];
          ConvP p = conv_params(n);
-         std::string r = p.transposed ? conv_vjp_lhs(cx, cx.in(n, 0), x.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p)
-                                      : conv_fwd(cx, cx.in(n, 0), x.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p);
-         if (n.operands.size() == 3) {
-           std::string ty = LowerCtx::type(n);
-           std::string b = cx.broadcast_in_dim(cx.in(n, 2), n.dtype, n.operands[2]->dims, n.dims, {1});
-           r = cx.binary("stablehlo.add", r, b, n.dtype, n.dims);
+         // with a bias, a half-precision result is rounded once, after the add
+         bool bias = n.operands.size() == 3;
+         DType acc = bias ? arith::float_compute_dtype(n.dtype) : n.dtype;
+         std::string r = p.transposed
+                             ? conv_vjp_lhs(cx, cx.in(n, 0), x.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p, acc)
+                             : conv_fwd(cx, cx.in(n, 0), x.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p, acc);
+         if (bias) {
+           std::string b = cx.broadcast_in_dim(cx.coerce(n, 2, acc, n.operands[2]->dims), acc,
+                                               n.operands[2]->dims, n.dims, {1});
+           r = cx.binary("stablehlo.add", r, b, acc, n.dims);
+           if (acc != n.dtype) r = cx.convert(r, acc, n.dtype, n.dims);
          }
          return r;
        });
@@ -294,7 +317,10 @@ void conv_grad_infer(Node& n) {
 TXC_OP("convolution_backward_input", 2, conv_grad_infer, [](LowerCtx& cx, const Node& n) {
   const Node &g = *n.operands[0], &w = *n.operands[1];
   ConvP p = conv_params(n);
-  return p.transposed ? conv_fwd(cx, cx.in(n, 0), g.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p)
+  // transposed: output_padding >= stride (allowed where it is < dilation)
+  // leaves rows of g no input row reaches; the regular convolution over g
+  // computes them, and they are dropped
+  return p.transposed ? conv_fwd(cx, cx.in(n, 0), g.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p, DType::kCount, true)
                       : conv_vjp_lhs(cx, cx.in(n, 0), g.dims, cx.in(n, 1), w.dims, n.dtype, n.dims, p);
 });
 

@@ -2,6 +2,8 @@
 transposed too) and its gradients, max/avg/adaptive-avg pooling and their
 gradients, batch norm (train and eval, running-stat updates in place) and
 its gradient; adaptive max pooling. One core op per result."""
+import torch
+
 from .._dtypes import code
 from .._tensor import OP, _make, v, wrap
 from . import aten, assign, call, impl
@@ -218,6 +220,21 @@ def native_batch_norm_legit_functional(x, w, b, rm, rv, training, momentum, eps)
         return _bn_train(x, w, b, rm, rv, momentum, eps, False)
     return (_bn_eval(x, w, b, rm, rv, eps), _empty(rm.dtype), _empty(rm.dtype),
             call(aten.clone.default, rm), call(aten.clone.default, rv))
+
+
+# torch's newer training entry (nn.BatchNorm under torch.compile/export, and
+# autograd's batch_norm): saved statistics in the running stats' dtype, as
+# CPU (bf16 for a bf16 module; torch's decomposition made them float32),
+# and an empty uint8 reserve (CPU's; cuDNN's workspace elsewhere)
+@impl(aten._batch_norm_with_update.default)
+def batch_norm_with_update(x, w, b, rm, rv, momentum, eps):
+    return (*_bn_train(x, w, b, rm, rv, momentum, eps, True)[:3], _empty(torch.uint8))
+
+
+@impl(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update_functional(x, w, b, rm, rv, momentum, eps):
+    out, mean, invstd, new_rm, new_rv = _bn_train(x, w, b, rm, rv, momentum, eps, False)
+    return out, mean, invstd, _empty(torch.uint8), new_rm, new_rv
 
 
 @impl(aten.native_batch_norm_backward.default)

@@ -1,5 +1,6 @@
 """nn ops whose backward is the derivative of their forward composition:
-grid_sampler_2d/3d (3d's forward written here, 2d's from torch._decomp),
+grid_sampler_2d/3d (3d's forward written here, 2d's from torch._decomp;
+both compute in float32 for half-precision inputs),
 ctc_loss (the alpha recursion as one scan over time), weight norm (torch's
 _weight_norm_interface decomposition: nn.utils.weight_norm, wav2vec2's
 positional convolution).
@@ -37,9 +38,27 @@ def vjp(fn, primals, cotangents):
 
 # ---- grid sampling ---------------------------------------------------------------
 
+def _wide(x, grid):
+    """x and grid in float32 where either is half precision: the sampling
+    coordinates, their flat gather indices (exact integers in float32 up to
+    2**24, in bf16 only up to 256: a 3-d index went out of range) and the
+    interpolation weights are float math, as CPU's opmath; the result is
+    rounded to x's dtype once."""
+    half = (torch.float16, torch.bfloat16)
+    if x.dtype in half or grid.dtype in half:
+        return x.float(), grid.float()
+    return x, grid
+
+
 def _decomposed_grid_sampler_2d(x, grid, interp, padding, align_corners):
     from torch._decomp import decomposition_table
-    return decomposition_table[aten.grid_sampler_2d.default](x, grid, interp, padding, align_corners)
+    xw, gw = _wide(x, grid)
+    return decomposition_table[aten.grid_sampler_2d.default](xw, gw, interp, padding, align_corners).to(x.dtype)
+
+
+@impl(aten.grid_sampler_2d.default)
+def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _decomposed_grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners)
 
 
 @impl(aten.grid_sampler_2d_backward.default)
@@ -72,6 +91,8 @@ def _source_index(coords, size, padding, align_corners):
 def _grid_sampler_3d(x, grid, interp, padding, align_corners):
     if interp not in (0, 1):
         raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
+    dtype = x.dtype
+    x, grid = _wide(x, grid)
     N, C, D, H, W = x.shape
     oD, oH, oW = grid.shape[1:4]
     iz = _source_index(grid[..., 2], D, padding, align_corners)
@@ -86,7 +107,7 @@ def _grid_sampler_3d(x, grid, interp, padding, align_corners):
         return v * torch.where(inside, w, 0).unsqueeze(1)
 
     if interp == 1:  # nearest (round half to even, as CPU's nearbyint)
-        return tap(iz.round(), iy.round(), ix.round(), torch.ones_like(ix))
+        return tap(iz.round(), iy.round(), ix.round(), torch.ones_like(ix)).to(dtype)
     z0, y0, x0 = iz.floor(), iy.floor(), ix.floor()
     out = None
     for dz in (0, 1):
@@ -97,7 +118,7 @@ def _grid_sampler_3d(x, grid, interp, padding, align_corners):
                 wx = (ix - x0) if dx else (x0 + 1 - ix)
                 t = tap(z0 + dz, y0 + dy, x0 + dx, wz * wy * wx)
                 out = t if out is None else out + t
-    return out
+    return out.to(dtype)
 
 
 @impl(aten.grid_sampler_3d.default)
