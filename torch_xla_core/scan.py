@@ -588,3 +588,4 @@ def _vjp_fn(plan, fc, fy, need_x, need_k, need_cap, policy="recompute"):
 
 
 from ._scan_layers import scan_layers  # noqa: E402,F401  (public: torch_xla_core.scan.scan_layers)
+from .hf_scan import scan_decoder_layers  # noqa: E402,F401  (public: torch_xla_core.scan.scan_decoder_layers)
