@@ -100,3 +100,77 @@ def test_unwritable_dir_fails_before_the_run(tmp_path):
         with txc.profiler.trace(str(f / "sub")):
             ran.append(1)
     assert not ran
+
+
+def _jax_run_files(t):
+    return sorted(os.listdir(t.device_dir))
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x1f\x8b\x08\x00garbage", None, b"[1, 2]"])
+def test_an_unreadable_device_trace_keeps_our_spans(tmp_path, monkeypatch, damage):
+    """JAX's trace file of the run truncated, not gzip, cut mid-stream, or
+    not a trace: a warning naming it, our trace written with our spans, and
+    JAX's files left where they are."""
+    import gzip
+    real_stop = txc.profiler.Trace.stop_device
+
+    def stop_and_damage(self):
+        real_stop(self)
+        (f,) = [os.path.join(self.device_dir, n) for n in os.listdir(self.device_dir) if n.endswith(".trace.json.gz")]
+        if damage is None:  # a valid gzip header, the stream cut in the middle
+            with open(f, "rb") as g:
+                whole = g.read()
+            data = whole[:len(whole) // 2]
+        elif damage.startswith(b"["):
+            data = gzip.compress(damage)
+        else:
+            data = damage
+        with open(f, "wb") as g:
+            g.write(data)
+    monkeypatch.setattr(txc.profiler.Trace, "stop_device", stop_and_damage)
+    with pytest.warns(RuntimeWarning, match=r"JAX's device trace .*\.trace\.json\.gz could not be read"):
+        with txc.profiler.trace(str(tmp_path)) as t:
+            (torch.ones(3).to(txc.device()) * 2).cpu()
+    assert "sync" in [e["name"] for e in _spans(t.path)] and not _spans(t.path, ours=False)
+    assert any(f.endswith(".trace.json.gz") for f in _jax_run_files(t))
+    assert any(f.endswith(".xplane.pb") for f in _jax_run_files(t))
+
+
+def test_an_older_run_in_the_directory_is_never_merged(tmp_path):
+    """A trace directory already holding a JAX run (here a damaged one, dated
+    in the future so that it is the newest): this trace merges its own run."""
+    old = tmp_path / "jax" / "plugins" / "profile" / "2099_01_01_00_00_00"
+    old.mkdir(parents=True)
+    (old / "perfetto_trace.json.gz").write_bytes(b"not gzip")
+    os.utime(old, (4102444800, 4102444800))
+    with txc.profiler.trace(str(tmp_path)) as t:
+        (torch.ones(3).to(txc.device()) * 2).cpu()
+    assert t.device_dir != str(old) and _spans(t.path, ours=False)
+    assert (old / "perfetto_trace.json.gz").read_bytes() == b"not gzip"
+
+
+def test_a_jax_entry_that_is_a_file_fails_before_the_run(tmp_path):
+    (tmp_path / "jax").write_text("")
+    ran = []
+    with pytest.raises(RuntimeError, match=r"jax' is not a directory, and JAX's profiler writes its files there"):
+        with txc.profiler.trace(str(tmp_path)):
+            ran.append(1)
+    assert not ran and not txc.metrics._listeners
+
+
+def test_a_failed_jax_export_keeps_our_trace_and_the_profiler_usable(tmp_path, monkeypatch):
+    """JAX's export failing at the end of a trace (a full disk, say): a
+    warning, our trace written, and the next trace starts and merges."""
+    import jax
+
+    def failing_stop():
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(jax.profiler, "stop_trace", failing_stop)
+        with pytest.warns(RuntimeWarning, match="JAX's profiler could not write its trace .*No space left"):
+            with txc.profiler.trace(str(tmp_path / "a")) as t:
+                (torch.ones(3).to(txc.device()) * 2).cpu()
+    assert _spans(t.path) and t.device_dir is None
+    with txc.profiler.trace(str(tmp_path / "b")) as t2:
+        (torch.ones(3).to(txc.device()) * 3).cpu()
+    assert _spans(t2.path, ours=False)

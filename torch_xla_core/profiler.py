@@ -29,7 +29,10 @@ both traces aligns them. JAX's own files (xplane.pb for TensorBoard's
 profile plugin, perfetto_trace.json.gz) stay under `<dir>/jax/`; the
 Trace's `device_dir` names the run's folder. step(n) also marks a
 StepTraceAnnotation there, so TensorBoard's step view sees the steps. JAX's
-Python tracer is off (it records every Python call: a large overhead)."""
+Python tracer is off (it records every Python call: a large overhead).
+Only this trace's own JAX run folder is read (one made during the block,
+never an older run in the directory, whatever its date); a JAX trace that
+cannot be read or written is warned about and the file keeps our spans."""
 import collections
 import glob
 import gzip
@@ -37,6 +40,7 @@ import json
 import os
 import threading
 import time
+import zlib
 from contextlib import contextmanager
 
 from . import executor, metrics
@@ -110,36 +114,72 @@ class Trace:
         import jax
         opts = jax.profiler.ProfileOptions()
         opts.python_tracer_level = 0
+        self._runs_before = set(self._runs())
         try:
-            jax.profiler.start_trace(os.path.join(self.dir, "jax"), create_perfetto_trace=True,
+            # jax's own Perfetto export reads the newest run folder by mtime, whosever it is: ours reads
+            # this run's trace (_device_events) and writes perfetto_trace.json.gz beside it
+            jax.profiler.start_trace(os.path.join(self.dir, "jax"), create_perfetto_trace=False,
                                      profiler_options=opts)
-        except RuntimeError as e:
-            raise RuntimeError(f"txc.profiler.trace(device=True): JAX's profiler would not start ({e}); stop the "
-                               f"other profiler session first, or pass device=False") from None
+        except Exception as e:  # jaxlib's JaxRuntimeError is no RuntimeError
+            raise RuntimeError(f"txc.profiler.trace(device=True): JAX's profiler would not start in "
+                               f"{os.path.join(self.dir, 'jax')!r} ({e}); stop the other profiler session first, "
+                               f"pass a directory whose 'jax' entry is a writable folder (or absent), or pass "
+                               f"device=False") from None
         t0 = time.perf_counter()
         with jax.profiler.TraceAnnotation("txc_clock"):
             pass
         self._clock = (t0 + time.perf_counter()) / 2
 
+    def _runs(self):
+        return glob.glob(os.path.join(self.dir, "jax", "plugins", "profile", "*"))
+
     def stop_device(self):
         import jax
-        jax.profiler.stop_trace()
-        runs = sorted(glob.glob(os.path.join(self.dir, "jax", "plugins", "profile", "*")), key=os.path.getmtime)
+        try:
+            jax.profiler.stop_trace()
+        except Exception as e:  # e.g. the disk filled up: our trace is still written
+            import warnings
+            from jax._src import profiler as jax_profiler
+            with jax_profiler._profile_state.lock:
+                jax_profiler._profile_state.reset()  # (stop_trace resets it only when the export succeeded)
+            warnings.warn(f"txc.profiler: JAX's profiler could not write its trace under "
+                          f"{os.path.join(self.dir, 'jax')} ({type(e).__name__}: {e}); {self.path} holds "
+                          f"torch_xla_core's spans only", RuntimeWarning, stacklevel=4)
+        # this trace's run folder: one that was not there before (never an older run's, whatever its mtime)
+        runs = sorted((r for r in self._runs() if r not in self._runs_before), key=os.path.getmtime)
         self.device_dir = runs[-1] if runs else None
 
     def _device_events(self):
-        """JAX's Perfetto events and the shift (us) that puts ours on their clock."""
+        """JAX's Perfetto events and the shift (us) that puts ours on their
+        clock. A file that cannot be read (truncated, not gzip or JSON, not a
+        trace) is warned about and left in place; the trace keeps our spans."""
         if self.device_dir is None:
             return [], 0.0
-        files = glob.glob(os.path.join(self.device_dir, "perfetto_trace.json.gz"))
-        if not files:
+        files = glob.glob(os.path.join(self.device_dir, "*.trace.json.gz"))
+        if len(files) != 1:
             return [], 0.0
-        with gzip.open(files[0], "rt") as f:
-            events = json.load(f).get("traceEvents", [])
-        mark = next((e for e in events if e.get("name") == "txc_clock" and "ts" in e), None)
+        try:
+            with gzip.open(files[0], "rt") as f:
+                doc = json.load(f)
+            events = doc.get("traceEvents", []) if isinstance(doc, dict) else None
+            if not isinstance(events, list):
+                raise ValueError("no traceEvents list")
+            events = [e for e in events if isinstance(e, dict)]
+            doc.pop("metadata", None)  # Perfetto refuses it (as jax's own export)
+            with gzip.open(os.path.join(self.device_dir, "perfetto_trace.json.gz"), "wt") as f:
+                json.dump(doc, f)
+        except (OSError, EOFError, ValueError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            import warnings
+            warnings.warn(f"txc.profiler: JAX's device trace {files[0]} could not be read ({type(e).__name__}: "
+                          f"{e}); {self.path} holds torch_xla_core's spans only (JAX's files are left as they are)",
+                          RuntimeWarning, stacklevel=4)
+            return [], 0.0
+        mark = next((e for e in events if e.get("name") == "txc_clock" and isinstance(e.get("ts"), (int, float))),
+                    None)
         if mark is None:  # cannot align: keep only ours
             return [], 0.0
-        shift = mark["ts"] + mark.get("dur", 0.0) / 2 - self._us(self._clock)
+        dur = mark.get("dur", 0.0)
+        shift = mark["ts"] + (dur if isinstance(dur, (int, float)) else 0.0) / 2 - self._us(self._clock)
         return [e for e in events if e is not mark], shift
 
     def write(self):
@@ -179,6 +219,10 @@ def trace(directory: str, top_ops: int = 10, device: bool = True):
         raise RuntimeError("txc.profiler.trace: a trace is already being recorded; nest steps with "
                            "txc.profiler.step(n) instead")
     _check_writable(directory)
+    jax_dir = os.path.join(directory, "jax")
+    if device and os.path.lexists(jax_dir) and not os.path.isdir(jax_dir):
+        raise RuntimeError(f"txc.profiler.trace(device=True): {jax_dir!r} is not a directory, and JAX's profiler "
+                           f"writes its files there; remove it, pass another directory, or pass device=False")
     t = Trace(directory, top_ops, device)
     if device:
         t.start_device()
