@@ -133,9 +133,12 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
             if d in expand:
                 t = t.unsqueeze(d)
         return t
+    dtype = i1.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # products and sum in float32, rounded once (CPU: bmm)
+        i1, i2, i3 = i1.float(), i2.float(), i3.float()
     r = spread(i1, set(expand1)) * spread(i2, set(expand2)) * spread(i3, set(expand3))
     # (dtype=: a sum of int32/int8 products is int64 by default; torch's kernel keeps the input dtype)
-    return r.sum(sorted(set(sumdim)), dtype=r.dtype) if sumdim else r
+    return (r.sum(sorted(set(sumdim)), dtype=r.dtype) if sumdim else r).to(dtype)
 
 
 # ---- embedding max_norm ----------------------------------------------------------------
@@ -288,12 +291,15 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
         empty = (count == 0).unsqueeze(1)
         out = torch.where(empty, 0, best)
         return out, o2b, count, torch.where(empty, -1, mx)
-    w = valid.to(weight.dtype) if per_sample_weights is None else \
-        torch.where(valid, per_sample_weights.reshape(-1), 0).to(weight.dtype)
-    out = torch.zeros(B, D, dtype=weight.dtype, device=dev).index_add(0, o2b, rows * w.unsqueeze(1))
+    # half-precision bags sum in float32 and round once, as CPU (a bf16
+    # running sum was 5x bf16 tolerance from float64 where CPU's is 0.16x)
+    acc = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
+    w = valid.to(acc) if per_sample_weights is None else \
+        torch.where(valid, per_sample_weights.reshape(-1), 0).to(acc)
+    out = torch.zeros(B, D, dtype=acc, device=dev).index_add(0, o2b, rows.to(acc) * w.unsqueeze(1))
     if mode == 1:
-        out = out / torch.clamp(count, min=1).unsqueeze(1).to(weight.dtype)
-    return out, o2b, count, torch.zeros(B, dtype=torch.int64, device=dev)
+        out = out / torch.clamp(count, min=1).unsqueeze(1).to(acc)
+    return out.to(weight.dtype), o2b, count, torch.zeros(B, dtype=torch.int64, device=dev)
 
 
 @impl(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
@@ -331,17 +337,19 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
         return torch.zeros(num_weights, D, dtype=grad.dtype, device=dev).index_put((rows, cols), g, accumulate=True)
     valid = idx != padding_idx if padding_idx is not None and padding_idx >= 0 else \
         torch.ones(idx.shape[0], dtype=torch.bool, device=dev)
-    g = grad[offset2bag]                                                         # [n, D]
-    w = valid.to(grad.dtype)
+    acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype  # as the forward
+    g = grad[offset2bag].to(acc)                                                 # [n, D]
+    w = valid.to(acc)
     if psw is not None:
-        w = w * psw.reshape(-1).to(grad.dtype)
+        w = w * psw.reshape(-1).to(acc)
     if mode == 1:
-        w = w / torch.clamp(bag_size[offset2bag], min=1).to(grad.dtype)
+        w = w / torch.clamp(bag_size[offset2bag], min=1).to(acc)
     if scale_grad_by_freq:
-        freq = torch.zeros(num_weights, dtype=grad.dtype, device=dev).index_add(
-            0, idx, torch.ones(idx.shape[0], dtype=grad.dtype, device=dev))
+        freq = torch.zeros(num_weights, dtype=acc, device=dev).index_add(
+            0, idx, torch.ones(idx.shape[0], dtype=acc, device=dev))
         w = w / freq[idx]
-    return torch.zeros(num_weights, D, dtype=grad.dtype, device=dev).index_add(0, idx, g * w.unsqueeze(1))
+    out = torch.zeros(num_weights, D, dtype=acc, device=dev).index_add(0, idx, g * w.unsqueeze(1))
+    return out.to(grad.dtype)
 
 
 @impl(aten._embedding_bag_per_sample_weights_backward.default)
