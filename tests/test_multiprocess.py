@@ -194,24 +194,27 @@ def test_a_launched_job_listens_on_loopback_only(tmp_path):
     assert [(str(ip), port) for ip, port in everything if not loopback(ip)] == []
 
 
-def test_a_dead_peer_raises_in_the_waiting_call(tmp_path):
-    """Process 1 ends (os._exit(3)) while process 0 waits on a collective
-    step: process 0's .item() raises PeerLostError naming process 1 well
-    within TXC_COLLECTIVE_TIMEOUT, it saves and exits by itself (status 5,
-    through peers.exit), and the launcher exits with process 1's status."""
+@pytest.mark.parametrize("dead", [1, 0])
+def test_a_dead_peer_raises_in_the_waiting_call(tmp_path, dead):
+    """One process ends (os._exit(3)) while the other waits on a collective
+    step: the survivor's .item() raises PeerLostError naming the dead one
+    well within TXC_COLLECTIVE_TIMEOUT, it saves and exits by itself
+    (status 5, through peers.exit), and the launcher exits with the dead
+    one's status. Process 0 too: jax's coordination service lives in the
+    launcher, so its death aborts no one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
     env["TXC_COLLECTIVE_TIMEOUT"] = "20"
     script = os.path.join(os.path.dirname(__file__), "scripts", "dead_peer.py")
     r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
-                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+                        str(tmp_path), str(dead)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr[-4000:]
-    assert "process 1 of 2 exited with status 3; told the others (PeerLostError)" in r.stderr
+    assert f"process {dead} of 2 exited with status 3; told the others (PeerLostError)" in r.stderr
     assert "still runs" not in r.stderr  # the survivor ended by itself, not stopped by the launcher
     assert "ends now (os._exit) with status 5" in r.stderr
     assert "Terminating process" not in r.stderr  # no abort of jax's coordination client
     out = json.loads((tmp_path / "survivor.json").read_text())
-    assert (out["type"], out["peer"], out["status"]) == ("PeerLostError", 1, 3)
-    assert "process 1 of 2 exited with status 3" in out["error"]
+    assert (out["type"], out["peer"], out["status"]) == ("PeerLostError", dead, 3)
+    assert f"process {dead} of 2 exited with status 3" in out["error"]
     assert out["waited"] < 20  # TXC_COLLECTIVE_TIMEOUT
     assert out["losses"] == [pytest.approx(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)).sum()
                                            .item() * 2, rel=1e-5)]
@@ -225,7 +228,7 @@ def test_a_survivor_that_does_not_exit_is_stopped(tmp_path):
     env["TXC_COLLECTIVE_TIMEOUT"] = "3"
     script = os.path.join(os.path.dirname(__file__), "scripts", "dead_peer.py")
     r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
-                        str(tmp_path), "stay"], env=env, capture_output=True, text=True, timeout=120)
+                        str(tmp_path), "1", "stay"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr[-4000:]
     assert "process 0 of 2 still runs 3 s after its peer failed; stopping it" in r.stderr
     assert json.loads((tmp_path / "survivor.json").read_text())["peer"] == 1

@@ -15,7 +15,8 @@ through it: torch_xla_core/distributed_checkpoint.py). In the
 script, txc.world_size(), txc.global_ordinal() and txc.local_ordinal() say
 where it runs; xs.Mesh(range(world devices), ...) spans every process.
 
-Listeners: jax's coordination service (process 0) binds 127.0.0.1 only,
+Listeners: jax's coordination service, hosted by the launcher (not by
+process 0: a worker's death does not take it down), binds 127.0.0.1 only,
 jax's gloo collectives 127.0.0.1, torch.distributed's store is hosted by
 the launcher on 127.0.0.1 (workers join it as clients:
 TORCHELASTIC_USE_AGENT_STORE), torch's gloo process group uses the
@@ -58,6 +59,19 @@ def _store(timeout: float):
     return store, port
 
 
+def _coordination_service(nproc: int, heartbeat: int):
+    """jax's coordination service, hosted here on 127.0.0.1 rather than in
+    process 0 (peers.join): a worker that dies takes nothing down with it,
+    so the others learn of it from this launcher and can raise, where jax's
+    runtime in process 0's place would abort them all at once. (service,
+    its address)."""
+    from jax._src.lib import _jax
+    address = f"127.0.0.1:{_free_port()}"
+    if nproc == 1:
+        return None, address
+    return _jax.get_distributed_runtime_service(address, nproc, heartbeat_timeout=heartbeat), address
+
+
 def _seconds(env, name, default):
     v = env.get(name)
     try:
@@ -66,19 +80,20 @@ def _seconds(env, name, default):
         raise ValueError(f"{name}={v!r} must be a number of seconds") from None
 
 
-def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.2) -> int:
+def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.05) -> int:
     """Runs `python script_argv...` in nproc processes; returns the exit
     status (0 when all succeed, else the first failure's)."""
     if nproc < 1 or devices < 1:
         raise ValueError(f"launch: --nproc ({nproc}) and --devices ({devices}) must be at least 1")
     base = dict(os.environ if env is None else env)
     grace = _seconds(base, "TXC_COLLECTIVE_TIMEOUT", _seconds(base, "TXC_DISTRIBUTED_TIMEOUT", 60))
+    base.setdefault("TXC_DISTRIBUTED_TIMEOUT", str(int(2 * grace + 30)))  # jax's abort after our own end
     store, store_port = _store(max(grace, 300))
-    base.update(TXC_COORDINATOR=f"127.0.0.1:{_free_port()}", TXC_NUM_PROCESSES=str(nproc),
+    service, coordinator = _coordination_service(nproc, int(_seconds(base, "TXC_DISTRIBUTED_TIMEOUT", 60)))
+    base.update(TXC_COORDINATOR=coordinator, TXC_COORDINATOR_HOSTED="1", TXC_NUM_PROCESSES=str(nproc),
                 TXC_NUM_CPU_DEVICES=str(devices), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
                 WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), TORCHELASTIC_USE_AGENT_STORE="True",
                 TXC_COLLECTIVE_TIMEOUT=f"{grace:g}")
-    base.setdefault("TXC_DISTRIBUTED_TIMEOUT", str(int(2 * grace + 30)))  # jax's abort after our own end
     if os.path.exists("/sys/class/net/lo"):
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs, notices = [], []
@@ -126,6 +141,8 @@ def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.
             p.wait()
         for w in notices:
             os.close(w)
+        if service is not None:
+            service.shutdown()
         del store
     return status
 

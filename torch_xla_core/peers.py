@@ -93,14 +93,21 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
     import jax
     from jax._src import xla_bridge
     from jax._src.lib import _jax
+    from jax._src import distributed
     bind, gloo = bind_addresses(coordinator)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
-                               coordinator_bind_address=bind)
+    hosted = os.environ.get("TXC_COORDINATOR_HOSTED") == "1" and process_id == 0
+    if hosted:  # the launcher runs the coordination service: process 0 is a client like the others
+        distributed._jax = _NoService(_jax)
+    try:
+        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
+                                   initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
+                                   coordinator_bind_address=bind)
+    finally:
+        if hosted:
+            distributed._jax = _jax
     if gloo is not None:
         from functools import partial
-        from jax._src import distributed
         coll = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=gloo)
         try:
             xla_bridge.register_backend_factory("cpu", partial(xla_bridge.make_cpu_client, collectives=coll),
@@ -111,6 +118,21 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
                           f"listen where gloo's default puts them, not on {gloo}; start torch_xla_core before "
                           f"using jax", RuntimeWarning, stacklevel=3)
     _watch()
+
+
+class _NoService:
+    """jaxlib as jax.distributed.initialize sees it, less the coordination
+    service (process 0 starts one there; under the launcher the launcher
+    hosts it, so that no worker's death takes it down)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def get_distributed_runtime_service(self, *args, **kwargs):
+        return None
 
 
 def _watch():
@@ -176,7 +198,7 @@ def wait(bufs, what: str = "waiting on the device") -> None:
     for b in bufs:
         if not hasattr(b, "is_ready"):  # host data already (process_allgather's numpy result)
             continue
-        delay = 5e-5
+        delay = 2e-5  # doubling to 1 ms: a wait ends at most ~1 ms (or its own length) late
         while True:
             try:
                 if b.is_ready():
@@ -186,8 +208,18 @@ def wait(bufs, what: str = "waiting on the device") -> None:
             if _lost is not None:
                 _raise(what)
             time.sleep(delay)
-            delay = min(delay * 2, 0.005)
-        b.block_until_ready()
+            delay = min(delay * 2, 0.001)
+        try:
+            b.block_until_ready()
+        except RuntimeError as e:  # a collective that failed as its peer died (gloo: connection closed)
+            if getattr(b, "is_deleted", lambda: False)():  # a donated buffer: not ours to explain
+                raise
+            t0 = time.monotonic()
+            while _lost is None and time.monotonic() - t0 < 2 and os.environ.get("TXC_LAUNCH_FD"):
+                time.sleep(0.01)  # the launcher's notice, a poll away
+            if _lost is None:
+                raise
+            _raise(f"{what} ({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})")
 
 
 def exit(status: int = 1):  # noqa: A001 (as sys.exit)
