@@ -3,12 +3,14 @@ distributed runtime (and so what listens where), and what it does when a
 peer process dies.
 
 What listens (see SECURITY.md):
-- Process 0 runs jax's coordination service (unauthenticated gRPC). It
-  binds TXC_COORDINATOR_BIND when set (host:port; e.g. "[::]:1234" for
-  every interface), else exactly the address of TXC_COORDINATOR: on one
-  machine (torch_xla_core.launch) 127.0.0.1:PORT, on several machines the
-  address the user named for process 0 — never every interface unless the
-  user says so (jax's own default is [::]).
+- jax's coordination service (unauthenticated gRPC). Under
+  torch_xla_core.launch the launcher hosts it on 127.0.0.1
+  (TXC_COORDINATOR_HOSTED=1: process 0 starts none). Otherwise process 0
+  runs it, bound to TXC_COORDINATOR_BIND when set (host:port; e.g.
+  "[::]:1234" for every interface), else exactly the address of
+  TXC_COORDINATOR: on several machines the address the user named for
+  process 0 — never every interface unless the user says so (jax's own
+  default is [::]).
 - Every process listens for jax's CPU collectives (gloo, over TCP). It
   binds TXC_GLOO_HOSTNAME when set, else 127.0.0.1 when the coordinator is
   a loopback address, else gloo's default (this machine's host name,
@@ -21,11 +23,13 @@ A dead peer. torch_xla_core.launch tells the other processes at once
 (through a pipe, TXC_LAUNCH_FD) when one exits with an error; a call of
 this process waiting on the device (a .cpu(), .item(), sync(wait=True),
 txc.wait_device_ops()) whose value waits on a collective then raises
-PeerLostError naming the peer, within TXC_COLLECTIVE_TIMEOUT (default 60 s),
-so that `try/except` around a step can save what is on the host and exit.
-jax's runtime cannot be told to raise instead: its coordination client
-aborts the process (a C++ fatal error) once its heartbeat
-(TXC_DISTRIBUTED_TIMEOUT) sees the dead peer; jaxlib 0.10's
+PeerLostError naming the peer (well within TXC_COLLECTIVE_TIMEOUT, default
+60 s; under a second here), also when the collective itself failed on the
+closed connection, so that `try/except` around a step can save what is on
+the host and exit. jax's runtime cannot be told to raise instead: its
+coordination client aborts the process (a C++ fatal error) once its
+heartbeat (TXC_DISTRIBUTED_TIMEOUT) sees the dead peer, or at once when
+the service itself is gone (hence the launcher hosts it); jaxlib 0.10's
 missed_heartbeat_callback cannot be a Python function (the call fails with
 std::bad_cast, itself an abort). So the launcher sets that heartbeat past
 its own bound and ends any process still running TXC_COLLECTIVE_TIMEOUT s
