@@ -79,3 +79,18 @@ def test_one_process_waits_as_before(dev):
     assert not peers._watching
     peers.wait([_tensor.materialize(x)])  # block_until_ready: no polling, nothing raised
     assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_blocking_hands_back_values_and_errors_and_raises_once_a_peer_is_lost(monkeypatch):
+    monkeypatch.setattr(peers, "_watching", True)
+    monkeypatch.setattr(peers, "_lost", None)
+    assert peers.blocking(lambda: 42, "a barrier") == 42
+    with pytest.raises(KeyError, match="nope"):
+        peers.blocking(lambda: {}["nope"], "a barrier")
+    release = threading.Event()
+    threading.Timer(0.2, lambda: setattr(peers, "_lost", ("process 0 of 2 exited with status 9", 0, 9))).start()
+    with pytest.raises(peers.PeerLostError, match=r"^torch.save of a sharded xla tensor: process 0 of 2 exited"):
+        peers.blocking(lambda: release.wait(30), "torch.save of a sharded xla tensor")  # a barrier for good
+    release.set()
+    with pytest.raises(peers.PeerLostError):  # known dead before the call: raised at once
+        peers.blocking(lambda: 1, "a barrier")

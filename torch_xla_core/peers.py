@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 
-__all__ = ["PeerLostError", "lost", "wait", "exit"]
+__all__ = ["PeerLostError", "lost", "wait", "blocking", "exit"]
 
 
 class PeerLostError(RuntimeError):
@@ -218,12 +218,52 @@ def wait(bufs, what: str = "waiting on the device") -> None:
         except RuntimeError as e:  # a collective that failed as its peer died (gloo: connection closed)
             if getattr(b, "is_deleted", lambda: False)():  # a donated buffer: not ours to explain
                 raise
-            t0 = time.monotonic()
-            while _lost is None and time.monotonic() - t0 < 2 and os.environ.get("TXC_LAUNCH_FD"):
-                time.sleep(0.01)  # the launcher's notice, a poll away
-            if _lost is None:
-                raise
-            _raise(f"{what} ({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})")
+            _explain(e, what)
+            raise
+
+
+def _explain(e: BaseException, what: str) -> None:
+    """Raises PeerLostError for an error that a peer's death caused (the
+    launcher's notice, a poll away, is given 2 s to arrive); returns if no
+    peer is known dead."""
+    t0 = time.monotonic()
+    while _lost is None and time.monotonic() - t0 < 2 and os.environ.get("TXC_LAUNCH_FD"):
+        time.sleep(0.01)
+    if _lost is not None:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        _raise(f"{what} ({type(e).__name__}: {first})")
+
+
+def blocking(fn, what: str):
+    """fn() (a call that blocks in C++ on the other processes: a barrier, a
+    gather); in a multi-process job it runs on a helper thread so that a
+    peer known dead raises PeerLostError here at once (the helper stays
+    blocked until its own timeout, harmless)."""
+    if not _watching:
+        return fn()
+    if _lost is not None:
+        _raise(what)
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            out["error"] = e
+    th = threading.Thread(target=run, name="txc-blocking", daemon=True)
+    th.start()
+    delay = 2e-5
+    while th.is_alive():
+        th.join(delay)
+        delay = min(delay * 2, 0.001)
+        if _lost is not None and th.is_alive():
+            _raise(what)
+    if "error" in out:
+        e = out["error"]
+        if isinstance(e, Exception):
+            _explain(e, what)
+        raise e
+    return out["value"]
 
 
 def exit(status: int = 1):  # noqa: A001 (as sys.exit)

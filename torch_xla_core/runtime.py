@@ -343,7 +343,10 @@ def collective_barrier(what: str) -> None:
     key = f"txc_collective_{_collectives}_{zlib.crc32(what.encode()):08x}"
     try:
         with metrics.timed("collective_barrier"):
-            distributed.global_state.client.wait_at_barrier(key, int(timeout * 1000))
+            client = distributed.global_state.client
+            peers.blocking(lambda: client.wait_at_barrier(key, int(timeout * 1000)), what)
+    except peers.PeerLostError:
+        raise
     except Exception as e:
         raise RuntimeError(
             f"{what}: this is a collective step (the value has pieces on other processes' devices), so every "
@@ -363,7 +366,7 @@ def to_host(buf, what: str = "copying an xla tensor to the CPU") -> torch.Tensor
             spec = getattr(buf.sharding, "spec", None)
             collective_barrier(f"{what} (a {buf.dtype}{list(buf.shape)} tensor sharded "
                                f"{tuple(spec) if spec is not None else buf.sharding})")
-            buf = multihost_utils.process_allgather(buf, tiled=True)
+            buf = peers.blocking(lambda: multihost_utils.process_allgather(buf, tiled=True), what)
         peers.wait([buf], what)
         a = np.asarray(buf)
         if a.dtype == _dtypes.NUMPY[_dtypes.BF16]:
