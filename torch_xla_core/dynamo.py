@@ -78,8 +78,11 @@ def make_traceable() -> None:
     global _traceable
     if _traceable:
         return
+    from . import _compat
+    _compat.add_missing_meta_kernels()  # torch 2.11: SDPA's backward had none (aot_autograd's fake backward)
     from torch._dynamo.variables import builder
     vb = builder.VariableBuilder
+
     for trace_numpy in (False, True):  # the exact-type table (cached per config.trace_numpy)
         vb._type_dispatch_impl(trace_numpy)[XlaTensor] = vb.wrap_tensor
     infer = builder.infer_subclass_type
@@ -103,11 +106,22 @@ def make_traceable() -> None:
     # torch.tensor(data, device="xla") under fake tensor mode: made on the CPU
     # and moved as a fake tensor (what torch does when no accelerator needs
     # initializing; our PrivateUse1 device needs none, so it does not count).
+    # A trace that holds xla tensors does so even where CUDA is available
+    # (the mode's _txc_xla, set as it fakes an xla tensor): else torch made
+    # the constant a real xla tensor and lift_fresh refused it ("Please
+    # convert all Tensors to FakeTensors first", torch 2.11 on an H200).
+    from_tensor = fake_tensor.FakeTensorMode.from_tensor
+    if not getattr(from_tensor, "_txc", False):
+        def from_xla_tensor(self, tensor, *args, **kwargs):
+            if tensor.device.type == "xla":
+                self._txc_xla = True  # this mode makes xla fakes: avoid_device_init below
+            return from_tensor(self, tensor, *args, **kwargs)
+        from_xla_tensor._txc = True
+        fake_tensor.FakeTensorMode.from_tensor = from_xla_tensor
     init = fake_tensor.FakeTensorMode.avoid_device_init
     if not getattr(init.fget, "_txc", False):
         def avoid_device_init(self):
-            return init.fget(self) or not (torch.cuda.is_available() or torch.xpu.is_available() or (
-                hasattr(torch, "hpu") and torch.hpu.is_available()))
+            return init.fget(self) or getattr(self, "_txc_xla", False) or not _accelerator_available()
         avoid_device_init._txc = True
         fake_tensor.FakeTensorMode.avoid_device_init = property(avoid_device_init)
 
@@ -117,6 +131,13 @@ def make_traceable() -> None:
         return self
     XlaTensor.__coerce_same_metadata_as_tangent__ = coerce
     _traceable = True
+
+
+def _accelerator_available() -> bool:
+    """Whether torch has an accelerator of its own that fake tensor mode
+    would initialize (CUDA, XPU, HPU)."""
+    return torch.cuda.is_available() or torch.xpu.is_available() or (
+        hasattr(torch, "hpu") and torch.hpu.is_available())
 
 
 _aten = torch.ops.aten

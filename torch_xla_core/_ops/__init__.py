@@ -3,14 +3,17 @@ of aten overloads with @impl; resolve() derives what is not registered:
 in-place and out= variants from the functional handler, the long tail from
 torch._decomp decompositions, and finally a CPU fallback that is counted in
 metrics and warned about once per op. Overloads that are exactly one core
-op are declared once with mapping() (a table row; no handler to write)."""
+op are declared once with mapping() (a table row; no handler to write).
+`aten` here is torch.ops.aten where an op this torch lacks is an Absent
+(_compat.AtenOps): @impl and mapping() skip it, so a handler written for an
+op some supported torch removed does not break the import."""
 import torch
 
-from .. import _C, _tensor, metrics
+from .. import _C, _compat, _tensor, metrics
 from .._dtypes import UnsupportedDtype
 from .._tensor import HANDLERS, OP, XlaTensor
 
-aten = torch.ops.aten
+aten = _compat.AtenOps(torch.ops.aten)
 
 ANY, XLA = -1, -2  # operand kinds of a mapping: anything the core takes; an xla tensor of any rank
 
@@ -97,7 +100,7 @@ def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, che
     fits, `check` may word the error; else the core's error is raised.
     Returns the first overload's Mapping (callable like a handler)."""
     first = None
-    for o in overloads:
+    for o in _compat.present(overloads):
         h = HANDLERS.get(o)
         explicit = h is not None and not isinstance(h, _C.Mapping)
         m = _mapping(o, op, operands, ranks, attrs, view, check, h if explicit else _Rest(o))
@@ -113,7 +116,7 @@ def impl(*overloads):
     overload declared with mapping(), it handles the calls the mapping does
     not fit."""
     def deco(fn):
-        for o in overloads:
+        for o in _compat.present(overloads):
             for f in ([getattr(o, n) for n in o.overloads()] if isinstance(o, torch._ops.OpOverloadPacket) else [o]):
                 h = HANDLERS.get(f)
                 if isinstance(h, _C.Mapping):

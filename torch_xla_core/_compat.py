@@ -1,0 +1,177 @@
+"""Which torch and jax this package runs with, and every shim that makes one
+wheel serve them all (the core does not link libtorch: one wheel per ABI
+flavor and Python serves every torch whose Python API we use).
+
+Supported: torch >= 2.11, < 2.16 (pyproject.toml repeats TORCH_RANGE; tests/
+compat/test_compat.py keeps them equal), each version exercised by
+`nox -s compat` (tests/compat: one venv per torch, the built wheel, the
+compat suite). A torch outside that range is refused at import, naming the
+version and the range (check_torch).
+
+The shims, each with the versions it serves and the test that covers it
+(tests/compat/test_compat.py runs in every torch's venv, so each shim is
+exercised by a venv whose torch needs it, and by a stand-in where none does):
+
+  AtenOps / ABSENT    torch 2.15 has no aten.cholesky (torch.cholesky is
+                      linalg_cholesky there): _ops registers handlers only for
+                      overloads this torch has. test_op_registry_skips_absent
+  array_result_handler  jaxlib >= 0.11 took away _skip_checks (runtime.py's
+                      outputs). test_array_result_handler_either_jaxlib
+  linear_cross_entropy  torch 2.11-2.12 have no torch.nn.modules.
+                      linear_cross_entropy (its chunked custom ops are
+                      registered where the module exists: _ops/nn_extra.py's
+                      try/except ImportError). test_linear_cross_entropy_ops
+  sdpa_backward_meta  torch 2.11 has no meta kernel of
+                      aten._scaled_dot_product_fused_attention_overrideable_backward
+                      (what our SDPA's backward is): aot_autograd's fake
+                      backward of any attention model failed, as "SystemError:
+                      run_backward ... returned NULL without setting an
+                      exception" (the engine lost the NotImplementedError).
+                      Registered by dynamo.make_traceable where missing.
+                      test_hf_model_training[*-dynamo]
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+TORCH_RANGE = ((2, 11), (2, 16))   # >= 2.11, < 2.16
+JAX_RANGE = ((0, 10, 2), (0, 12))  # >= 0.10.2, < 0.12 (jaxlib the same)
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """'2.15.0+cu132' -> (2, 15, 0); '2.16.0.dev20260101' -> (2, 16, 0)."""
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def _spec(lo, hi) -> str:
+    return f">={'.'.join(map(str, lo))},<{'.'.join(map(str, hi))}"
+
+
+TORCH_SPEC = _spec(*TORCH_RANGE)
+JAX_SPEC = _spec(*JAX_RANGE)
+TORCH = version_tuple(torch.__version__)
+
+
+def check_torch(version: str | None = None) -> None:
+    """Raises ImportError unless `version` (default: the imported torch's) is
+    in TORCH_RANGE."""
+    v = version or torch.__version__
+    lo, hi = TORCH_RANGE
+    if not lo <= version_tuple(v)[:2] < hi:
+        from . import __version__
+        raise ImportError(
+            f"torch_xla_core {__version__} supports torch {TORCH_SPEC}; this is torch {v}. Install a torch in that "
+            f"range (pip install 'torch{TORCH_SPEC}'), or a torch_xla_core release that supports torch {v}.")
+
+
+# ---- aten overloads a torch version lacks -------------------------------------
+# What each known absence is (anything else absent is still skipped, and listed
+# in SKIPPED: tests/compat asserts SKIPPED holds only these, per torch).
+ABSENT = {
+    "aten::cholesky": ((2, 15), "removed in torch 2.15 (torch.cholesky computes through linalg_cholesky_ex)"),
+}
+SKIPPED: set[str] = set()  # "aten::name.overload" of handlers not registered, this torch lacking them
+
+
+class Absent:
+    """An aten packet or overload this torch does not have: `impl` and
+    `mapping` skip it (recording it in SKIPPED); calling it raises, naming it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, overload: str) -> "Absent":
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return Absent(f"{self.name}.{overload}")
+
+    def overloads(self):
+        return []
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(f"{self.name} does not exist in torch {torch.__version__}")
+
+    def __repr__(self):
+        return f"<absent {self.name}>"
+
+
+class AtenOps:
+    """torch.ops.aten where an op this torch lacks is an Absent instead of an
+    AttributeError at import. A packet found is cached as an attribute of
+    this object (later lookups cost what torch.ops.aten's do). Overloads are
+    the real packet's: a missing overload of an existing op still raises."""
+
+    def __init__(self, ns):
+        object.__setattr__(self, "_ns", ns)
+
+    def __getattr__(self, name: str):
+        try:
+            packet = getattr(self._ns, name)
+        except AttributeError:
+            if name.startswith("__") and name.endswith("__"):  # a protocol probe (aten.__lshift__ is an op)
+                raise
+            return Absent(f"aten::{name}")
+        object.__setattr__(self, name, packet)
+        return packet
+
+
+def present(overloads):
+    """The overloads of this torch among `overloads`; the absent ones go to SKIPPED."""
+    out = []
+    for o in overloads:
+        if isinstance(o, Absent):
+            SKIPPED.add(o.name)
+        else:
+            out.append(o)
+    return out
+
+
+# ---- jaxlib: array_result_handler's _skip_checks ------------------------------------
+_SKIP_CHECKS = [{"_skip_checks": True}]  # its extra arguments (jaxlib >= 0.11: none), learned on first use
+
+
+def array_result_handler(aval, sharding, committed):
+    """jaxlib's C++ handler that makes jax Arrays of (aval, sharding).
+    jaxlib < 0.11 takes _skip_checks=True (skips its checks of each output);
+    jaxlib >= 0.11 has no such argument (and does not check there): the first
+    call finds out which jaxlib this is, later calls pass what it takes."""
+    from jax._src.lib import xla_client as xc
+    try:
+        return xc.array_result_handler(aval, sharding, committed=committed, **_SKIP_CHECKS[0])
+    except TypeError:
+        if not _SKIP_CHECKS[0]:
+            raise
+        _SKIP_CHECKS[0] = {}
+        return xc.array_result_handler(aval, sharding, committed=committed)
+
+
+# ---- torch 2.11: meta kernels torch added later ---------------------------------------
+
+def _sdpa_overrideable_backward_meta(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp,
+                                     cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
+                                     philox_offset, *, scale=None):
+    """torch >= 2.13's meta__scaled_dot_product_fused_attention_overrideable_backward."""
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            torch.empty_like(attn_bias) if attn_bias is not None else None)
+
+
+_META = {"_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_overrideable_backward_meta}
+_meta_lib = None
+META_ADDED: list[str] = []  # the aten ops given a meta kernel here (this torch had none)
+
+
+def add_missing_meta_kernels() -> None:
+    """Registers _META's kernels for the ops this torch has no Meta kernel
+    of (fake tensors, hence dynamo, need one). Idempotent."""
+    global _meta_lib
+    for name, fn in _META.items():
+        if name in META_ADDED or isinstance(getattr(AtenOps(torch.ops.aten), name), Absent):
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            continue
+        if _meta_lib is None:
+            _meta_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (kept for the process)
+        _meta_lib.impl(name, fn, "Meta")
+        META_ADDED.append(name)
