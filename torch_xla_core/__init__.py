@@ -15,7 +15,11 @@ import os
 
 import torch
 
-from . import _device
+from . import _compat
+
+_compat.check_torch()  # a torch outside the supported range: an ImportError naming it and the range
+
+from . import _device  # noqa: E402
 
 _device.register()
 
