@@ -227,21 +227,11 @@ def _outputs(exe, results):
     return outs
 
 
-_SKIP_CHECKS = [{"_skip_checks": True}]  # array_result_handler's extra arguments (jaxlib >= 0.11: none)
-
-
 def _result_handler(o):
-    """jaxlib's C++ handler that makes Arrays like o. jaxlib >= 0.11 has no
-    _skip_checks argument (and does not check there): the first call finds
-    out which jaxlib this is, later calls pass what it takes."""
-    from jax._src.lib import xla_client as xc
-    try:
-        return xc.array_result_handler(o.aval, o.sharding, committed=o._committed, **_SKIP_CHECKS[0])
-    except TypeError:
-        if not _SKIP_CHECKS[0]:
-            raise
-        _SKIP_CHECKS[0] = {}
-        return xc.array_result_handler(o.aval, o.sharding, committed=o._committed)
+    """jaxlib's C++ handler that makes Arrays like o (_compat.py: jaxlib 0.10
+    and 0.11 take different arguments)."""
+    from ._compat import array_result_handler
+    return array_result_handler(o.aval, o.sharding, o._committed)
 
 
 def execute(exe, params, wait: bool = False):
