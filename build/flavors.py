@@ -61,6 +61,7 @@ class Matrix:
     flavors: dict[str, Flavor]
     pythons: tuple[str, ...] = ()      # CPython versions of a release, "3.11", ...
     default_python: str = ""
+    default_torch: str = ""            # [torch] default: the sessions', images' and release smoke's torch
 
     def cibw_build(self) -> str:
         """cibuildwheel's `build` selector for the Python list."""
@@ -106,7 +107,8 @@ def load(path: Path = MATRIX) -> Matrix:
         raise ValueError(f"{path}: [python] versions must be ascending and distinct "
                          f"and hold the default {py['default']!r}; got {list(versions)}")
     return Matrix(default=default, env_var=data["env"], flavors=flavors,
-                  pythons=versions, default_python=py["default"])
+                  pythons=versions, default_python=py["default"],
+                  default_torch=data.get("torch", {}).get("default", ""))
 
 
 def base_version(root: Path = ROOT) -> str:

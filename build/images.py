@@ -68,7 +68,7 @@ PYTHON = MATRIX.default_python
 # only built when asked for (--platform tpu).
 PLATFORMS = {"cpu": {"extras": [], "default": True},
              "tpu": {"extras": ["tpu"], "default": False}}
-TORCH_PIN = "torch==2.13.0"
+TORCH_PIN = f"torch=={MATRIX.default_torch}"  # build/flavors.toml [torch]: the default torch
 
 
 # ------------------------------------------------------------------ tags

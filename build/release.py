@@ -489,7 +489,8 @@ def smoke_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
     in one fresh venv of that interpreter: `pip install torch_xla_core
     --extra-index-url <url>/<flavor>/simple` as users type it, the
     dependencies (torch, jax, jaxlib, numpy, as pyproject pins them) from
-    the machine's normal sources; then docker/smoke.py: the core's
+    the machine's normal sources (torch: the default one, installed first;
+    pyproject's range keeps it); then docker/smoke.py: the core's
     build_info() (flavor, compiled ABI, label, torch and jaxlib found) and
     3 traced training steps against eager CPU, one compile, no fallback.
     The flavors share the venv: the next one's `pip install` follows a
@@ -503,6 +504,10 @@ def smoke_python(version: str, py: Path, flavors: list[fl.Flavor], url: str,
     vpy = fresh_venv(py, where)
     out = {"interpreter": str(py), "not_built": []}
     try:
+        # the default torch first (build/flavors.toml [torch]), as a user who has it:
+        # pyproject declares a range, and pip keeps the torch that satisfies it
+        run([vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"torch=={MATRIX.default_torch}"],
+            what=f"pip install torch=={MATRIX.default_torch} on Python {version}", timeout=3600)
         for f in flavors:
             want = _built_wheel(f, version, partial, out)
             if want is None:

@@ -58,6 +58,15 @@ def test_declared_ranges_match_compat():
     deps = tomllib.loads((Path(repo) / "pyproject.toml").read_text())["project"]["dependencies"]
     spec = {re.split(r"[<>=\[ ]", d)[0]: re.sub(r"^[\w\-]+", "", d) for d in deps}
     assert spec["torch"] == _compat.TORCH_SPEC and spec["jax"] == spec["jaxlib"] == _compat.JAX_SPEC, spec
+    # the torches run.py tests: one per minor version of the range, its bounds included;
+    # the default torch (sessions, images, release smoke) among them
+    sys.path.insert(0, str(Path(repo) / "tests" / "compat"))
+    import run
+    lo, hi = _compat.TORCH_RANGE
+    assert sorted(_compat.version_tuple(v)[:2] for v in run.TORCHES.values()) == \
+        [(lo[0], m) for m in range(lo[1], hi[1])], run.TORCHES
+    import flavors
+    assert flavors.load().default_torch in run.TORCHES.values()
     if os.environ.get("TXC_COMPAT_FLAVOR"):  # the installed wheel's metadata says the same
         reqs = {re.split(r"[<>=\[ ;]", r)[0]: r for r in md.requires("torch_xla_core")}
         assert _compat.TORCH_SPEC.split(",")[0] in reqs["torch"], reqs
