@@ -32,7 +32,9 @@ exercised by a venv whose torch needs it, and by a stand-in where none does):
 """
 from __future__ import annotations
 
+import os
 import re
+import warnings
 
 import torch
 
@@ -56,14 +58,18 @@ TORCH = version_tuple(torch.__version__)
 
 def check_torch(version: str | None = None) -> None:
     """Raises ImportError unless `version` (default: the imported torch's) is
-    in TORCH_RANGE."""
+    in TORCH_RANGE. TXC_UNSUPPORTED_TORCH=1 makes it a warning (trying a new
+    torch before its range is declared)."""
     v = version or torch.__version__
     lo, hi = TORCH_RANGE
     if not lo <= version_tuple(v)[:2] < hi:
         from . import __version__
-        raise ImportError(
-            f"torch_xla_core {__version__} supports torch {TORCH_SPEC}; this is torch {v}. Install a torch in that "
-            f"range (pip install 'torch{TORCH_SPEC}'), or a torch_xla_core release that supports torch {v}.")
+        msg = (f"torch_xla_core {__version__} supports torch {TORCH_SPEC}; this is torch {v}. Install a torch in "
+               f"that range (pip install 'torch{TORCH_SPEC}'), or a torch_xla_core release that supports torch {v}")
+        if os.environ.get("TXC_UNSUPPORTED_TORCH") == "1":
+            warnings.warn(msg + " (TXC_UNSUPPORTED_TORCH=1: going on untested)", RuntimeWarning, stacklevel=3)
+            return
+        raise ImportError(msg + " (TXC_UNSUPPORTED_TORCH=1 tries it anyway, untested).")
 
 
 # ---- aten overloads a torch version lacks -------------------------------------
