@@ -54,6 +54,10 @@ def test_a_dead_process_stops_the_others(tmp_path):
     r = _launch(tmp_path, "die")  # process 1 exits with status 3 before joining
     assert r.returncode == 3
     assert "process 1 of 2 exited with status 3; told the others (PeerLostError)" in r.stderr
+    # process 0, waiting for process 1 to join, learns of it there (not after jax's initialization timeout)
+    assert ("PeerLostError: joining jax's distributed runtime as process 0 of 2: process 1 of 2 exited with "
+            "status 3") in r.stderr
+    assert "still runs" not in r.stderr
     assert not (tmp_path / "rank0.json").exists()
 
 

@@ -101,15 +101,19 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
     bind, gloo = bind_addresses(coordinator)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     hosted = os.environ.get("TXC_COORDINATOR_HOSTED") == "1" and process_id == 0
-    if hosted:  # the launcher runs the coordination service: process 0 is a client like the others
-        distributed._jax = _NoService(_jax)
-    try:
-        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
-                                   initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
-                                   coordinator_bind_address=bind)
-    finally:
-        if hosted:
-            distributed._jax = _jax
+
+    def initialize():
+        if hosted:  # the launcher runs the coordination service: process 0 is a client like the others
+            distributed._jax = _NoService(_jax)
+        try:
+            jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
+                                       initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
+                                       coordinator_bind_address=bind)
+        finally:
+            if hosted:
+                distributed._jax = _jax
+    _watch()  # a peer that dies before every process joined: PeerLostError here, not a wait for the timeout
+    blocking(initialize, f"joining jax's distributed runtime as process {process_id} of {num_processes}")
     if gloo is not None:
         from functools import partial
         coll = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=gloo)
@@ -121,7 +125,6 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
             warnings.warn(f"torch_xla_core: jax's CPU client had already started ({e}), so its gloo collectives "
                           f"listen where gloo's default puts them, not on {gloo}; start torch_xla_core before "
                           f"using jax", RuntimeWarning, stacklevel=3)
-    _watch()
 
 
 class _NoService:
