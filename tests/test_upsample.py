@@ -95,3 +95,24 @@ def test_grid_sample_2d_bf16_coordinates_in_float32(padding_mode):
     y = f(x.to(txc.device()), grid.to(txc.device()))
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.cpu(), f(x.float(), grid.float()).bfloat16(), atol=1e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("padding_mode", ["border", "reflection"])
+def test_grid_sample_grad_at_the_border(dims, padding_mode):
+    # grid points exactly on the border (common in bf16): torch's kernels give
+    # the clipped coordinate gradient 0 there; torch.clamp's passes it
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, *([4] * dims), generator=g, requires_grad=True)
+    grid = torch.rand(1, *([3] * dims), dims, generator=g) * 2 - 1
+    grid.view(-1)[::3] = 1.0
+    grid.view(-1)[1::5] = -1.0
+    grid.requires_grad_()
+    f = lambda x, gr: F.grid_sample(x, gr, padding_mode=padding_mode, align_corners=True)  # noqa: E731
+    w = torch.randn(f(x, grid).shape, generator=g)
+    cpu = torch.autograd.grad((f(x, grid) * w).sum(), [x, grid])
+    d = txc.device()
+    xd, gd = x.detach().to(d).requires_grad_(), grid.detach().to(d).requires_grad_()
+    ours = torch.autograd.grad((f(xd, gd) * w.to(d)).sum(), [xd, gd])
+    for a, c in zip(ours, cpu):
+        torch.testing.assert_close(a.cpu(), c, atol=1e-5, rtol=1e-5)

@@ -61,9 +61,31 @@ def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
     return _decomposed_grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners)
 
 
+def _clip(c, lo, hi):
+    """clamp(c, lo, hi) with the gradient torch's grid samplers give it
+    (clip_coordinates_set_grad): 1 strictly inside, 0 at and past the
+    bounds (torch.clamp's passes at them: a bf16 grid hits +-1 exactly)."""
+    return torch.where((c > lo) & (c < hi), c, c.detach().clamp(lo, hi))
+
+
+class _GridClamp(torch.overrides.TorchFunctionMode):
+    """torch.clamp(coords, lo, hi) inside torch's grid_sampler_2d
+    decomposition (border and reflection padding) as _clip."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.clamp and len(args) == 3 and not kwargs and all(isinstance(b, (int, float)) for b in args[1:]):
+            return _clip(*args)
+        return func(*args, **(kwargs or {}))
+
+
+def _grid_sampler_2d_for_grad(x, grid, interp, padding, align_corners):
+    with _GridClamp():
+        return _decomposed_grid_sampler_2d(x, grid, interp, padding, align_corners)
+
+
 @impl(aten.grid_sampler_2d_backward.default)
 def grid_sampler_2d_backward(grad, x, grid, interp, padding, align_corners, output_mask):
-    gx, gg = vjp(lambda a, g: _decomposed_grid_sampler_2d(a, g, interp, padding, align_corners), [x, grid], grad)
+    gx, gg = vjp(lambda a, g: _grid_sampler_2d_for_grad(a, g, interp, padding, align_corners), [x, grid], grad)
     return (gx if output_mask[0] else None), gg
 
 
@@ -73,7 +95,7 @@ def _source_index(coords, size, padding, align_corners):
     mul = (size * 0.5 - 0.5) if align_corners else (size * 0.5)
     c = coords * mul + (size * 0.5 - 0.5)
     if padding == 1:
-        return torch.clamp(c, 0, size - 1)
+        return _clip(c, 0, size - 1)
     if padding == 2:
         lo2, hi2 = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
         if lo2 == hi2:
@@ -84,7 +106,7 @@ def _source_index(coords, size, padding, align_corners):
             extra = torch.fmod(c2, span)
             flips = (c2 / span).floor()
             c = torch.where(torch.fmod(flips, 2) == 0, extra + lo, span + lo - extra)
-        return torch.clamp(c, 0, size - 1)
+        return _clip(c, 0, size - 1)
     return c
 
 
