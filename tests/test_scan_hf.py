@@ -67,6 +67,38 @@ def test_scanned_llama_trains_like_unrolled(dev):
     assert [type(m) for m in model.model.layers] == [T.models.llama.modeling_llama.LlamaDecoderLayer] * 3
 
 
+def test_scanned_llama_replays_under_txc_compile(dev):
+    """txc.compile records the scanned step and replays it (the recording must
+    not hold the scan's backward-body autograd graph: its leaves are body
+    values, which its sync could not compute)."""
+    base = llama(2, use_cache=False)
+    ids = torch.randint(0, V, (2, 8))
+
+    def trainer(model, ids):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+
+    ref_model = copy.deepcopy(base)  # CPU eager
+    ref_step = trainer(ref_model, ids)
+    ref = [ref_step() for _ in range(4)]
+    model = scan_decoder_layers(copy.deepcopy(base).to(dev))
+    step = txc.compile(trainer(model, ids.to(dev)))
+    before = counters()
+    losses = [step().cpu() for _ in range(4)]
+    assert delta(before, "replay") == 2 and delta(before, "replay_record") == 1
+    assert delta(before, "replay_refused") == 0 and delta(before, "scan_hf_scanned") == 2  # traced calls only
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref), atol=1e-4, rtol=1e-4)
+    for p, r in zip(model.parameters(), ref_model.parameters()):  # the replays trained it as eager did
+        torch.testing.assert_close(p.detach().cpu(), r.detach(), atol=1e-4, rtol=1e-4)
+
+
 def _step_hlo(n, scanned, dev):
     model = llama(n, use_cache=False).to(dev)
     if scanned:

@@ -262,7 +262,7 @@ def _trace(plan):
     # An enclosing trace's mode must not see this body's ops: a nested
     # scan reports its operands and results to it as one op (see _scan).
     with _trace_context.body(mode, rng_ph) as trace, torch.no_grad(), _disable_current_modes(), mode, \
-            _checks.suspended():
+            _checks.suspended(), _no_backward_listener():
         c = _unflat(carry, plan.c_spec)
         x = _unflat(xs, plan.x_spec)
         if plan.with_consts:
@@ -294,6 +294,19 @@ def _trace(plan):
     plan.body = _C.build_body(P, outs, cap_lts)
     plan.body_res = _C.build_body(P, outs + P[:plan.nc] + ([rng_ph] if plan.rng_used else []), cap_lts)
     metrics.counter_add("scan_trace")
+
+
+@contextlib.contextmanager
+def _no_backward_listener():
+    """A txc.compile recording must not see the autograd passes of a body
+    trace (the vjp body's torch.autograd.grad): it would hold their graphs,
+    whose leaves are body values, and its sync would then read them."""
+    from ._device import _Engine
+    saved, _Engine.backward_listener = _Engine.backward_listener, None
+    try:
+        yield
+    finally:
+        _Engine.backward_listener = saved
 
 
 def _check_carry(plan, new_c):
