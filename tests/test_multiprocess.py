@@ -1,7 +1,9 @@
 """Two processes x 2 CPU devices through torch_xla_core.launch (jax's
 distributed runtime on 127.0.0.1, gloo collectives): one global mesh, a
-data-parallel AdamW step equal to CPU eager in every process; a process
-that dies stops the others."""
+data-parallel AdamW step equal to CPU eager in every process; every socket
+the job listens on is loopback; a process that dies is named, and the
+survivor's waiting call raises PeerLostError naming it (before joining,
+mid-step, process 0 or 1), or the launcher stops it."""
 import json
 import os
 import subprocess
