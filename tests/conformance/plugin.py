@@ -6,7 +6,10 @@ so that it also runs in pytest-xdist's controller, which collects nothing):
   TXC_TEST_WORKERS (default: the usable CPUs, at most 8; 0 or 1: off);
 - each conformance case attaches its record to its report (user_properties,
   which xdist carries to the controller); the terminal summary prints the
-  counts (report.py) and TXC_CONFORMANCE_JSON=PATH writes every record.
+  counts (report.py) and TXC_CONFORMANCE_JSON=PATH writes every record;
+  the bf16 training run's records (test_opinfo_bf16.py, modes "bf16" and
+  "autocast") get their own report (report_bf16.py: pass rate, per-family
+  accuracy against CPU), and TXC_BF16_REPORT=PATH writes them.
 
 Imports no torch: it is loaded by every pytest run under tests/.
 """
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from . import report_bf16
 from .report import render, summarize
 
 KEY = "txc_conformance"
@@ -59,15 +63,29 @@ def pytest_runtest_logreport(report):
             _records.append(rec)
 
 
+BF16_MODES = ("bf16", "autocast")
+
+
 def pytest_terminal_summary(terminalreporter, config):
     if not _records or hasattr(config, "workerinput"):
         return
-    mode = _records[0]["mode"]
-    terminalreporter.write_sep("-", "OpInfo conformance")
-    for line in render(summarize(_records), mode):
-        terminalreporter.write_line(line)
-    path = os.environ.get("TXC_CONFORMANCE_JSON")
-    if path:
-        Path(path).write_text(json.dumps({"mode": mode, "summary": summarize(_records),
-                                          "cases": _records}, indent=1))
-        terminalreporter.write_line(f"  records of {len(_records)} cases: {path}")
+    f32 = [r for r in _records if r["mode"] not in BF16_MODES]
+    bf16 = [r for r in _records if r["mode"] in BF16_MODES]
+    if f32:
+        mode = f32[0]["mode"]
+        terminalreporter.write_sep("-", "OpInfo conformance")
+        for line in render(summarize(f32), mode):
+            terminalreporter.write_line(line)
+        path = os.environ.get("TXC_CONFORMANCE_JSON")
+        if path:
+            Path(path).write_text(json.dumps({"mode": mode, "summary": summarize(f32), "cases": f32}, indent=1))
+            terminalreporter.write_line(f"  records of {len(f32)} cases: {path}")
+    if bf16:
+        terminalreporter.write_sep("-", "OpInfo bf16 training conformance")
+        summary = report_bf16.summarize(bf16)
+        for line in report_bf16.render(summary):
+            terminalreporter.write_line(line)
+        path = os.environ.get("TXC_BF16_REPORT")
+        if path:
+            Path(path).write_text(json.dumps({"summary": summary, "cases": bf16}, indent=1))
+            terminalreporter.write_line(f"  records of {len(bf16)} cases: {path}")
