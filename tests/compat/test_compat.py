@@ -373,6 +373,9 @@ SLICE = {
     "conv": ["nn.functional.conv2d"],
     "upsample": ["nn.functional.interpolate.bilinear"],
     "special": ["special.i0e", "erf", "lgamma"],
+    "special_bessel": ["special.bessel_j0"],
+    "special_polynomials": ["special.chebyshev_polynomial_t"],
+    "nn_grads": ["nn.functional.grid_sample"],
     "order": ["sort", "topk", "cumsum"],
     "misc": ["take", "index_reduce.prod"],
     "nn_extra": ["nn.functional.embedding_bag", "nn.functional.multi_margin_loss"],
@@ -390,10 +393,36 @@ DIRECT = {
 }
 
 
+# families whose point is refusing what torch refuses: the call raises on CPU and on xla, naming the op
+REFUSED = {
+    "dtype_rules": ("celu", lambda t: F.celu(t)),  # an integer input: float math truncated
+}
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_family_refuses_like_cpu(family, dev):
+    name, fn = REFUSED[family]
+    x = torch.tensor([-2, 1, 3])
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        fn(x)
+    with pytest.raises((RuntimeError, NotImplementedError, TypeError), match=name):
+        fn(x.to(dev))
+
+
 def _gru():
     torch.manual_seed(0)
     return torch.nn.GRU(4, 5, batch_first=True)
 SAMPLES = 4
+# modules of torch_xla_core/_ops that are no op family of their own
+NOT_FAMILIES = {"_lapack_jax"}
+
+
+def test_slice_covers_every_op_family():
+    import pkgutil
+    from torch_xla_core import _ops
+    families = {m.name for m in pkgutil.iter_modules(_ops.__path__)} - NOT_FAMILIES
+    covered = set(SLICE) | set(DIRECT) | set(REFUSED)
+    assert families == covered, families ^ covered
 
 
 def _slice_params():
@@ -424,12 +453,12 @@ def test_opinfo_slice(family, name):
         pytest.skip(f"no OpInfo {name} in torch {torch.__version__}")
     (op,) = ops
     bad = []
-    for direction in ("fwd", "bwd"):
+    for direction, dtype in (("fwd", torch.float32), ("bwd", torch.float32)):
         if direction == "bwd" and not op.supports_autograd:
             continue
-        results = _opinfo.run_case(op, torch.float32, direction, mode="ci", max_samples=SAMPLES)
+        results = _opinfo.run_case(op, dtype, direction, mode="ci", max_samples=SAMPLES)
         kinds = tuple(sorted({o for _, o, _ in results if o != "pass"}))
-        entry = expected_failures.lookup(name, direction, torch.float32, "ci")
+        entry = expected_failures.lookup(name, direction, dtype, "ci")
         if kinds != (entry.kinds() if entry else ()) and not (entry and not kinds):
             bad += [f"{direction} sample {i}: {o}: {m}" for i, o, m in results if o != "pass"][:3]
     assert not bad, "\n".join(bad)
