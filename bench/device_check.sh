@@ -1,6 +1,8 @@
 #!/bin/bash
 # The GPU checks of a session lent a device machine, as one prepared run
-# (the device tool's `run`; ~8 minutes of its 15). That machine has Python
+# (the device tool's `run`; ~8 minutes of its 15: with the default BUDGET the
+# issue-29 steps llama/sdpa/gemm run first and the older ones as time allows;
+# STEPS="tests memory replay kernels" for those). That machine has Python
 # 3.12, torch 2.11, jax 0.11 with the CUDA 13 plugin, no network; our core is
 # built here for it and carried:
 #   echo /.whl/ >> .git/info/exclude
@@ -26,8 +28,19 @@ step() {
   echo "=== $name rc=$? at $(( $(date +%s) - START )) s" | tee -a "$LOG"
 }
 { nvidia-smi -L; python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"; } >> "$LOG" 2>&1
-for s in ${STEPS:-tests memory replay kernels}; do
+# issue 29 first: the Llama step on every runtime, then the attention and GEMM choices on it
+for s in ${STEPS:-llama sdpa gemm tests memory replay kernels}; do
   case $s in
+    # issue 29's workload at its size (bf16 160M Llama, AdamW, 8 x 1024): CUDA eager, inductor, ours traced,
+    # txc.compile and the dynamo route, each in its own process (~40 s each: startup, compiles, 2 + 8 steps)
+    llama) step llama 230 python3 bench/llama.py --steps 8 --warmup 2 --timeout 110 --out "$OUT/llama.json" ;;
+    # attention on that step (captured: the device's time shows): the Pallas/Triton flash kernel ('auto' now
+    # picks it for bf16), XLA's cuDNN fused attention, the core sdpa op (bf16 products)
+    sdpa) step sdpa 170 python3 bench/llama.py --steps 8 --warmup 2 --timeout 80 \
+            --runtimes txc_compile:sdpa=flash txc_compile:sdpa=cudnn txc_compile:sdpa=xla --out "$OUT/llama_sdpa.json" ;;
+    # GEMMs on that step: XLA's Triton gemm fusions (the default) vs cuBLAS for every GEMM
+    gemm) step gemm 120 python3 bench/llama.py --steps 8 --warmup 2 --timeout 80 \
+            --runtimes txc_compile txc_compile:cublas --out "$OUT/llama_gemm.json" ;;
     # one GPU, several test processes: no preallocation (each would take 75% of the memory)
     tests) XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 120 python3 -m pytest -q -p no:cacheprovider -n 4 -rf \
              tests/test_offload.py tests/test_memory.py tests/test_donation.py tests/test_runtime.py tests/test_kernels.py ;;
