@@ -15,7 +15,10 @@ That is sound only while the segments before a guard overwrite no input
 (they donate nothing): a step that reads after its optimizer update is
 refused, unless the read is its last act and the value is what it returns
 (`return loss.item()`): that value is read again from each replay's
-outputs, as a result, not a guard."""
+outputs, as a result, not a guard.
+
+Also here: what a recording holds (_Recording), how inputs' buffers are
+found (_buffer, _root_buffer) and what a replay returns (_returned)."""
 import functools
 import sys
 
@@ -23,6 +26,7 @@ import torch
 
 from . import _C, _tensor, runtime
 
+_SCALARS = (bool, int, float, str, type(None))
 GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard compares every element)
 _ALIAS = _C.op_ids()["alias"]
 
@@ -116,7 +120,10 @@ class Session:
         if not lt.is_data:
             if lt.is_view:
                 lt = _tensor._make(_ALIAS, (lt,), ())  # a storage of its own holding the view's value
-            _tensor.sync_lazy(None, wait=True)  # everything pending: one segment (no computation twice)
+            # the user's read: everything pending is one segment (nothing computed twice); an op handler's read
+            # (CTC's target lengths) syncs only its value, as a traced call does: the handler's half-built
+            # values (a scan body's) are not ready to run
+            _tensor.sync_lazy(None if not _in_op_handler() else [lt], wait=True)
         else:
             from . import _checks
             if _checks._computed:
@@ -144,10 +151,14 @@ class Session:
 
     # -- uploads (_tensor.from_cpu) -------------------------------------------
     def upload(self, host, buf, user):
-        if user and host.numel() > 0:
-            self.refuse("it uploaded host data (a tensor made from Python or CPU data inside the step); pass it "
-                        "as an argument")
-        else:  # empty, or made by an op from shapes, numbers and values the step read (guarded): a constant
+        if user and host.dim() > 0 and host.numel() > 0 and not _in_module_call():
+            self.refuse(f"it uploaded host data (a {list(host.shape)} tensor made from Python or CPU data inside "
+                        f"the step, outside any module's forward); pass it as an argument")
+        else:
+            # a constant of the recording: an empty tensor (DynamicCache's torch.tensor([])), a Python number
+            # (torch.tensor(mid - 1): baked as a number in an op is, under the same guards), a tensor a module's
+            # forward makes from Python values (Falcon's x[..., [-2], :]: its structure and number attributes
+            # are guarded), or a tensor an op made from shapes, numbers and values the step read (guarded)
             self.consts[id(buf)] = buf
 
     # -- backward passes (_device._Engine) --------------------------------------
@@ -176,6 +187,26 @@ class Session:
             seen.add(id(n))
             todo.extend(f for f, _ in n.next_functions)
         return False
+
+    def detach_consumed(self, out):
+        """out with each tensor whose graph a backward pass in the step
+        consumed detached (a loss returned after loss.backward()); the graphs
+        are let go, so that what only they held (a custom Function's saved
+        values) is not computed by the step's last sync."""
+        if not self.roots:
+            return out
+        out = self._detach(out)
+        self.roots = []
+        return out
+
+    def _detach(self, out):
+        if isinstance(out, torch.Tensor):
+            return out.detach() if out.requires_grad and self.consumed(out) else out
+        if type(out) in (tuple, list):
+            return type(out)(self._detach(x) for x in out)
+        if type(out) is dict:
+            return {k: self._detach(x) for k, x in out.items()}
+        return out
 
     # -- LR schedulers ---------------------------------------------------------
     def scheduler_step(self, sched) -> bool:
@@ -206,6 +237,38 @@ class Session:
                               "and goes on computing; a replay could not redo the step if the value differed. "
                               "Read values at the end of the step and return them (return loss.item())")
         return template
+
+
+_MODULE_CALLS = {torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__}
+
+
+def _in_module_call() -> bool:
+    """Whether a module's forward is running (a frame of Module.__call__ on the stack)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code in _MODULE_CALLS:
+            return True
+        f = f.f_back
+    return False
+
+
+_OPS_DIR = __file__.rsplit("/", 1)[0] + "/_ops/"
+
+
+_READ_ENTRIES = {"local_scalar_dense", "is_nonzero", "_to_copy", "to_copy", "copy_"}  # _ops/elementwise.py
+
+
+def _in_op_handler() -> bool:
+    """Whether an op handler of ours (torch_xla_core/_ops) reads the value
+    for its own work (a mask's nonzero indices), not as the user's read
+    (.item(), `if tensor:`, .cpu(): the handlers of _READ_ENTRIES)."""
+    f = sys._getframe(2)
+    while f is not None:
+        c = f.f_code
+        if c.co_filename.startswith(_OPS_DIR) and c.co_name not in _READ_ENTRIES:
+            return True
+        f = f.f_back
+    return False
 
 
 def _mark_returned(tpl, value, idx):
@@ -268,3 +331,114 @@ def install_scheduler_hook() -> None:
         return None
 
     cls.step = step
+
+
+# --- buffers, recordings and what a replay returns ------------------------------------
+
+def _buffer(t):
+    """The device buffer holding t's value, or None (pending, or a view that
+    is not just an alias of its whole storage, like x.detach())."""
+    lt = t._lt
+    if lt.is_data:
+        return lt.data
+    if lt.is_view and _alias_only(lt):
+        r = lt.root()
+        return r.data if r.is_data else None
+    return None
+
+
+def _root_buffer(t):
+    """The device buffer of t's storage (t's own, or for a view its root's),
+    or None while that is pending."""
+    lt = t._lt
+    if lt.is_data:
+        return lt.data
+    if lt.is_view:
+        r = lt.root()
+        return r.data if r.is_data else None
+    return None
+
+
+def _alias_only(lt) -> bool:
+    return all(op == "alias" for op in lt.view_ops) and lt.shape == lt.root().shape
+
+
+def _own_storage(t) -> bool:
+    """Makes a view tensor hold its value in a storage of its own, when no
+    other tensor shares its storage (then nobody can tell): autograd's grads
+    and Module.to's parameters are such views. An alias of a whole storage
+    that others share (x.detach()) is left as it is: it reads and writes
+    that storage. False when neither is safe."""
+    lt = t._lt
+    if not lt.is_view:
+        return True
+    if lt.storage_refs != 1 or not t.is_contiguous():
+        return _alias_only(lt)
+    t._lt = _tensor._make(_ALIAS, (lt,), ())
+    return True
+
+
+class _Recording:
+    __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "inplace_of", "ret",
+                 "rng_out", "checks", "specs", "plan")
+
+
+def _lazy_of(buf, spec):
+    return _C.from_data(buf, spec[0], spec[1])
+
+
+def _flatten(out, leaves):
+    """out's structure with tensors replaced by ("T", index into leaves)."""
+    if isinstance(out, torch.Tensor):
+        leaves.append(out)
+        return ("T", len(leaves) - 1)
+    if isinstance(out, (tuple, list)):
+        return (type(out), [_flatten(x, leaves) for x in out])
+    if isinstance(out, dict):
+        return (dict, [(k, _flatten(x, leaves)) for k, x in out.items()])
+    if isinstance(out, _SCALARS):
+        return ("V", out)
+    raise Refused(f"it returned a {type(out).__name__}; return tensors, numbers and containers of them")
+
+
+def _unflatten(tpl, leaves, results):
+    tag, v = tpl
+    if tag == "T":
+        return leaves[v]
+    if tag == "V":
+        return v
+    if tag == "R":  # a value read on the host and returned (return loss.item())
+        return v[1](results[v[0]])
+    if tag is dict:
+        return {k: _unflatten(x, leaves, results) for k, x in v}
+    seq = [_unflatten(x, leaves, results) for x in v]
+    return tag(seq) if tag is not list else seq
+
+
+def _returned(rec, tensors, outs, results):
+    """What a recorded step returns, made from its outputs' buffers and its
+    inputs (the recording call returns the same, so that the tensors it
+    returns look as those of later calls do: detached, the same views)."""
+    tpl, ret = rec.ret
+    specs = rec.specs
+    # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
+    # input written in place is a view of that input
+    made = {}
+    inplace_of = rec.inplace_of
+
+    def out_lt(k):
+        lt = made.get(k)
+        if lt is None:
+            i = inplace_of.get(k)
+            lt = made[k] = tensors[i]._lt if i is not None else _lazy_of(outs[k], specs[k])
+        return lt
+    leaves = []
+    for r in ret:
+        kind, v = r[0], r[1]
+        if kind == "out":
+            leaves.append(_C.wrap(out_lt(v)))
+        elif kind == "slot":
+            leaves.append(tensors[v])
+        else:  # a view of an input or an output: its chain on the new value
+            leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
+    return _unflatten(tpl, leaves, results)

@@ -25,7 +25,8 @@ What the signature (the guard) holds, read at every call:
   its state's keys; Python numbers/strings in the arguments and in the
   globals/closure `fn` reads (values);
 - grad mode, autocast (xla) state and dtype, float32 matmul precision,
-  default dtype.
+  default dtype;
+- the values the step reads on the host (per variant, see below).
 A different signature traces again (and records that one too: up to
 MAX_RECORDINGS per function); metrics "replay", "replay_record",
 "replay_trace" (a call that traced) and "replay_refused". TXC_REPLAY=0
@@ -39,17 +40,45 @@ device tensor `lr` that LR schedulers fill_ in place (torch's schedulers
 support tensor lrs). An optimizer without that support (SGD's lr) keeps its
 Python values in the signature: changing them traces again.
 
+Steps as people write them (torch_xla_core/_replay_session.py watches the
+recording call):
+- a value read on the host (.item(), `if tensor:`, print, transformers'
+  mask checks) cuts the step there: the recording syncs what is pending (a
+  segment), reads the value and goes on; a replay runs the segments in
+  order and compares each value read with the recorded one before anything
+  is written. Another value traces that call and records its path as
+  another variant (MAX_VARIANTS per signature; metric
+  "replay_guard_miss"). The value read last and returned as it is
+  (`return loss.item()`) is a result: each replay reads it from its own
+  outputs;
+- a loss returned after the step's own backward consumed its graph comes
+  back detached (`return loss`), as every replayed tensor does;
+- LRScheduler.step() inside the step (a scheduler from the closure or an
+  argument) runs after the step's graph, in the recording and after each
+  replay: its count and the lr tensor it fills move on every call;
+- uploads inside the step that are constants are baked into the
+  recording: empty tensors (transformers' DynamicCache), 0-d tensors of a
+  Python number (`torch.tensor(mid - 1)`, as a Python number in an op is
+  baked), tensors an op makes from shapes, numbers and values read.
+
 Refused (the call is traced, every time, with a warning once naming why),
 so a replay is never stale:
-- `fn` read a value on the host (.item(), .cpu(), print, `if tensor:`):
-  control flow on tensor values cannot be replayed;
-- `fn` uploaded host data (torch.tensor(...).to("xla") inside the step) or
-  read device data that is not among its inputs (a tensor reached some other
-  way than arguments, modules, optimizers, globals or closure);
+- `fn` read a value on the host after a sync that updated its inputs in
+  place (the optimizer's step) and then computed more: a replay could not
+  redo that step if the value differed; a value read has at most
+  GUARD_ELEMENTS (64) elements;
+- `fn` uploaded host data of one or more dimensions (a batch made inside
+  the step: pass it as an argument) or read device data that is not among
+  its inputs (a tensor reached some other way than arguments, modules,
+  optimizers, globals or closure);
 - `fn` wrote tensors other than those (their values would be lost), or
   wrote through a view that shares its storage with other tensors;
+- `fn` returned a tensor that requires grad that no backward pass in it
+  consumed (a forward whose backward the caller runs);
 - an argument of a type we cannot guard (any object other than tensors,
-  modules, optimizers, Python scalars/strings/None and containers of them).
+  modules, optimizers, LR schedulers, Python scalars/strings/None and
+  containers of them); an LR scheduler stepped with arguments or through
+  another scheduler.
 A replay whose donated buffer is still held elsewhere (a deepcopy of the
 model taken between steps) traces that call instead. Draws from the xla RNG
 inside `fn` advance the RNG state exactly as the traced step does (its state
@@ -82,7 +111,8 @@ import torch
 from . import _C, _checks, _dtypes, _random, _tensor, executor, metrics, runtime
 from . import _replay_session as _S
 from ._device import _Engine
-from ._replay_session import Refused as _Refused
+from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
+from ._replay_session import _returned, _root_buffer
 from ._tensor import XlaTensor as _XlaTensor
 
 __all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
@@ -265,86 +295,6 @@ def _lift(opt) -> None:
 
 # --- recording and replaying ----------------------------------------------------
 
-def _buffer(t):
-    """The device buffer holding t's value, or None (pending, or a view that
-    is not just an alias of its whole storage, like x.detach())."""
-    lt = t._lt
-    if lt.is_data:
-        return lt.data
-    if lt.is_view and _alias_only(lt):
-        r = lt.root()
-        return r.data if r.is_data else None
-    return None
-
-
-def _root_buffer(t):
-    """The device buffer of t's storage (t's own, or for a view its root's),
-    or None while that is pending."""
-    lt = t._lt
-    if lt.is_data:
-        return lt.data
-    if lt.is_view:
-        r = lt.root()
-        return r.data if r.is_data else None
-    return None
-
-
-def _alias_only(lt) -> bool:
-    return all(op == "alias" for op in lt.view_ops) and lt.shape == lt.root().shape
-
-
-def _own_storage(t) -> bool:
-    """Makes a view tensor hold its value in a storage of its own, when no
-    other tensor shares its storage (then nobody can tell): autograd's grads
-    and Module.to's parameters are such views. An alias of a whole storage
-    that others share (x.detach()) is left as it is: it reads and writes
-    that storage. False when neither is safe."""
-    lt = t._lt
-    if not lt.is_view:
-        return True
-    if lt.storage_refs != 1 or not t.is_contiguous():
-        return _alias_only(lt)
-    t._lt = _make(_ALIAS, (lt,), ())
-    return True
-
-
-class _Recording:
-    __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "inplace_of", "ret",
-                 "rng_out", "checks", "specs", "plan")
-
-
-def _lazy_of(buf, spec):
-    return _C.from_data(buf, spec[0], spec[1])
-
-
-def _flatten(out, leaves):
-    """out's structure with tensors replaced by ("T", index into leaves)."""
-    if isinstance(out, torch.Tensor):
-        leaves.append(out)
-        return ("T", len(leaves) - 1)
-    if isinstance(out, (tuple, list)):
-        return (type(out), [_flatten(x, leaves) for x in out])
-    if isinstance(out, dict):
-        return (dict, [(k, _flatten(x, leaves)) for k, x in out.items()])
-    if isinstance(out, _SCALARS):
-        return ("V", out)
-    raise _Refused(f"it returned a {type(out).__name__}; return tensors, numbers and containers of them")
-
-
-def _unflatten(tpl, leaves, results):
-    tag, v = tpl
-    if tag == "T":
-        return leaves[v]
-    if tag == "V":
-        return v
-    if tag == "R":  # a value read on the host and returned (return loss.item())
-        return v[1](results[v[0]])
-    if tag is dict:
-        return {k: _unflatten(x, leaves, results) for k, x in v}
-    seq = [_unflatten(x, leaves, results) for x in v]
-    return tag(seq) if tag is not list else seq
-
-
 class Compiled:
     """A function whose calls replay recorded graphs (see the module docstring)."""
 
@@ -450,6 +400,7 @@ class Compiled:
             _tensor.capture, executor._recorder, _Engine.backward_listener = None, None, None
         if metrics.counters().get("execute", 0) - c0 != len(session.segments):
             session.refuse("it ran a sync the recording cannot replay (a graph over a mesh of devices)")
+        out = session.detach_consumed(out)  # (and lets go of those graphs before the step's last sync)
         try:
             if session.refusal is not None:
                 raise _Refused(session.refusal)
@@ -488,10 +439,9 @@ class Compiled:
         leaves = []
         tpl = _flatten(out, leaves)
         inputs = {id(t) for t in pre.tensors}
-        # fine: an input returned as it is, a view made under no_grad (no grad_fn; returned not requiring grad),
-        # a loss whose graph a backward pass in the step consumed (returned detached, as every replay returns)
+        # fine: an input returned as it is, a view made under no_grad (no grad_fn; returned not requiring grad)
         if any(t.requires_grad and id(t) not in inputs and (t.grad_fn is not None or t._base is None)
-               and not session.consumed(t) for t in leaves):
+               for t in leaves):
             raise _Refused("it returns a tensor that requires grad and that no backward pass in the step "
                            "consumed: replay covers whole steps (forward, backward and optimizer) and no_grad "
                            "functions; return the loss after loss.backward(), or loss.detach()")
@@ -704,32 +654,3 @@ def _grad_refs() -> int:
         other = sys.getrefcount(held[0]) - 1
         _grad_refs_seen = alone if other == alone + 1 else 0
     return _grad_refs_seen
-
-
-def _returned(rec, tensors, outs, results):
-    """What a recorded step returns, made from its outputs' buffers and its
-    inputs (the recording call returns the same, so that the tensors it
-    returns look as those of later calls do: detached, the same views)."""
-    tpl, ret = rec.ret
-    specs = rec.specs
-    # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
-    # input written in place is a view of that input
-    made = {}
-    inplace_of = rec.inplace_of
-
-    def out_lt(k):
-        lt = made.get(k)
-        if lt is None:
-            i = inplace_of.get(k)
-            lt = made[k] = tensors[i]._lt if i is not None else _lazy_of(outs[k], specs[k])
-        return lt
-    leaves = []
-    for r in ret:
-        kind, v = r[0], r[1]
-        if kind == "out":
-            leaves.append(_C.wrap(out_lt(v)))
-        elif kind == "slot":
-            leaves.append(tensors[v])
-        else:  # a view of an input or an output: its chain on the new value
-            leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
-    return _unflatten(tpl, leaves, results)

@@ -1,0 +1,184 @@
+"""txc.compile on training steps as people write them (torch_xla_core/replay.py,
+_replay_session.py): returning the loss after backward, returning
+loss.item(), an LR scheduler stepped inside the step or passed in, a host
+read in the middle of the forward (transformers' mask checks): each replays,
+and the replayed run equals the same steps traced every call (TXC_REPLAY=0)
+bit for bit. Hugging Face models built small from their configs replay
+their whole training step. A read the replay could not redo soundly is
+refused, naming why."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_xla_core as txc
+
+from test_hf_models import ZOO, _deterministic, _inputs, _model, _to
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 4))
+
+
+def _run(dev, monkeypatch, shape, replay, n=6):
+    """n steps of the MLP with AdamW, written as `shape` says; (losses, params, calls of the Python step)."""
+    monkeypatch.setenv("TXC_REPLAY", "1" if replay else "0")
+    m = _mlp().to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    calls = [0]
+
+    if shape == "return_loss":
+        def step(x, y):
+            calls[0] += 1
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+    elif shape == "return_item":
+        def step(x, y):
+            calls[0] += 1
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.item()
+    elif shape == "scheduler_inside":
+        def step(x, y):
+            calls[0] += 1
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            return loss
+    elif shape == "scheduler_argument":
+        def step(x, y, sched):
+            calls[0] += 1
+            opt.zero_grad()
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss.detach()
+    step = txc.compile(step)
+    txc._random.manual_seed(7)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(n):
+        x, y = torch.randn(5, 8, generator=g).to(dev), torch.randn(5, 4, generator=g).to(dev)
+        out = step(x, y, sched) if shape == "scheduler_argument" else step(x, y)
+        losses.append(out if isinstance(out, float) else out.cpu())
+        txc.sync()
+    return losses, [p.detach().cpu() for p in m.parameters()], calls[0]
+
+
+@pytest.mark.parametrize("shape", ["return_loss", "return_item", "scheduler_inside", "scheduler_argument"])
+def test_step_as_users_write_it_replays_and_equals_traced(dev, monkeypatch, shape):
+    l_tr, p_tr, n_tr = _run(dev, monkeypatch, shape, replay=False)
+    txc.metrics.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "traced, not replayed" warning
+        l_re, p_re, n_re = _run(dev, monkeypatch, shape, replay=True)
+    c = txc.metrics.counters()
+    # call 1 makes the optimizer state (transitional), call 2 records, 3..6 replay
+    assert n_re == 2 and c["replay"] == 4 and c.get("replay_refused", 0) == 0, c
+    if shape == "return_item":
+        assert all(type(v) is float for v in l_re)
+    else:
+        assert all(not v.requires_grad for v in l_re[1:])  # (the first, transitional call is a traced one)
+    for a, b in zip(l_re, l_tr):
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), (l_re, l_tr)
+    for a, b in zip(p_re, p_tr):
+        assert torch.equal(a, b)
+
+
+def test_read_after_the_update_that_steers_more_work_is_refused(dev):
+    m = _mlp().to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    @txc.compile
+    def step(x):
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if loss.item() > 1e6:   # read after the update, then more device work depends on it
+            m[0].weight.data.zero_()
+        return (loss * 2).detach()
+
+    with pytest.warns(RuntimeWarning, match="after a sync that updated its inputs"):
+        for _ in range(3):
+            step(torch.randn(4, 8).to(dev))
+    assert txc.metrics.counters().get("replay", 0) == 0
+
+
+def test_llama_default_config_without_attention_mask_replays(dev, monkeypatch):
+    """The issue's call: model(input_ids=ids, labels=ids), use_cache at its
+    default: transformers reads the packed-sequence mask on the host in every
+    forward and makes empty cache tensors; the step replays, equal to traced."""
+    T = pytest.importorskip("transformers")
+
+    def run(replay):
+        monkeypatch.setenv("TXC_REPLAY", "1" if replay else "0")
+        torch.manual_seed(0)
+        cfg = T.LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=64, num_key_value_heads=2)
+        model = T.LlamaForCausalLM(cfg).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        @txc.compile
+        def step(ids):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        g = torch.Generator().manual_seed(1)
+        return [step(torch.randint(0, 96, (2, 16), generator=g).to(dev)).cpu() for _ in range(5)]
+
+    ref = run(False)
+    txc.metrics.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = run(True)
+    c = txc.metrics.counters()
+    assert c["replay"] == 3 and c.get("replay_refused", 0) == 0, c
+    assert [v.item() for v in got] == [v.item() for v in ref]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_hf_training_step_replays(name, dev):
+    """Every model of the zoo (test_hf_models.py): the whole step (forward,
+    backward, AdamW) replays from the third call on, and its losses track
+    CPU eager's."""
+    torch.manual_seed(0)
+    model, kind = _model(name)
+    cpu = _deterministic(model)
+    xla = copy.deepcopy(cpu).to(dev)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (cpu, xla)]
+
+    def step(m, opt, x):
+        loss = m(**x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = txc.compile(step)
+    g = torch.Generator().manual_seed(1)
+    txc.metrics.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(4):
+            x = _inputs(kind, g)
+            ref = step(cpu, opts[0], x).detach()
+            got = compiled(xla, opts[1], _to(dev, x))
+            torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    c = txc.metrics.counters()
+    assert c["replay"] == 2 and c.get("replay_refused", 0) == 0, (name, c)
