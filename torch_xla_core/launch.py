@@ -67,9 +67,22 @@ def _coordination_service(nproc: int, heartbeat: int):
     its address)."""
     from jax._src.lib import _jax
     address = f"127.0.0.1:{_free_port()}"
-    if nproc == 1:
+    if nproc == 1 or not _can_host():
         return None, address
     return _jax.get_distributed_runtime_service(address, nproc, heartbeat_timeout=heartbeat), address
+
+
+def _can_host() -> bool:
+    """Whether this jax's initialize starts process 0's service through
+    jax._src.distributed._jax, which peers.join can hide (else process 0
+    hosts it, as jax does, and its death aborts the others)."""
+    import inspect
+    from jax._src import distributed
+    try:
+        src = inspect.getsource(distributed.State.initialize)
+    except (OSError, TypeError, AttributeError):
+        return False
+    return hasattr(distributed, "_jax") and "_jax.get_distributed_runtime_service(" in src
 
 
 def _seconds(env, name, default):
@@ -90,7 +103,8 @@ def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.
     base.setdefault("TXC_DISTRIBUTED_TIMEOUT", str(int(2 * grace + 30)))  # jax's abort after our own end
     store, store_port = _store(max(grace, 300))
     service, coordinator = _coordination_service(nproc, int(_seconds(base, "TXC_DISTRIBUTED_TIMEOUT", 60)))
-    base.update(TXC_COORDINATOR=coordinator, TXC_COORDINATOR_HOSTED="1", TXC_NUM_PROCESSES=str(nproc),
+    base.update(TXC_COORDINATOR=coordinator, TXC_COORDINATOR_HOSTED="0" if service is None else "1",
+                TXC_NUM_PROCESSES=str(nproc),
                 TXC_NUM_CPU_DEVICES=str(devices), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
                 WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), TORCHELASTIC_USE_AGENT_STORE="True",
                 TXC_COLLECTIVE_TIMEOUT=f"{grace:g}")

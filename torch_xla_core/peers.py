@@ -116,15 +116,17 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
     blocking(initialize, f"joining jax's distributed runtime as process {process_id} of {num_processes}")
     if gloo is not None:
         from functools import partial
-        coll = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=gloo)
         try:
+            coll = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
+                                                  hostname=gloo)
             xla_bridge.register_backend_factory("cpu", partial(xla_bridge.make_cpu_client, collectives=coll),
                                                 priority=0, fail_quietly=False)
-        except RuntimeError as e:  # jax's CPU client started before torch_xla_core joined
+        except (RuntimeError, TypeError, AttributeError) as e:  # jax's CPU client started first, another jax
             import warnings
-            warnings.warn(f"torch_xla_core: jax's CPU client had already started ({e}), so its gloo collectives "
-                          f"listen where gloo's default puts them, not on {gloo}; start torch_xla_core before "
-                          f"using jax", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"torch_xla_core: jax's CPU client could not be given gloo collectives bound to {gloo} "
+                          f"({type(e).__name__}: {e}), so they listen where gloo's default puts them (this machine's "
+                          f"host name, resolved). Start torch_xla_core before using jax, or set TXC_GLOO_HOSTNAME",
+                          RuntimeWarning, stacklevel=3)
 
 
 class _NoService:

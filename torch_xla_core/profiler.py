@@ -139,9 +139,12 @@ class Trace:
             jax.profiler.stop_trace()
         except Exception as e:  # e.g. the disk filled up: our trace is still written
             import warnings
-            from jax._src import profiler as jax_profiler
-            with jax_profiler._profile_state.lock:
-                jax_profiler._profile_state.reset()  # (stop_trace resets it only when the export succeeded)
+            try:
+                from jax._src import profiler as jax_profiler
+                with jax_profiler._profile_state.lock:
+                    jax_profiler._profile_state.reset()  # (stop_trace resets it only when the export succeeded)
+            except (ImportError, AttributeError):  # another jax: its next start_trace says what it thinks
+                pass
             warnings.warn(f"txc.profiler: JAX's profiler could not write its trace under "
                           f"{os.path.join(self.dir, 'jax')} ({type(e).__name__}: {e}); {self.path} holds "
                           f"torch_xla_core's spans only", RuntimeWarning, stacklevel=4)
