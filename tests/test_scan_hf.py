@@ -147,12 +147,34 @@ def test_cache_and_per_layer_outputs_run_unrolled(dev):
         torch.testing.assert_close(out.logits.cpu(), ref.logits, atol=1e-5, rtol=1e-5)
 
 
+def test_qwen2_enumerate_loop_and_padding_mask(dev):
+    """Qwen2's loop is `for i, layer in enumerate(self.layers[:n])` with the
+    mask picked by config.layer_types[i] (all full attention here): scanned,
+    with a padding mask (a 4-d float mask, a loop invariant)."""
+    torch.manual_seed(0)
+    base = T.Qwen2ForCausalLM(T.Qwen2Config(**_S, num_hidden_layers=3, num_key_value_heads=2, use_cache=False)).eval()
+    ids = torch.randint(0, V, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    with torch.no_grad():
+        ref = base(input_ids=ids, attention_mask=mask).logits
+    model = scan_decoder_layers(copy.deepcopy(base).to(dev))
+    before = counters()
+    with torch.no_grad():
+        out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits
+    assert delta(before, "scan_hf_scanned") == 1 and delta(before, "scan_hf_unrolled") == 0
+    torch.testing.assert_close(out.cpu()[mask.bool()], ref[mask.bool()], atol=1e-5, rtol=1e-5)
+
+
 def test_outside_forward_the_layers_are_a_plain_modulelist():
     model = llama(3)
     layers = list(model.model.layers)
     scan_decoder_layers(model)
     assert list(model.model.layers) == layers and list(model.model.layers[1:]) == layers[1:]
     assert model.model.layers[0] is layers[0] and len(model.model.layers) == 3
+    with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
+        model(input_ids=None)  # a forward that raises leaves the layers plain too
+    assert list(model.model.layers) == layers
     scan_decoder_layers(model, enable=False)
     assert type(model.model.layers) is nn.ModuleList
     assert not model.model._forward_pre_hooks and not model.model._forward_hooks

@@ -1,7 +1,7 @@
 """scan_decoder_layers: a Hugging Face model's decoder stack run as one scan
 loop (torch_xla_core.scan.scan_layers) without rewriting the model.
 
-    model = transformers.LlamaForCausalLM(config).to("xla")
+    model = transformers.LlamaForCausalLM(config).to(txc.device())
     txc.scan.scan_decoder_layers(model)       # in place; returns the model
     loss = model(input_ids=ids, labels=ids).loss   # decoder layers: one stablehlo.while
 
@@ -17,24 +17,29 @@ ordinary ModuleList. undo: scan_decoder_layers(model, enable=False).
 
 What is scanned, and what is not (each checked, never guessed):
   * The decoder's forward must loop over its layers with exactly that one
-    statement as the loop body (read from its source with ast): a loop that
-    does more per layer (collects hidden states, picks a mask per index) is
-    refused when scan_decoder_layers is called, naming the loop.
+    statement as the loop body (read from its source with ast), or
+    `for i, layer in enumerate(self.layers[:n])` where i only picks
+    `self.config.layer_types[i]` (Qwen2, Mistral: all layer types must then
+    be equal). A loop that does more per layer is refused when
+    scan_decoder_layers is called, naming the loop.
   * The layers must have one structure (as scan_layers requires) and the same
     non-tensor attributes apart from layer_idx: a model whose layers differ
-    (Gemma2's alternating sliding-window layers: attention_type,
-    sliding_window) is refused, naming the attribute and layers.
+    (Gemma2's alternating sliding-window layers: config.layer_types,
+    sliding_window) is refused, naming what differs.
   * A KV cache being filled cannot be scanned (each layer writes its own
     cache slot, by layer_idx). In training with gradients (module.training
-    and torch.is_grad_enabled()) and no cache passed in, use_cache is set to
-    False, the rule transformers itself applies under gradient
-    checkpointing (which scan's default recompute policy is): the output's
-    past_key_values is then None. Any call that still has a cache
-    (generation, eval with use_cache, a cache passed in), that asks for
-    per-layer outputs (output_hidden_states / output_attentions), or whose
-    hidden states are not on the xla device runs the unrolled loop, the
-    model's own; metrics counters "scan_hf_scanned" / "scan_hf_unrolled"
-    count which ran.
+    and torch.is_grad_enabled()) on the xla device and no cache passed in,
+    use_cache is set to False, the rule transformers itself applies under
+    gradient checkpointing (which scan's default recompute policy is): the
+    output's past_key_values is then None (a warning says so, once). Any
+    call that still has a cache (generation, eval with use_cache, a cache
+    passed in), that asks for per-layer outputs (output_hidden_states /
+    output_attentions), or whose hidden states are not on the xla device
+    runs the unrolled loop, the model's own; metrics counters
+    "scan_hf_scanned" / "scan_hf_unrolled" count which ran.
+  * Works under txc.compile (the scanned step is recorded and replayed).
+    The counter that scan_decoder_layers keeps while the forward runs is per
+    model, not per thread: do not run one model's forward in two threads.
 """
 import ast
 import inspect
@@ -243,7 +248,7 @@ def _pre_hook(decoder, args, kwargs):
     use_cache = kwargs.get("use_cache")
     if use_cache is None:
         use_cache = getattr(getattr(decoder, "config", None), "use_cache", False)
-    if use_cache and not cache_in and decoder.training and torch.is_grad_enabled():
+    if use_cache and not cache_in and decoder.training and torch.is_grad_enabled() and _on_xla(decoder):
         if not decoder.__dict__.get("_txc_warned"):
             decoder.__dict__["_txc_warned"] = True
             warnings.warn("scan_decoder_layers: training with gradients, so use_cache=True is set to False (as "
@@ -253,6 +258,11 @@ def _pre_hook(decoder, args, kwargs):
         kwargs = dict(kwargs, use_cache=False)
         return args, kwargs
     return None
+
+
+def _on_xla(module):
+    p = next(module.parameters(), None)
+    return p is not None and isinstance(p, XlaTensor)
 
 
 def _post_hook(decoder, args, kwargs, out):
