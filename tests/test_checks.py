@@ -17,13 +17,28 @@ def test_cross_entropy_target_out_of_range_raises(dev):
         bad.item()
 
 
-def test_embedding_index_out_of_range_raises_at_the_next_sync(dev):
+def test_embedding_index_out_of_range_raises_at_a_following_sync(dev):
     w = torch.randn(5, 2).to(dev)
     F.embedding(torch.tensor([1, 5]).to(dev), w)
     txc.sync()                                    # computed, not waited for: no error yet
     with pytest.raises(IndexError, match=r"embedding: index out of range in self.*\[0, 5\)"):
-        txc.sync()                                # read at the start of the next one
+        txc.sync()                                # read at the start of the next one if ready,
+        txc.sync()                                # else of the one after (at most two steps in flight)
     txc.sync(wait=True)                           # reported once
+
+
+def test_a_sync_does_not_wait_for_the_previous_steps_checks(dev, monkeypatch):
+    """The host launches step N+1 while step N runs: a check not yet
+    computed is kept for a later sync, one two syncs old is waited for."""
+    from torch_xla_core import _checks
+    w = torch.randn(5, 2).to(dev)
+    F.embedding(torch.tensor([1, 5]).to(dev), w)
+    txc.sync()
+    monkeypatch.setattr(_checks, "_ready", lambda lt: False)  # the device still runs the first step
+    txc.sync()                                    # not ready, one step old: kept, no wait
+    assert len(_checks._computed) == 1
+    with pytest.raises(IndexError, match=r"embedding: index out of range"):
+        txc.sync()                                # two steps old: waited for and read
 
 
 def test_gather_and_index_select_out_of_range(dev):

@@ -5,8 +5,10 @@ without a sync, so a handler that would need one registers instead a 0-d bool
 the pending checks with the rest of the graph (one extra bool output each);
 their values are read on the host when they are ready anyway — at once with
 sync(wait=True) or when a value is fetched (.item(), .cpu(), print), else at
-the start of the following sync — and the first violated check raises its
-message, which names the op. Results of that sync are still assigned, but the
+the start of a following sync that finds them ready, at the latest two syncs
+later (verify(block=False): a sync does not wait for the previous step's
+device work) — and the first violated check raises its message, which names
+the op. Results of that sync are still assigned, but the
 error says the step computed with invalid input. Inside a scan body (traced on
 placeholders) checks are not made.
 
@@ -96,12 +98,15 @@ def snapshot():
         return list(_pending)
 
 
+_generation = 0  # syncs started that did not wait (verify(block=False) calls)
+
+
 def computed(checks):
     """After a sync assigned its results: these checks (its snapshot) now hold values."""
     done = {id(c) for c in checks}
     with _lock:
         _pending[:] = [c for c in _pending if id(c) not in done]
-        _computed.extend(checks)
+        _computed.extend((lt, msg, exc, _generation) for lt, msg, exc in checks)
 
 
 def discard_failed():
@@ -110,16 +115,36 @@ def discard_failed():
         _pending[:] = [c for c in _pending if c[0].op != "error"]
 
 
-def verify():
-    """Reads the computed checks; raises the first violated one's error."""
+def verify(block=True):
+    """Reads the computed checks; raises the first violated one's error.
+    block=False (a sync that does not wait, a replay): reads the checks whose
+    values are ready and those of two or more syncs ago (waiting for them if
+    need be), and keeps the rest for a later call, so that the host launches
+    step N+1 while step N still runs (at most two steps in flight) instead of
+    waiting for step N's checks."""
+    global _generation
+    if not block:
+        _generation += 1
     if not _computed:
         return
     with _lock:
         checks = list(_computed)
         _computed.clear()
-    for lt, message, exc in checks:
+        if not block:
+            keep = [c for c in checks if c[3] >= _generation - 1 and not _ready(c[0])]
+            _computed.extend(keep)
+            kept = {id(c) for c in keep}
+            checks = [c for c in checks if id(c) not in kept]
+    for lt, message, exc, _ in checks:
         if bool(runtime.to_host(lt.data)):
             raise exc(message + " (found when the graph was computed; results of that step are invalid)")
+
+
+def _ready(lt) -> bool:
+    try:
+        return lt.data.is_ready()
+    except Exception:  # noqa: BLE001  (a buffer that cannot say: read it)
+        return True
 
 
 def clear():

@@ -307,7 +307,7 @@ def sync(lts=None, wait=False) -> None:
     every live one) in one compiled graph per device; they then hold device
     data."""
     with _lock:
-        _checks.verify()  # checks computed by an earlier sync that did not wait
+        _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
         with metrics.timed("sync"):
             if not _multi:
                 _run(plan(lts), wait)
@@ -337,7 +337,7 @@ def run_recorded(exe, params):
     the replay wrote the outputs, as _run does."""
     global _last
     with _lock:
-        _checks.verify()
+        _checks.verify(block=False)
         outs, t0 = runtime.launch(exe, params)
         _last = exe
         metrics.counter_add("execute")
