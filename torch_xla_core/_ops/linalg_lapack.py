@@ -20,7 +20,7 @@ function hangs too); a few per program, as a training step has, run fine."""
 import torch
 
 from .. import _checks, _tensor, runtime
-from .._tensor import XlaTensor
+from .._tensor import OP, XlaTensor, _op
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
 from .linalg import _integral_scalars
@@ -330,8 +330,14 @@ def addbmm(c, b1, b2, *, beta=1, alpha=1):
     if b1.dim() != 3 or b2.dim() != 3:
         raise RuntimeError(f"addbmm: batch1 must be a 3D tensor, batch2 must be a 3D tensor (got {b1.dim()}D and "
                            f"{b2.dim()}D)")
-    p = torch.bmm(b1, b2)
-    p = p.sum(0, dtype=p.dtype)  # int32 stays int32, as torch's kernel (a plain sum of int32 is int64)
+    if b1.dtype.is_floating_point and b1.dtype == b2.dtype and b1.shape[0] == b2.shape[0] \
+            and b1.shape[2] == b2.shape[1]:
+        # one dot contracting batch and k: one rounding (bmm then a sum over
+        # the batch rounded each product to bf16 first, and was two programs)
+        p = _op(OP.dot, (b1._lt, b2._lt), ([], [], [0, 2], [0, 1]))
+    else:
+        p = torch.bmm(b1, b2)
+        p = p.sum(0, dtype=p.dtype)  # int32 stays int32, as torch's kernel (a plain sum of int32 is int64)
     beta, alpha = _integral_scalars(p.dtype, beta, alpha)
     if alpha != 1:
         p = p * alpha
