@@ -16,6 +16,8 @@ before the first method:
   second s    step 2 (AdamW's state now exists: a second graph compiles)
   compile s   seconds in XLA lowering + compile over steps 1-3 (step 3 is
               run untimed before the rounds)
+  host ms     of ms/step, the host's part: the step's call (tracing it, or
+              replaying it) and its sync call, per step
   replays     txc.compile replays among the cached steps (all of them when
               the method is "+compile")
   ms/step     cached steps, run back to back with one sync per step that does
@@ -28,7 +30,8 @@ on CPU, <= 1.05x on GPU; first step <= 0.5x). A warm-up of each method on a
 1-layer model comes first (imports, torch.func). Usage:
 
   python bench/scan_hf.py [--quick] [--layers 8] [--hidden 256] [--seq 128] [--batch 4]
-                          [--methods unrolled scan scan:save] [--out FILE.json]
+                          [--dtype float32] [--issue] [--out FILE.json]
+                          [--methods unrolled scan scan:save unrolled+compile scan+compile]
 """
 import argparse
 import copy
@@ -65,7 +68,7 @@ def make_base(args, layers):
                                    num_hidden_layers=layers, num_attention_heads=args.heads,
                                    num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.seq, 64),
                                    use_cache=False)
-    return transformers.LlamaForCausalLM(cfg)
+    return transformers.LlamaForCausalLM(cfg).to(getattr(torch, args.dtype))
 
 
 class Case:
@@ -93,12 +96,17 @@ class Case:
         return time.perf_counter() - t0, loss
 
     def run(self, steps):
+        """(wall seconds per step, host seconds per step: tracing or replaying
+        it and its sync call, which does not wait)."""
         t0 = time.perf_counter()
+        host = 0.0
         for _ in range(steps):
+            h0 = time.perf_counter()
             self.step()
             txc.sync()
+            host += time.perf_counter() - h0
         txc.sync(wait=True)
-        return (time.perf_counter() - t0) / steps
+        return (time.perf_counter() - t0) / steps, host / steps
 
 
 def measure(args, layers, methods, rounds, steps):
@@ -116,23 +124,30 @@ def measure(args, layers, methods, rounds, steps):
         case.run(1)  # a third step: anything left to compile compiles here, not in the rounds
         res[method] = {"first": first, "second": second, "compile": _timer("compile") + _timer("lower") - c0,
                        "compiles": txc.metrics.counters().get("compile", 0) - compiles0,
-                       "loss1": float(loss1.detach().cpu()), "rounds_ms": []}
+                       "loss1": float(loss1.detach().float().cpu()), "rounds_ms": [], "rounds_host_ms": []}
         cases[method] = case
     for _ in range(rounds):
         for method in methods:
             c0 = txc.metrics.counters()
-            res[method]["rounds_ms"].append(cases[method].run(steps) * 1e3)
+            wall, host = cases[method].run(steps)
+            res[method]["rounds_ms"].append(wall * 1e3)
+            res[method]["rounds_host_ms"].append(host * 1e3)
             c1 = txc.metrics.counters()
             for k, name in (("compiles_later", "compile"), ("replays", "replay")):
                 res[method][k] = res[method].get(k, 0) + c1.get(name, 0) - c0.get(name, 0)
     for method in methods:
         res[method]["ms_step"] = statistics.median(res[method]["rounds_ms"])
+        res[method]["host_ms_step"] = statistics.median(res[method]["rounds_host_ms"])
     return res
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4 layers, hidden 64, seq 32, 2 rounds of 2 steps")
+    ap.add_argument("--issue", action="store_true",
+                    help="issue 29's workload (for a GPU): vocab 32000, hidden 1024, intermediate 2816, 8 layers, "
+                         "16/8 heads, batch 8 x seq 1024, bfloat16")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--inter", type=int, default=688)
@@ -149,18 +164,21 @@ def main():
                     help="the first is the reference of the ratios")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scan_hf.json"))
     args = ap.parse_args()
+    if args.issue:
+        args.vocab, args.hidden, args.inter, args.layers, args.heads, args.kv_heads = 32000, 1024, 2816, 8, 16, 8
+        args.batch, args.seq, args.dtype = 8, 1024, "bfloat16"
     if args.quick:
         args.layers, args.hidden, args.inter, args.heads, args.kv_heads, args.seq = 4, 64, 172, 4, 2, 32
         args.rounds, args.steps = 2, 2
     measure(argparse.Namespace(**{**vars(args), "hidden": 32, "inter": 64, "heads": 4, "kv_heads": 2, "seq": 16,
-                                  "batch": 1}), 1, args.methods, 1, 1)  # warm-up
+                                  "batch": 1, "vocab": 96}), 1, args.methods, 1, 1)  # warm-up
     t0 = time.perf_counter()
     res = measure(args, args.layers, args.methods, args.rounds, args.steps)
     ref = args.methods[0]
     print(f"LlamaForCausalLM: {args.layers} layers, hidden {args.hidden}, intermediate {args.inter}, heads "
-          f"{args.heads}/{args.kv_heads} kv, vocab {args.vocab}, batch {args.batch} x seq {args.seq}, float32, "
+          f"{args.heads}/{args.kv_heads} kv, vocab {args.vocab}, batch {args.batch} x seq {args.seq}, {args.dtype}, "
           f"AdamW; platform {runtime.platform()}, {os.cpu_count()} CPUs; measured in {time.perf_counter() - t0:.0f} s")
-    print(f"{'method':10} {'first s':>8} {'second s':>8} {'compile s':>9} {'ms/step':>8} {'rounds ms':>22} "
+    print(f"{'method':10} {'first s':>8} {'second s':>8} {'compile s':>9} {'ms/step':>8} {'host ms':>8} {'rounds ms':>22} "
           f"{'compiles':>8} {'replays':>7} {'first/' + ref:>15} {'step/' + ref:>14}")
     for method in args.methods:
         r = res[method]
@@ -168,7 +186,7 @@ def main():
         r["step_ratio"] = r["ms_step"] / res[ref]["ms_step"]
         rounds = " ".join(f"{v:.0f}" for v in r["rounds_ms"])
         print(f"{method:10} {r['first']:8.2f} {r['second']:8.2f} {r['compile']:9.2f} {r['ms_step']:8.1f} "
-              f"{rounds:>22} {r['compiles']:>5}+{r['compiles_later']} {r['replays']:>7} {r['first_ratio']:14.2f}x "
+              f"{r['host_ms_step']:8.1f} {rounds:>22} {r['compiles']:>5}+{r['compiles_later']} {r['replays']:>7} {r['first_ratio']:14.2f}x "
               f"{r['step_ratio']:13.2f}x", flush=True)
     losses = {m: res[m]["loss1"] for m in args.methods}
     print("step-1 losses:", losses)
@@ -178,7 +196,7 @@ def main():
            "config": vars(args), "results": res}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
-    print(json.dumps({m: {k: res[m][k] for k in ("first", "second", "compile", "ms_step", "first_ratio",
+    print(json.dumps({m: {k: res[m][k] for k in ("first", "second", "compile", "ms_step", "host_ms_step", "first_ratio",
                                                   "step_ratio")} for m in args.methods}))
     print(f"wrote {args.out}")
 
