@@ -145,6 +145,10 @@ def test_cache_and_per_layer_outputs_run_unrolled(dev):
         out = model(input_ids=ids.to(dev), use_cache=False)  # no cache: scanned
         assert delta(before, "scan_hf_scanned") == 1
         torch.testing.assert_close(out.logits.cpu(), ref.logits, atol=1e-5, rtol=1e-5)
+    before = counters()
+    tokens = model.generate(ids.to(dev), max_new_tokens=3, do_sample=False)  # a KV cache filled: unrolled
+    assert delta(before, "scan_hf_unrolled") == 3 and delta(before, "scan_hf_scanned") == 0
+    assert tokens.cpu().tolist() == base.generate(ids, max_new_tokens=3, do_sample=False).tolist()
 
 
 def test_qwen2_enumerate_loop_and_padding_mask(dev):
