@@ -43,7 +43,8 @@ for s in ${STEPS:-llama sdpa gemm tests memory replay kernels}; do
             --runtimes txc_compile txc_compile:cublas --out "$OUT/llama_gemm.json" ;;
     # one GPU, several test processes: no preallocation (each would take 75% of the memory)
     tests) XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 120 python3 -m pytest -q -p no:cacheprovider -n 4 -rf \
-             tests/test_offload.py tests/test_memory.py tests/test_donation.py tests/test_runtime.py tests/test_kernels.py ;;
+             tests/test_offload.py tests/test_memory.py tests/test_donation.py tests/test_runtime.py tests/test_kernels.py \
+             tests/test_half_precision.py tests/test_foreach_fused.py ;;
     # autotuning off: the 16-layer step compiles in ~10 s instead of ~45 s per configuration
     memory) XLA_FLAGS=--xla_gpu_autotune_level=0 step memory 200 python3 bench/memory.py --layers 16 --width 512 \
               --batch 8 --seq 1024 --steps 2 --configs loop loop-offload loop-nodonate scan-offload scan-save \

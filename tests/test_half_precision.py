@@ -142,7 +142,12 @@ def test_half_sdpa_products_in_input_dtype(dt, case):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 128, 32, generator=g) for h in (8, 4, 4))  # scaled scores of std 1
     mask, kw = (None, dict(is_causal=True)) if case == "causal" else (torch.randn(128, 128, generator=g), {})
-    o, got = _sdpa_run(DEV, dt, q, k, v, mask, kw)
+    from torch_xla_core.kernels import attention
+    attention.set_sdpa_kernel("xla")  # the core op (on CUDA "auto" routes these calls to the flash kernel)
+    try:
+        o, got = _sdpa_run(DEV, dt, q, k, v, mask, kw)
+    finally:
+        attention._sdpa_mode = None
     dots = _dot_result_dtypes(txc.debug.stablehlo(got))
     name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dt]
     assert set(dots) == {name}, dots  # forward q.k^T, p.v; backward (each gradient its node) p.g, g.v^T, ds.k, ds.q
