@@ -46,7 +46,9 @@ recording call):
   mask checks) cuts the step there: the recording syncs what is pending (a
   segment), reads the value and goes on; a replay runs the segments in
   order and compares each value read with the recorded one before anything
-  is written. Another value traces that call and records its path as
+  is written (a value computed from constants alone, such as a check of
+  positions made by arange, is the same on every replay: no guard, no
+  wait). Another value traces that call and records its path as
   another variant (MAX_VARIANTS per signature; metric
   "replay_guard_miss"). The value read last and returned as it is
   (`return loss.item()`) is a result: each replay reads it from its own
