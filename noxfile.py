@@ -203,6 +203,22 @@ def compat(session: nox.Session) -> None:
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)
+def bench_llama(session: nox.Session) -> None:
+    """bench/llama.py: issue 29's Hugging Face Llama training step on each
+    runtime (eager, inductor, ours traced, txc.compile, the dynamo route) in
+    one run; ms/step, tokens/s, MFU, peak memory, first step (table + JSON).
+    On a CPU machine it runs the tiny size unless asked otherwise (args pass
+    through, e.g. -- --runtimes traced txc_compile --steps 10)."""
+    session.install(TORCH)
+    session.install(".", "transformers>=5,<6", env=_jobs_env())
+    args = list(session.posargs)
+    out = session.run("python", "-c", "import torch; print(torch.cuda.is_available())", silent=True)
+    if "True" not in (out or "") and "--tiny" not in args and not any(a in args for a in ("--layers", "--seq")):
+        args.append("--tiny")
+    session.run("python", "bench/llama.py", *args)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
 def bench_memory(session: nox.Session) -> None:
     """bench/memory.py: compiled memory and step time of a decoder AdamW step
     per donation / scan policy / activation offload (args pass through, e.g.
