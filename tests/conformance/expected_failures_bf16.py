@@ -43,7 +43,19 @@ EXPECTED = [
     X('index_fill', 'bf16', 'fallback',
       'fallback: the gradient of a tensor fill value is torch\'s formula grad.index_select(dim, _unique(index)).sum() '
       '(derivatives.yaml): _unique has a data-dependent output shape, a counted CPU fallback'),
-    # --- accuracy defects outside this run's files ---
+    X('addr', 'autocast', 'mismatch',
+      'by design: xla\'s autocast follows CUDA\'s cast lists, which compute addr in bf16 (CPU\'s autocast leaves it '
+      'float32): on sample 2 the bf16-rounded inputs cancel, 1.1x bf16 tolerance from the float64 result of the '
+      'float32 inputs, where CPU\'s float32 result is 0.16x (the bf16 computation itself rounds once)'),
+    # --- accuracy defects ---
+    X('nn.functional.normalize', 'bf16', 'mismatch',
+      'less accurate on an ill-conditioned sample: p=0.5 over a dim of size 1, so y = sign(x) and the exact gradient '
+      '0 is a difference of two terms of order 1/|x|; ours -0.25 (25x bf16 tolerance), CPU 3.1x. The norm\'s '
+      'backward (torch\'s formula in bf16 ops) rounds those terms to bf16; the other samples pass'),
+    X('addbmm', 'autocast', 'mismatch',
+      'less accurate: the product (one dot over batch and k) is rounded to bf16 before the addend is added (CPU rounds '
+      'once): 1.44x bf16 tolerance from float64 where CPU is 1.14x, on sample 2. Fix: csrc/ops/linalg.cpp\'s dot '
+      'should give a f32 result for f16/bf16 operands where an addend follows (owned by another branch)'),
     X('baddbmm', 'bf16', 'mismatch',
       'less accurate: the product is rounded to bf16 before the addend is added in bf16 (two roundings; CPU adds in '
       'float32 and rounds once): 1.6x bf16 tolerance from float64 where CPU is 0.22x, on a sample whose sum cancels. '

@@ -7,9 +7,10 @@ gradients (the worst of its passing samples), ours and CPU's. An op is
 "more accurate" where ours is under 0.8x CPU's, "less accurate" where over
 1.25x, "same" otherwise or where both are below 1e-6 (exact).
 
-    python -m tests.conformance.report_bf16 RUN.json
+    python -m tests.conformance.report_bf16 RUN.json [--more]
 
-prints the report of a run that wrote TXC_BF16_REPORT=RUN.json.
+prints the report of a run that wrote TXC_BF16_REPORT=RUN.json (--more:
+the ops more accurate than CPU too).
 Imports no torch: it runs where the JSON is.
 """
 import json
@@ -101,10 +102,10 @@ def main(argv=None):
     with open(argv[0]) as f:
         run = json.load(f)
     print("\n".join(render(summarize(run["cases"]))))
-    for r in run["summary"].values() if "--more" in argv else ():
+    for name, r in run["summary"].items() if "--more" in argv else ():
         for fam, f in r["families"].items():
             if f["more"]:
-                print(f"  more accurate, {fam}: {', '.join(f['more'])}")
+                print(f"  {name}, more accurate than CPU, {fam}: {', '.join(f['more'])}")
     return 0
 
 
