@@ -445,6 +445,9 @@ def _returned(rec, tensors, outs, results):
             leaves.append(_C.wrap(out_lt(v)))
         elif kind == "slot":
             leaves.append(tensors[v])
+        elif kind == "host":
+            leaves.append(v.clone())
         else:  # a view of an input or an output: its chain on the new value
-            leaves.append(_C.wrap(r[2].rebase(out_lt(v) if kind == "view_out" else tensors[v]._lt)))
+            base = out_lt(v) if kind == "view_out" else tensors[v]._lt
+            leaves.append(_C.wrap(r[2].rebase(base.root() if base.is_view else base)))  # (the chain is from its root)
     return _unflatten(tpl, leaves, results)

@@ -448,7 +448,8 @@ class Compiled:
                            "consumed: replay covers whole steps (forward, backward and optimizer) and no_grad "
                            "functions; return the loss after loss.backward(), or loss.detach()")
         shared = [t for t in post.tensors if t is not None and not _own_storage(t)]  # views read through chains
-        views = {j: t._lt for j, t in enumerate(leaves) if not _own_storage(t)}  # re-made on replay
+        host = {j for j, t in enumerate(leaves) if not isinstance(t, _XlaTensor)}  # constants (below)
+        views = {j: t._lt for j, t in enumerate(leaves) if j not in host and not _own_storage(t)}  # re-made
         gc.collect()  # garbage of the trace holds no pending values
         n_before = len(session.segments)
         executor._recorder = session.grab
@@ -501,6 +502,9 @@ class Compiled:
         others = [w for w in writes if w[2] != "inplace"]
         ret = []
         for j, t in enumerate(leaves):
+            if j in host:  # a CPU tensor the step made from no input (a dynamo graph's 0-d constant saved for
+                ret.append(("host", t.detach().clone()))  # its backward): the same value every call
+                continue
             if j in views:
                 ret.append(self._view_of(views[j], session.slots, out_of, claimed, rec))
                 continue
