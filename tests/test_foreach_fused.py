@@ -1,7 +1,8 @@
 """torch's multi-tensor ops (_foreach_*) and fused optimizer steps
 (Adam/AdamW/SGD with fused=True) on the device against CPU eager, without
 CPU fallbacks; GradScaler("xla") with a fused optimizer never reads a value
-on the host; and the CPU fallback writes back mutated tensor lists."""
+on the host; the CPU fallback writes back mutated tensor lists; torch.optim
+and clip_grad_norm_ take their foreach path for xla parameters by default."""
 import pytest
 import torch
 
@@ -166,3 +167,50 @@ def test_cpu_fallback_writes_back_mutated_tensor_lists():
     xa = _xla(a)
     _fallback(aten._foreach_add_.Scalar)(xa, 1.5)
     _close(xa, [t + 1.5 for t in a])
+
+
+def _counting_foreach(monkeypatch):
+    """Counts calls of torch._foreach_* as torch.optim and clip_grad_norm_ make them."""
+    calls = []
+    for name in [n for n in dir(torch) if n.startswith("_foreach_")]:
+        f = getattr(torch, name)
+
+        def wrapped(*a, _f=f, _n=name, **k):
+            calls.append(_n)
+            return _f(*a, **k)
+        monkeypatch.setattr(torch, name, wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("capturable", [False, True], ids=["default", "capturable"])
+def test_optimizer_default_is_foreach_on_xla(monkeypatch, capturable):
+    """AdamW() and clip_grad_norm_ without foreach= take the foreach path for xla parameters (torch's
+    type lists held only Tensor/Parameter, so they took the per-tensor loop), also with capturable=True
+    and a device lr as replay lifts Adam; results as CPU's per-tensor loop."""
+    def run(device, calls=None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+        cap = capturable and device != "cpu"  # CPU: torch's capturable needs an accelerator
+        lr = torch.tensor(0.05).to(device) if cap else 0.05
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, capturable=cap)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            model(torch.randn(6, 8, generator=g).to(device)).pow(2).mean().backward()
+            if calls is not None:
+                calls.clear()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+            if device != "cpu":
+                txc.sync()
+        return model, opt
+    cpu, _ = run("cpu")
+    assert not any(g.get("foreach") for g in _.param_groups)
+    calls = _counting_foreach(monkeypatch)
+    metrics.clear()
+    xla, opt = run(DEV, calls)
+    assert "_foreach_norm" in calls and "_foreach_mul_" in calls  # clip_grad_norm_
+    assert "_foreach_lerp_" in calls and "_foreach_addcdiv_" in calls or "_foreach_div_" in calls  # AdamW
+    assert metrics.fallbacks() == {}
+    for p, q in zip(xla.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,8 @@
 """torch's multi-tensor ops on xla tensors: every aten::_foreach_* overload,
 and the fused optimizer steps (_fused_adam_, _fused_adamw_, _fused_sgd_,
 _fused_adagrad_)
-that `torch.optim.Adam/AdamW/SGD(fused=True)` call.
+that `torch.optim.Adam/AdamW/SGD(fused=True)` call; and torch's default
+choice of foreach for xla parameters (torch.optim, clip_grad_norm_).
 
 foreach: one rule for the whole family. `_foreach_<op>.<overload>` applies
 aten `<op>` to the i-th element of every list argument (Tensor[] and
@@ -181,3 +182,24 @@ for _ov in ("default", "tensor_lr"):
     impl(getattr(aten._fused_adam_, _ov))(_adam(adamw=False))
     impl(getattr(aten._fused_adamw_, _ov))(_adam(adamw=True))
     impl(getattr(aten._fused_sgd_, _ov))(_sgd)
+
+
+# --- torch's default on xla: foreach ----------------------------------------------
+# torch.optim (_default_to_fused_or_foreach) and clip_grad_norm_ (_has_foreach_support)
+# take the foreach path by default for a device in their list ('xla', the renamed
+# PrivateUse1, is there) only when each tensor's exact type is in their type lists,
+# which hold torch.Tensor and Parameter, not XlaTensor: so xla parameters got
+# torch's per-tensor loop. The device graph is the same either way (each foreach
+# element is the per-tensor op; XLA fuses them): foreach only makes the update a
+# few list ops on the host, as on CUDA. capturable=True (replay lifts Adam to it)
+# takes the same path.
+def _foreach_by_default():
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+    from .._tensor import XlaTensor
+    for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if XlaTensor not in types:
+            types.append(XlaTensor)
+
+
+_foreach_by_default()
