@@ -433,3 +433,20 @@ def test_flash_attention_cudnn_needs_cuda(dev):
     q = torch.randn(1, 2, 64, 16, device=dev, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="impl='cudnn' .*needs a CUDA GPU .*platform is cpu"):
         kernels.flash_attention(q, q, q, impl="cudnn")
+
+
+def test_flash_gpu_kernel_interpreted_bf16_as_llama_calls_it(dev):
+    """What "auto" runs on CUDA for a transformers Llama's attention (bf16, GQA, causal, no mask), through
+    Pallas' interpreter: values and gradients within bf16 rounding of CPU eager's bf16 SDPA."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 64, 16, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 64, 16, generator=g).bfloat16() for _ in range(2))
+
+    def fx(q_, k_, v_):
+        return kernels.flash_attention(q_, k_, v_, causal=True, sm_scale=0.25, impl="interpret")
+
+    def fc(q_, k_, v_):
+        return F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=0.25, enable_gqa=True)
+
+    _grads_match(fx, fc, [q, k, v], TOL[torch.bfloat16], dev)
