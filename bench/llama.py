@@ -52,7 +52,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # first steps compile, as bench/_harness.py keeps it
 
 SCHEMA = "torch_xla_core/bench/llama/1"
