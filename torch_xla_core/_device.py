@@ -119,11 +119,6 @@ def index(device):
     return d.index
 
 
-def check(device) -> None:
-    """Refuses a device argument naming an xla index that is no device."""
-    index(device)
-
-
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
     def is_available(self) -> bool:
         return True

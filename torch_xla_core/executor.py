@@ -81,8 +81,8 @@ class Plan(collections.namedtuple("Plan", "cut key checks")):
 
 _lock = threading.RLock()     # one sync at a time
 _cache_lock = threading.Lock()
-_cache = collections.OrderedDict()   # graph hash -> executable, least recently used first
-_inflight = {}                       # graph hash -> Future of a compile under way
+_cache = collections.OrderedDict()   # Key -> executable, least recently used first
+_inflight = {}                       # Key -> Future of a compile under way
 _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)

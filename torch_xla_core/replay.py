@@ -367,7 +367,7 @@ class Compiled:
     def _run(self, args, kwargs):
         out = self._call_fn(args, kwargs)
         if self._wait:
-            executor.sync(wait=True)
+            _tensor.sync_lazy(wait=True)
         return out
 
     def _call_fn(self, args, kwargs):
@@ -383,7 +383,7 @@ class Compiled:
         for t in pre.tensors:
             if t is not None:
                 _own_storage(t)  # a lone view gets a storage of its own; a shared one is read through its chain
-        executor.sync()  # inputs become device data; nothing else pending
+        _tensor.sync_lazy()  # inputs become device data; nothing else pending
         if _random._state is None:
             _random._state = _random._upload(_random.initial_seed())
         slots = {}
@@ -410,7 +410,7 @@ class Compiled:
         except _Refused as e:
             self._refused[sig] = str(e)
             metrics.counter_add("replay_refused")
-            executor.sync()
+            _tensor.sync_lazy()
             return self._warn_refused(str(e), out)
         finally:
             session.run_schedulers()  # after the step's graph: the lr they write is the next call's input
@@ -454,7 +454,7 @@ class Compiled:
         n_before = len(session.segments)
         executor._recorder = session.grab
         try:
-            executor.sync(wait=self._wait)
+            _tensor.sync_lazy(wait=self._wait)
         finally:
             executor._recorder = None
         if session.refusal is not None:
@@ -567,7 +567,7 @@ class Compiled:
         if st is None:
             st = _random._state = _random._upload(_random.initial_seed())
         if not st.is_data or pending:
-            executor.sync(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
+            _tensor.sync_lazy(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
             st = _random._state
         for rec in recs:
             if _C.replay_exclusive(tensors, rec.donated) >= 0:
