@@ -186,3 +186,23 @@ def test_transformers_mixtral_decoder_five_adamw_steps_like_cpu_without_recompil
     assert compiles[1] == compiles[-1], compiles
     assert not txc.metrics.fallbacks()
     assert not any(k.startswith("data_dependent::") for k in txc.metrics.counters())
+
+
+def test_transformers_opaque_grouped_mm_runs_on_the_device(dev):
+    """transformers' custom op for MoE experts under torch.compile
+    (transformers::grouped_mm_fallback and its backward) has our handler:
+    no CPU fallback, values and gradients equal to its own CPU loop."""
+    pytest.importorskip("transformers.integrations.moe")
+    x = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(4, 8, 6, requires_grad=True)
+    offs = torch.tensor([3, 3, 7, 9])    # an empty group, and a last row beyond every group (stays 0)
+    y = torch.ops.transformers.grouped_mm_fallback(x, w, offs)
+    g = torch.randn_like(y)
+    y.backward(g)
+    xx, ww = x.detach().to(dev).requires_grad_(), w.detach().to(dev).requires_grad_()
+    yy = torch.ops.transformers.grouped_mm_fallback(xx, ww, offs.to(dev))
+    yy.backward(g.to(dev))
+    torch.testing.assert_close(yy.detach().cpu(), y.detach())
+    torch.testing.assert_close(xx.grad.cpu(), x.grad)
+    torch.testing.assert_close(ww.grad.cpu(), w.grad)
+    assert txc.metrics.fallbacks() == {}

@@ -128,6 +128,19 @@ def impl(*overloads):
     return deco
 
 
+BY_NAME = {}  # "namespace::op" -> handler: custom ops of libraries we do not import (their overload .default)
+
+
+def impl_by_name(qualname):
+    """Registers the decorated function as the handler of a library's custom
+    op by its qualified name (transformers' opaque MoE matmul), resolved when
+    the op first reaches the dispatcher: we do not import the library."""
+    def deco(fn):
+        BY_NAME[qualname] = fn
+        return fn
+    return deco
+
+
 def call(func, *args, **kwargs):
     """Runs an aten overload on xla tensors without going back through the dispatcher."""
     return _tensor.handler(func)(*args, **kwargs)
@@ -204,6 +217,8 @@ def _derive(func):
         return _composite(func)
     if func in _decomps():
         return _decomposed(func)
+    if func._schema.name in BY_NAME and func._overloadname == "default":
+        return BY_NAME[func._schema.name]
     return _fallback(func)
 
 

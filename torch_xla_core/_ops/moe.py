@@ -31,7 +31,7 @@ import torch
 
 from .. import _checks, _tensor, metrics
 from .._tensor import XlaTensor
-from . import aten, impl
+from . import aten, impl, impl_by_name
 
 
 def _lt_scalar_check(x, bound, message):
@@ -193,3 +193,19 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
         return torch.bmm(a.to(odt), b.to(odt))
     raise RuntimeError(f"grouped_mm: {a.dim()}-D mat_a with {b.dim()}-D mat_b is not supported on the xla device "
                        f"(supported: 2-D x 3-D with offs, 2-D x 2-D with offs, 3-D x 3-D)")
+
+
+# transformers' opaque grouped matmul: what its MoE experts call under torch.compile (and where
+# F.grouped_mm does not take the weights' dtype); as a custom op it would fall back to the CPU
+# (reading every expert's weights on the host). offs are cumulative end offsets, as _grouped_mm's.
+
+@impl_by_name("transformers::grouped_mm_fallback")
+def hf_grouped_mm(input, weight, offs):
+    return grouped_mm(input, weight, offs.to(torch.int32))
+
+
+@impl_by_name("transformers::grouped_mm_fallback_backward")
+def hf_grouped_mm_backward(input, weight, offs, grad_output):
+    offs = offs.to(torch.int32)
+    return grouped_mm(grad_output, weight.transpose(1, 2), offs), grouped_mm(input.t(), grad_output, offs)
+
