@@ -235,7 +235,8 @@ class Session:
         last = len(self.segments)
         for idx, r in enumerate(self.reads):
             if r.after == last and len(r.value) == 1:
-                template, found = _mark_returned(template, r.value[0], idx)
+                kind = bool if r.dtype == torch.bool else float if r.dtype.is_floating_point else int
+                template, found = _mark_returned(template, r.value[0], idx, kind)
                 r.returned = found
         for r in self.reads:
             if not r.returned and any(s.donates for s in self.segments[:r.after]):
@@ -277,12 +278,13 @@ def _in_op_handler() -> bool:
     return False
 
 
-def _mark_returned(tpl, value, idx):
-    """tpl with the first returned Python number equal to value replaced by ("R", idx, its type)."""
+def _mark_returned(tpl, value, idx, kind):
+    """tpl with the first returned Python number of type kind (the read's
+    .item() type) equal to value replaced by ("R", (idx, kind))."""
     tag, v = tpl
     if tag == "V":
-        if type(v) in (float, int, bool) and v == value:
-            return ("R", (idx, type(v))), True
+        if type(v) is kind and v == value:
+            return ("R", (idx, kind)), True
         return tpl, False
     if tag in ("T", "R"):
         return tpl, False
@@ -290,12 +292,12 @@ def _mark_returned(tpl, value, idx):
     for j, x in enumerate(items):
         if tag is dict:
             k, sub = x
-            new, found = _mark_returned(sub, value, idx)
+            new, found = _mark_returned(sub, value, idx, kind)
             if found:
                 items[j] = (k, new)
                 return (tag, items), True
         else:
-            new, found = _mark_returned(x, value, idx)
+            new, found = _mark_returned(x, value, idx, kind)
             if found:
                 items[j] = new
                 return (tag, items), True
