@@ -12,8 +12,8 @@ The shims, each with the versions it serves and the test that covers it
 (tests/compat/test_compat.py runs in every torch's venv, so each shim is
 exercised by a venv whose torch needs it, and by a stand-in where none does):
 
-  AtenOps / ABSENT    torch 2.15 has no aten.cholesky (torch.cholesky is
-                      linalg_cholesky there): _ops registers handlers only for
+  AtenOps / ABSENT    torch 2.14 and 2.15 have no aten.cholesky (torch.cholesky
+                      is linalg_cholesky there): _ops registers handlers only for
                       overloads this torch has. test_op_registry_skips_absent
   array_result_handler  jaxlib >= 0.11 took away _skip_checks (runtime.py's
                       outputs). test_array_result_handler_either_jaxlib
@@ -76,7 +76,7 @@ def check_torch(version: str | None = None) -> None:
 # What each known absence is (anything else absent is still skipped, and listed
 # in SKIPPED: tests/compat asserts SKIPPED holds only these, per torch).
 ABSENT = {
-    "aten::cholesky": ((2, 15), "removed in torch 2.15 (torch.cholesky computes through linalg_cholesky_ex)"),
+    "aten::cholesky": ((2, 14), "removed in torch 2.14 (torch.cholesky computes through linalg_cholesky_ex)"),
 }
 SKIPPED: set[str] = set()  # "aten::name.overload" of handlers not registered, this torch lacking them
 
