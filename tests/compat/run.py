@@ -138,6 +138,7 @@ def run_suite(py: Path, flavor: str, kexpr: str | None, work: Path) -> dict[str,
     out = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = case.get("name").removeprefix("test_")
+        SECONDS[name] = SECONDS.get(name, 0.0) + float(case.get("time") or 0)
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
             text = (bad.get("message") or bad.text or "").strip()
@@ -147,6 +148,9 @@ def run_suite(py: Path, flavor: str, kexpr: str | None, work: Path) -> dict[str,
         else:
             out[name] = ("pass", "")
     return out
+
+
+SECONDS: dict[str, float] = {}  # check -> seconds, this torch (run_suite adds to it)
 
 
 def copy_suite(work: Path) -> None:
@@ -198,6 +202,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             py, made = ensure_venv(v)
             res = results[v] = {}
+            SECONDS.clear()
             if v in flavors_on:
                 for f in others:
                     why = install_wheel(py, wheels[f.name], with_deps=False)
@@ -210,11 +215,14 @@ def main(argv=None) -> int:
             res["pip install keeps torch"] = ("fail", why) if why else ("pass", "")
             if not why:
                 res.update(run_suite(py, default.name, args.k, work))
+            slow = sorted(SECONDS.items(), key=lambda kv: -kv[1])
             timings[v] = {"venv_s": round(made, 1), "total_s": round(time.perf_counter() - t0, 1),
-                          "torch": torch_version(py)}
+                          "torch": torch_version(py), "tests_s": round(sum(SECONDS.values()), 1),
+                          "slowest": [[c, round(t, 1)] for c, t in slow[:8]]}
             n = {o: sum(1 for x, _ in res.values() if x == o) for o in ("pass", "fail", "skip")}
             log(f"torch {v} ({timings[v]['torch']}): {n['pass']} pass, {n['fail']} fail, {n['skip']} skip "
-                f"in {timings[v]['total_s']:.0f} s (venv {made:.0f} s)")
+                f"in {timings[v]['total_s']:.0f} s (venv {made:.0f} s, tests {timings[v]['tests_s']:.0f} s; slowest: "
+                + ", ".join(f"{c} {t:.0f} s" for c, t in slow[:4]) + ")")
     print(table(results, versions), flush=True)
     log(f"{len(versions)} torch versions in {time.perf_counter() - t_all:.0f} s")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
