@@ -35,7 +35,9 @@ length, peak the device's dense bf16 FLOP/s (989 TFLOP/s for H100/H200;
 allocator's peak; ours: PJRT's peak_bytes_in_use where the device reports
 it; CPU: none, the process's max RSS is in the JSON); and for ours the
 replay counters of the timed steps (txc.metrics "replay", "replay_trace",
-"replay_refused", "compile"): whether capture engaged.
+"replay_refused", "compile"): whether capture engaged. CPU eager and
+inductor on CPU run with torch.set_flush_denormal(True), as XLA:CPU flushes
+denormals (without it the bf16 eager step ran 10-20x slower here).
 
   python bench/llama.py [--runtimes traced txc_compile:cublas ...] [--steps 20] [--warmup 2]
                         [--tiny] [--layers N] [--batch N] [--seq N] [--timeout S] [--out FILE.json]
@@ -123,6 +125,8 @@ def run_one(spec, cfg, batch, seq, steps, warmup):
         device_name = jax.devices()[0].device_kind
     else:
         dev = "cuda" if cuda else "cpu"
+        if not cuda:  # XLA:CPU flushes denormals; CPU eager in bf16 ran 10-20x slower on them here
+            torch.set_flush_denormal(True)
         sync = lambda: None  # noqa: E731  (eager work is queued on the CUDA stream as it is called)
         wait = torch.cuda.synchronize if cuda else (lambda: None)
         device_name = torch.cuda.get_device_name() if cuda else "cpu"
