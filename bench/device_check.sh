@@ -29,7 +29,7 @@ step() {
 }
 { nvidia-smi -L; python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"; } >> "$LOG" 2>&1
 # issue 29 first: the Llama step on every runtime, then the attention and GEMM choices on it
-for s in ${STEPS:-llama sdpa gemm tests memory replay kernels}; do
+for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels}; do
   case $s in
     # issue 29's workload at its size (bf16 160M Llama, AdamW, 8 x 1024): CUDA eager, inductor, ours traced,
     # txc.compile and the dynamo route, each in its own process (~40 s each: startup, compiles, 2 + 8 steps)
@@ -41,6 +41,10 @@ for s in ${STEPS:-llama sdpa gemm tests memory replay kernels}; do
     # GEMMs on that step: XLA's Triton gemm fusions (the default) vs cuBLAS for every GEMM
     gemm) step gemm 120 python3 bench/llama.py --steps 8 --warmup 2 --timeout 80 \
             --runtimes txc_compile txc_compile:cublas --out "$OUT/llama_gemm.json" ;;
+    # issue 29 part 4: the same Llama step with its decoder layers scanned (scan_decoder_layers) vs unrolled,
+    # traced and captured: first step and cached ms/step ratios
+    scan) step scan 150 python3 bench/scan_hf.py --issue --methods unrolled scan unrolled+compile scan+compile \
+            --out "$OUT/scan_hf.json" ;;
     # one GPU, several test processes: no preallocation (each would take 75% of the memory)
     tests) XLA_PYTHON_CLIENT_PREALLOCATE=false step tests 120 python3 -m pytest -q -p no:cacheprovider -n 4 -rf \
              tests/test_offload.py tests/test_memory.py tests/test_donation.py tests/test_runtime.py tests/test_kernels.py \
