@@ -339,14 +339,23 @@ def install_check(venv: Path, flavors: list[fl.Flavor], extra_pip: list[str]) ->
         log(f"create venv {venv}")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     base = fl.base_version()
+    deps = _has_deps(py)
+    if not deps:
+        # the default torch first (build/flavors.toml [torch]), as a user who has it:
+        # pyproject's range keeps it (a bare resolve takes the range's newest torch,
+        # a CUDA build of several GB)
+        log(f"install-check: torch=={MATRIX.default_torch} first")
+        subprocess.run([str(py), "-m", "pip", "install", "-q", f"torch=={MATRIX.default_torch}", *extra_pip],
+                       check=True)
     for f in flavors:
         cmd = f.install_command(base)
         log(f"install-check {f.name}: {' '.join(cmd)}")
         t0 = time.monotonic()
         # Switching flavors needs --force-reinstall: an installed 0.1.0+precxx11
         # already satisfies ==0.1.0, and pip would keep it.
-        pip = ([str(py), "-m", *cmd, "--force-reinstall", "--no-deps"] if _has_deps(py)
+        pip = ([str(py), "-m", *cmd, "--force-reinstall", "--no-deps"] if deps
                else [str(py), "-m", *cmd, *extra_pip])
+        deps = True
         res = subprocess.run(pip, cwd=ROOT, capture_output=True, text=True)
         if res.returncode:
             raise CheckError(f"{' '.join(cmd)} failed:\n{(res.stdout + res.stderr)[-4000:]}")
@@ -369,7 +378,8 @@ def install_check(venv: Path, flavors: list[fl.Flavor], extra_pip: list[str]) ->
 
 
 def _has_deps(py: Path) -> bool:
-    """True when the venv already has torch (then reinstall only our wheel)."""
+    """True when the venv already has torch (then reinstall only our wheel;
+    install_check installs the default torch first into a venv without it)."""
     return subprocess.run([str(py), "-c", "import importlib.metadata as m; m.version('torch')"],
                           capture_output=True).returncode == 0
 
