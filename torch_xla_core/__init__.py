@@ -130,6 +130,7 @@ def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None):
     return r
 from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
 from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
+from .peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
 from . import data, profiler  # noqa: E402
 from . import dynamo  # noqa: E402  (torch.compile(backend="torch_xla_core"), installed with torch._dynamo)
 
