@@ -20,11 +20,12 @@ outputs, as a result, not a guard.
 Also here: what a recording holds (_Recording), how inputs' buffers are
 found (_buffer, _root_buffer) and what a replay returns (_returned)."""
 import functools
+import math
 import sys
 
 import torch
 
-from . import _C, _tensor, runtime
+from . import _C, _checks, _tensor, runtime
 
 _SCALARS = (bool, int, float, str, type(None))
 GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard compares every element)
@@ -48,19 +49,19 @@ class Segment:
 class Read:
     """A value the step read on the host: after how many segments, from where
     (("out", k): output k of the segments; ("slot", i): input slot i), its
-    recorded value (flat tuple), its dtype and shape; returned: the step
-    returns it (a result read on every replay, not a guard)."""
-    __slots__ = ("after", "source", "value", "dtype", "shape", "returned")
+    recorded value (flat tuple) and dtype; returned: the step returns it (a
+    result read on every replay, not a guard)."""
+    __slots__ = ("after", "source", "value", "dtype", "returned")
 
-    def __init__(self, after, source, value, dtype, shape):
-        self.after, self.source, self.value, self.dtype, self.shape = after, source, value, dtype, shape
+    def __init__(self, after, source, value, dtype):
+        self.after, self.source, self.value, self.dtype = after, source, value, dtype
         self.returned = False
 
 
 def host_value(buf):
-    """A device buffer's value as (flat tuple, dtype, shape) on the host."""
+    """A device buffer's value as (flat tuple, dtype) on the host."""
     t = runtime.to_host(buf, "a value a compiled step reads on the host")
-    return tuple(t.reshape(-1).tolist()), t.dtype, tuple(t.shape)
+    return tuple(t.reshape(-1).tolist()), t.dtype
 
 
 class Session:
@@ -128,10 +129,8 @@ class Session:
             # (CTC's target lengths) syncs only its value, as a traced call does: the handler's half-built
             # values (a scan body's) are not ready to run
             _tensor.sync_lazy(None if not _in_op_handler() else [lt], wait=True)
-        else:
-            from . import _checks
-            if _checks._computed:
-                _checks.verify()
+        elif _checks._computed:  # a value is read: checks computed with it raise now (as materialize does)
+            _checks.verify()
         buf = lt.data
         k = self.out_of.get(id(buf))
         if constant:
@@ -143,16 +142,14 @@ class Session:
             if i is None:
                 return buf  # a constant (an upload baked into the recording) or data nobody else can change
             source = ("slot", i)
-        n = 1
-        for d in lt.shape:
-            n *= d
+        n = math.prod(lt.shape)
         if n > GUARD_ELEMENTS:
             self.refuse(f"it read a tensor of {n} elements on the host; a replay compares every value a step "
                         f"reads with the recorded one (up to {GUARD_ELEMENTS} elements): read smaller values, or "
                         f"move the read out of the step")
             return buf
-        value, dtype, shape = host_value(buf)
-        self.reads.append(Read(len(self.segments), source, value, dtype, shape))
+        value, dtype = host_value(buf)
+        self.reads.append(Read(len(self.segments), source, value, dtype))
         return buf
 
     # -- uploads (_tensor.from_cpu) -------------------------------------------

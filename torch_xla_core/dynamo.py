@@ -62,7 +62,7 @@ import warnings
 
 import torch
 
-from . import metrics, replay
+from . import _compat, metrics, replay
 from ._tensor import XlaTensor
 
 __all__ = ["backend", "install", "make_traceable", "NAME"]
@@ -78,7 +78,6 @@ def make_traceable() -> None:
     global _traceable
     if _traceable:
         return
-    from . import _compat
     _compat.add_missing_meta_kernels()  # torch 2.11: SDPA's backward had none (aot_autograd's fake backward)
     from torch._dynamo.variables import builder
     vb = builder.VariableBuilder

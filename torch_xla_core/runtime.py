@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from . import _dtypes, metrics, peers
+from ._compat import array_result_handler
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
 _INSTALL_HINT = {
@@ -230,7 +231,6 @@ def _outputs(exe, results):
 def _result_handler(o):
     """jaxlib's C++ handler that makes Arrays like o (_compat.py: jaxlib 0.10
     and 0.11 take different arguments)."""
-    from ._compat import array_result_handler
     return array_result_handler(o.aval, o.sharding, o._committed)
 
 

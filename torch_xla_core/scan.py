@@ -64,6 +64,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _C, _checks, _random, _scan_policy, _tensor, _trace_context, metrics
+from ._device import _Engine
 from ._dtypes import code
 from ._tensor import OP, XlaTensor
 
@@ -301,7 +302,6 @@ def _no_backward_listener():
     """A txc.compile recording must not see the autograd passes of a body
     trace (the vjp body's torch.autograd.grad): it would hold their graphs,
     whose leaves are body values, and its sync would then read them."""
-    from ._device import _Engine
     saved, _Engine.backward_listener = _Engine.backward_listener, None
     try:
         yield

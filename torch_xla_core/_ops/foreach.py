@@ -18,6 +18,7 @@ with a fused optimizer is a sync-free step (the non-fused path reads found_inf
 with .item() in torch's GradScaler)."""
 import torch
 
+from .._tensor import XlaTensor
 from . import assign, check_writes, impl
 
 aten = torch.ops.aten
@@ -196,7 +197,6 @@ for _ov in ("default", "tensor_lr"):
 def _foreach_by_default():
     from torch.optim import optimizer
     from torch.utils import _foreach_utils
-    from .._tensor import XlaTensor
     for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
         if XlaTensor not in types:
             types.append(XlaTensor)

@@ -2,7 +2,7 @@
 import torch
 
 from .._tensor import XlaTensor, OP, _make, _op, v, wrap
-from . import XLA, aten, impl, mapping
+from . import XLA, _decomps, aten, impl, mapping
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
 _MM = ([], [], [1], [0])
@@ -71,7 +71,6 @@ def addr(c, v1, v2, *, beta=1, alpha=1):
     precision computes it in float32 and rounds once, as CPU (rounding the
     product, then the sum, was 1.1x bf16 tolerance from float64 on an
     OpInfo sample where CPU is 0.16x)."""
-    from . import _decomps
     d = _decomps()[aten.addr.default]
     if c.dtype in (torch.float16, torch.bfloat16) and v1.dtype == v2.dtype == c.dtype:
         return d(c.float(), v1.float(), v2.float(), beta=beta, alpha=alpha).to(c.dtype)
