@@ -29,6 +29,7 @@ import gc
 import os
 import zlib
 
+import pytest
 import torch
 import torch.utils._pytree as pytree
 from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
@@ -355,3 +356,39 @@ def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
         _tensor._warned.intersection_update(warned)
         _checks.clear()
     return results
+
+def judge(results, entry):
+    """A case's results (sample, outcome, message, ...) against its
+    expected-failure entry (or None): (counts per outcome, failures as
+    [sample, outcome, message], their kinds, the verdict)."""
+    counts = {}
+    for r in results:
+        counts[r[1]] = counts.get(r[1], 0) + 1
+    failures = [list(r[:3]) for r in results if r[1] != "pass"]
+    kinds = tuple(sorted({r[1] for r in failures}))
+    if entry is None:
+        verdict = "ok" if not kinds else "new failure"
+    elif not results:
+        verdict = "listed, but no sample ran"
+    else:
+        verdict = "expected" if kinds == entry.kinds() else ("unexpected pass" if not kinds else "changed")
+    return counts, failures, kinds, verdict
+
+
+def settle(what, results, entry, judged, listed_in):
+    """Ends a case's test as its verdict says (after its record is kept):
+    skip, fail naming the samples, or xfail with the entry's reason."""
+    counts, failures, kinds, verdict = judged
+    if not results and entry is None:
+        pytest.skip("no applicable sample")
+    detail = "\n".join(f"  sample {i}: {o}: {m}" for i, o, m in failures[:8])
+    if verdict == "new failure":
+        pytest.fail(f"{what}: {'+'.join(kinds)} not in {listed_in} ({counts}):\n{detail}")
+    if verdict == "unexpected pass":
+        pytest.fail(f"{what} passes all {len(results)} samples: remove its expected-failure entry ({entry.reason})")
+    if verdict not in ("ok", "expected"):
+        pytest.fail(f"{what}: {verdict}: listed {entry.fails!r} ({entry.reason}), got "
+                    f"{'+'.join(kinds) or 'no samples'} ({counts}):\n{detail}")
+    if verdict == "expected":
+        pytest.xfail(entry.reason)
+

@@ -29,35 +29,13 @@ def test_opinfo(op, dtype, direction, request):
     t0 = time.perf_counter()
     results = _opinfo.run_case(op, dtype, direction)
     seconds = round(time.perf_counter() - t0, 3)
-    counts = {}
-    for _, outcome, _msg in results:
-        counts[outcome] = counts.get(outcome, 0) + 1
-    failures = [list(r) for r in results if r[1] != "pass"]
-    kinds = tuple(sorted({r[1] for r in failures}))
-    if entry is None:
-        verdict = "ok" if not kinds else "new failure"
-    elif not results:
-        verdict = "listed, but no sample ran"
-    else:
-        verdict = "expected" if kinds == entry.kinds() else ("unexpected pass" if not kinds else "changed")
+    judged = _opinfo.judge(results, entry)
+    counts, failures, _, verdict = judged
     request.node.user_properties.append((KEY, {
         "mode": _opinfo.MODE, "op": oid, "dtype": str(dtype).removeprefix("torch."),
         "direction": direction, "counts": counts, "failures": failures[:5],
         "expected": entry.reason if entry else None, "verdict": verdict, "seconds": seconds}))
-    if not results and entry is None:
-        pytest.skip("no applicable sample")
-    detail = "\n".join(f"  sample {i}: {o}: {m}" for i, o, m in failures[:8])
-    if verdict == "new failure":
-        pytest.fail(f"{oid} {dtype} {direction}: {'+'.join(kinds)} not in the expected-failure list "
-                    f"({counts}):\n{detail}")
-    if verdict == "unexpected pass":
-        pytest.fail(f"{oid} {dtype} {direction} passes all {len(results)} samples: remove its "
-                    f"expected-failure entry ({entry.reason})")
-    if verdict != "ok" and verdict != "expected":
-        pytest.fail(f"{oid} {dtype} {direction}: {verdict}: listed {entry.fails!r} ({entry.reason}), "
-                    f"got {'+'.join(kinds) or 'no samples'} ({counts}):\n{detail}")
-    if verdict == "expected":
-        pytest.xfail(entry.reason)
+    _opinfo.settle(f"{oid} {dtype} {direction}", results, entry, judged, "the expected-failure list")
 
 
 def test_expected_entries_name_real_cases():

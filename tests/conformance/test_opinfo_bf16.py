@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from . import _bf16, expected_failures_bf16 as xf
+from . import _bf16, _opinfo, expected_failures_bf16 as xf
 from ._opinfo import op_db, op_id
 from .plugin import KEY
 
@@ -34,17 +34,8 @@ def test_bf16(op, run, request):
     if results is None:
         assert entry is None, f"{oid} {run}: listed ({entry.reason}) but autocast does not change it"
         pytest.skip("autocast leaves this op's float32 inputs unchanged")
-    counts = {}
-    for r in results:
-        counts[r[1]] = counts.get(r[1], 0) + 1
-    failures = [list(r[:3]) for r in results if r[1] != "pass"]
-    kinds = tuple(sorted({r[1] for r in failures}))
-    if entry is None:
-        verdict = "ok" if not kinds else "new failure"
-    elif not results:
-        verdict = "listed, but no sample ran"
-    else:
-        verdict = "expected" if kinds == entry.kinds() else ("unexpected pass" if not kinds else "changed")
+    judged = _opinfo.judge(results, entry)
+    counts, failures, _, verdict = judged
     errs = [(r[3], r[4]) for r in results if r[3] is not None]
     request.node.user_properties.append((KEY, {
         "mode": run, "op": oid, "family": _bf16.family(op), "dtype": "bfloat16", "direction": "fwd+bwd",
@@ -52,19 +43,7 @@ def test_bf16(op, run, request):
         "verdict": verdict, "seconds": seconds,
         "err_xla": max((e[0] for e in errs), default=None), "err_cpu": max((e[1] for e in errs), default=None),
         "policy": sorted({r[2] for r in results if r[1] == "pass" and r[2]})}))
-    if not results and entry is None:
-        pytest.skip("no applicable sample")
-    detail = "\n".join(f"  sample {i}: {o}: {m}" for i, o, m in failures[:8])
-    if verdict == "new failure":
-        pytest.fail(f"{oid} {run}: {'+'.join(kinds)} not in expected_failures_bf16 ({counts}):\n{detail}")
-    if verdict == "unexpected pass":
-        pytest.fail(f"{oid} {run} passes all {len(results)} samples: remove its expected-failure entry "
-                    f"({entry.reason})")
-    if verdict not in ("ok", "expected"):
-        pytest.fail(f"{oid} {run}: {verdict}: listed {entry.fails!r} ({entry.reason}), got "
-                    f"{'+'.join(kinds) or 'no samples'} ({counts}):\n{detail}")
-    if verdict == "expected":
-        pytest.xfail(entry.reason)
+    _opinfo.settle(f"{oid} {run}", results, entry, judged, "expected_failures_bf16")
 
 
 def test_expected_entries_name_real_cases():
