@@ -38,6 +38,8 @@ import warnings
 
 import torch
 
+from . import __version__  # (set by the package before it imports this module)
+
 TORCH_RANGE = ((2, 11), (2, 16))   # >= 2.11, < 2.16
 JAX_RANGE = ((0, 10, 2), (0, 12))  # >= 0.10.2, < 0.12 (jaxlib the same)
 
@@ -63,7 +65,6 @@ def check_torch(version: str | None = None) -> None:
     v = version or torch.__version__
     lo, hi = TORCH_RANGE
     if not lo <= version_tuple(v)[:2] < hi:
-        from . import __version__
         msg = (f"torch_xla_core {__version__} supports torch {TORCH_SPEC}; this is torch {v}. Install a torch in "
                f"that range (pip install 'torch{TORCH_SPEC}'), or a torch_xla_core release that supports torch {v}")
         if os.environ.get("TXC_UNSUPPORTED_TORCH") == "1":
