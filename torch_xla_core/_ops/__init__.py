@@ -12,6 +12,7 @@ import torch
 from .. import _C, _compat, _tensor, metrics
 from .._dtypes import UnsupportedDtype
 from .._tensor import HANDLERS, OP, XlaTensor
+from . import dtype_rules
 
 aten = _compat.AtenOps(torch.ops.aten)
 
@@ -81,7 +82,7 @@ class _Rest:
         return self.h(*args, **kwargs)
 
 
-def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, check=None):
+def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, check=None, refuses=None):
     """Declares aten overloads that are one core op, `op` (csrc/ops: its row):
     the overload's positional args at `operands` (default: every required
     positional arg, in order) are the core operands, `ranks` says per operand
@@ -98,8 +99,10 @@ def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, che
     handler if it has one (the real logic, e.g. add's alpha), else torch's
     decomposition or the CPU fallback. When the core refuses a call that
     fits, `check` may word the error; else the core's error is raised.
+    `refuses`: the input dtypes torch's own kernels refuse (dtype_rules).
     Returns the first overload's Mapping (callable like a handler)."""
     first = None
+    dtype_rules.declare(overloads, refuses)
     for o in _compat.present(overloads):
         h = HANDLERS.get(o)
         explicit = h is not None and not isinstance(h, _C.Mapping)
@@ -110,12 +113,14 @@ def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, che
     return first
 
 
-def impl(*overloads):
+def impl(*overloads, refuses=None):
     """Registers the decorated function as the handler of the given overloads
     (OpOverloads, or OpOverloadPackets meaning all of their overloads). For an
     overload declared with mapping(), it handles the calls the mapping does
-    not fit."""
+    not fit. `refuses`: the input dtypes torch's own kernels refuse
+    (dtype_rules: INTEGRAL, INTEGRAL_PROMOTED, BOOL)."""
     def deco(fn):
+        dtype_rules.declare(overloads, refuses)
         for o in _compat.present(overloads):
             for f in ([getattr(o, n) for n in o.overloads()] if isinstance(o, torch._ops.OpOverloadPacket) else [o]):
                 h = HANDLERS.get(f)
@@ -123,9 +128,21 @@ def impl(*overloads):
                     h.rest = fn
                 else:
                     HANDLERS[f] = fn
+                    _RESOLVED.discard(f)
         _C.dispatch_clear()
         return fn
     return deco
+
+
+DECOMPOSED = []  # what decomposed() declared
+
+
+def decomposed(*overloads, refuses):
+    """Declares the dtype facts of overloads that have no handler of their
+    own: torch's decomposition runs them (resolve(); tests/test_coverage.py
+    checks that it does). `refuses` as impl's."""
+    dtype_rules.declare(overloads, refuses)
+    DECOMPOSED.extend(_compat.present(overloads))
 
 
 BY_NAME = {}  # "namespace::op" -> handler: custom ops of libraries we do not import (their overload .default)
@@ -161,6 +178,8 @@ def _functional_of(func):
     else:
         return None
     packet = getattr(aten, name, None)
+    if isinstance(packet, _compat.Absent):  # _fill_mem_eff_dropout_mask_ has no functional op
+        packet = None
     fn = getattr(packet, overload, None) if overload else None
     if func._overloadname == "out" and fn is not None and str(fn._schema.arguments[0].type) != "Tensor":
         fn = getattr(packet, "Tensor", fn)  # mul.out, div.out: mul.Tensor (mul.default takes numbers)
@@ -199,25 +218,59 @@ def _mutated_args(func):
 SELF_CHECKED = set()
 
 
+_RESOLVED = set()  # overloads whose handler resolve() made (HANDLERS caches them beside the declared ones)
+
+
+def declared(func) -> bool:
+    """Whether func's handler was declared (mapping(), @impl, a direct
+    HANDLERS entry), not made by resolve()."""
+    h = HANDLERS.get(func)
+    return isinstance(h, _C.Mapping) or (h is not None and func not in _RESOLVED)
+
+
 def resolve(func):
     """The handler of an overload that has none registered (see the module doc)."""
+    _RESOLVED.add(func)
     return _overlap_checked(func, _derive(func))
 
 
-def _derive(func):
+# How resolve() runs an overload without a declared handler (route()); the
+# coverage table (coverage.py) reads the same answer.
+DERIVED, COMPOSITE, DECOMPOSITION, BY_NAME_HANDLER, FALLBACK = (
+    "derived", "composite", "decomposition", "by name", "fallback")
+
+
+def route(func):
+    """(how, functional): DERIVED with the functional overload whose handler
+    an in-place or out= variant writes through, else (how, None): COMPOSITE
+    (torch's CompositeImplicitAutograd kernel), DECOMPOSITION (torch._decomp),
+    BY_NAME_HANDLER (impl_by_name), FALLBACK (the CPU)."""
     fn = _functional_of(func)
-    if fn is not None and fn is not func and (fn in HANDLERS or fn in _decomps() or not _is_view(fn)):
+    if fn is not None and fn is not func and (declared(fn) or fn in _decomps() or not _is_view(fn)):
         # in-place and out= variants: the functional overload's handler (whichever way it resolves), then
         # the write; a view's (detach_) only where it has a handler of its own
+        return DERIVED, fn
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return COMPOSITE, None
+    if func in _decomps():
+        return DECOMPOSITION, None
+    if func._schema.name in BY_NAME and func._overloadname == "default":
+        return BY_NAME_HANDLER, None
+    return FALLBACK, None
+
+
+def _derive(func):
+    how, fn = route(func)
+    if how == DERIVED:
         base = _tensor.handler(fn)
         if func._schema.name.endswith("_"):
             return _inplace(base)
         return _out(base, func)
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    if how == COMPOSITE:
         return _composite(func)
-    if func in _decomps():
+    if how == DECOMPOSITION:
         return _decomposed(func)
-    if func._schema.name in BY_NAME and func._overloadname == "default":
+    if how == BY_NAME_HANDLER:
         return BY_NAME[func._schema.name]
     return _fallback(func)
 

@@ -7,15 +7,23 @@ anyway, and for float math that means a truncated, meaningless integer result
 (celu(-2) = 0, hardsigmoid(1) = 0). A call torch refuses raises here, naming
 the op and the dtype, before any node is made.
 
-One table, RULES: an overload ("aten::round.decimals") or a whole packet
-("aten::celu") -> (what it refuses, which argument's dtype decides):
-  FLOATING  integer and bool inputs (float and complex pass)
-  NO_BOOL   bool inputs
-  "first"   the first tensor argument (unary ops, pools, interpolation,
-            grid_sample's input)
-  "promoted" the promoted dtype of the tensor arguments (binary math)
+Each refusal is declared with its op, in the op's family module: an
+argument of its mapping() or @impl declaration (`@impl(aten.lerp.Scalar,
+aten.lerp.Tensor, refuses=INTEGRAL_PROMOTED)`), or, for an op that torch's
+decomposition runs, `decomposed(aten.celu, ..., refuses=INTEGRAL)`. A refusal
+declared on a packet or a .default overload holds for the whole packet; on
+another overload, for it; either way also for its in-place and out= variants
+(frac_ and frac.out: frac's; round_.decimals: round.decimals'). The kinds:
+  INTEGRAL          integer and bool inputs (float and complex pass), as
+                    the first tensor argument's dtype says (unary ops, pools,
+                    interpolation, grid_sample's input)
+  INTEGRAL_PROMOTED the same, as the promoted dtype of the tensor arguments
+                    says (binary math)
+  BOOL              bool inputs (the first tensor argument)
+The declarations fill RULES: an overload ("aten::round.decimals") or a whole
+packet ("aten::celu") -> (what it refuses, which argument's dtype decides).
 The dispatcher's resolver wraps the handlers of the listed overloads
-(_tensor._entry); nothing else pays for the check. Listed: float math whose
+(_ops._entry); nothing else pays for the check. Listed: float math whose
 integer result would be truncated, and bool products whose result dtype would
 be wrong. Not listed on purpose: ops that compute integers and bools exactly
 (histc, pools and unpooling, nearest interpolation, pads, trace, median,
@@ -26,26 +34,32 @@ ops whose decision torch makes on more than the dtype (clamp of a bool with
 scalar bounds passes).
 The list came from a sweep of PyTorch's OpInfo samples (int32, int64, bool)
 for calls CPU refuses "not implemented for" that the device computed;
-tests/test_dtype_rules.py reruns that sweep.
+tests/test_dtype_rules.py reruns that sweep. docs/coverage.md lists them.
 """
 import torch
 
 FLOATING, NO_BOOL = "floating", "no_bool"
 
-_FIRST_FLOATING = (
-    "frac", "elu", "celu", "selu", "hardsigmoid", "mish", "hardswish", "softplus", "softshrink", "hardshrink",
-    "log_sigmoid_forward", "glu", "logcumsumexp", "grid_sampler_2d", "grid_sampler_3d", "upsample_linear1d",
-    "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa",
-    "_upsample_bicubic2d_aa", "multi_margin_loss", "multilabel_margin_loss_forward", "round.decimals",
-    "histogram", "_histogramdd_bin_edges", "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors",
-)
-_PROMOTED_FLOATING = ("hypot", "igamma", "igammac", "lerp", "logaddexp", "logaddexp2", "nextafter", "huber_loss",
-                      "smooth_l1_loss")
-_FIRST_NO_BOOL = ("addcmul", "_trilinear")
+INTEGRAL = (FLOATING, "first")
+INTEGRAL_PROMOTED = (FLOATING, "promoted")
+BOOL = (NO_BOOL, "first")
 
-RULES = {**{"aten::" + n: (FLOATING, "first") for n in _FIRST_FLOATING},
-         **{"aten::" + n: (FLOATING, "promoted") for n in _PROMOTED_FLOATING},
-         **{"aten::" + n: (NO_BOOL, "first") for n in _FIRST_NO_BOOL}}
+RULES = {}  # "aten::op" or "aten::op.overload" -> (kind, mode): filled by declare()
+
+
+def declare(overloads, refuses) -> None:
+    """Records that `overloads` (OpOverloads, OpOverloadPackets; absent ones,
+    _compat.Absent, are skipped) refuse `refuses` (None: nothing)."""
+    if refuses is None:
+        return
+    if refuses not in (INTEGRAL, INTEGRAL_PROMOTED, BOOL):
+        raise ValueError(f"refuses={refuses!r}: use dtype_rules.INTEGRAL, INTEGRAL_PROMOTED or BOOL")
+    for o in overloads:
+        if isinstance(o, torch._ops.OpOverloadPacket):
+            RULES[o._qualified_op_name] = refuses
+        elif isinstance(o, torch._ops.OpOverload):
+            RULES[o.name()] = refuses
+
 
 _NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
           torch.int64: "Long"}

@@ -4,7 +4,8 @@ import torch
 
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, XlaTensor, _make, _op, v, wrap
-from . import XLA, Arg, aten, call, check_no_partial_overlap, convert, impl, mapping
+from . import XLA, Arg, aten, call, check_no_partial_overlap, convert, decomposed, impl, mapping
+from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED
 
 
 # Overloads that are one core op: mapping() rows (the C++ fast path and the
@@ -167,7 +168,7 @@ impl(aten.clamp_min.default, aten.clamp_min.Tensor)(lambda x, m: clamp(x, min=m)
 impl(aten.clamp_max.default, aten.clamp_max.Tensor)(lambda x, m: clamp(x, max=m))
 
 
-@impl(aten.lerp.Scalar, aten.lerp.Tensor)
+@impl(aten.lerp.Scalar, aten.lerp.Tensor, refuses=INTEGRAL_PROMOTED)
 def lerp(a, b, w):
     """ATen's formula: a + w (b - a) where |w| < 0.5, else b - (b - a)(1 - w)
     (exact at w = 0 and w = 1); half dtypes compute in float32 with the
@@ -197,7 +198,7 @@ def _addc(x, t1, t2, value, core):
     return _op(_OP_ADD, (x, p), ())
 
 
-@impl(aten.addcmul.default)
+@impl(aten.addcmul.default, refuses=BOOL)
 def addcmul(x, t1, t2, *, value=1):
     return _addc(x, t1, t2, value, _OP_MUL)
 
@@ -342,3 +343,8 @@ def is_nonzero(x):
     if x.numel() != 1:
         raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
     return bool(local_scalar_dense(x))
+
+
+# Float math torch's decompositions run, which torch's kernels refuse for integers and bools (dtype_rules).
+decomposed(aten.frac, refuses=INTEGRAL)
+decomposed(aten.logaddexp, aten.logaddexp2, refuses=INTEGRAL_PROMOTED)

@@ -20,7 +20,8 @@ import torch
 from .._dtypes import code
 from .. import _checks
 from .._tensor import OP, XlaTensor, _make, _op
-from . import aten, impl
+from . import aten, decomposed, impl
+from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
 
 _F32 = torch.float32
 _HALF = (torch.float16, torch.bfloat16)
@@ -317,7 +318,7 @@ def _mlm_parts(x, target, is_target=None):
     return x2, onehot, is_t, z, active
 
 
-@impl(aten.multilabel_margin_loss_forward.default)
+@impl(aten.multilabel_margin_loss_forward.default, refuses=INTEGRAL)
 @_checks.staged
 def multilabel_margin_loss_forward(x, target, reduction):
     x2, _, is_t, z, active = _mlm_parts(x, target)
@@ -345,3 +346,10 @@ def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
 _lib = torch.library.Library("aten", "IMPL")
 _lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradPrivateUse1")
 _lib.impl("rms_norm", _rms_norm_kernel, "AutogradPrivateUse1")
+
+
+# Activations and losses torch's decompositions run, float math that torch's kernels refuse for integers and
+# bools (dtype_rules).
+decomposed(aten.elu, aten.celu, aten.selu, aten.hardsigmoid, aten.mish, aten.hardswish, aten.softplus,
+           aten.softshrink, aten.hardshrink, aten.log_sigmoid_forward, aten.glu, refuses=INTEGRAL)
+decomposed(aten.huber_loss, aten.smooth_l1_loss, refuses=INTEGRAL_PROMOTED)

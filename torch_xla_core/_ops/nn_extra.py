@@ -11,6 +11,7 @@ window starts."""
 import torch
 
 from . import aten, impl
+from .dtype_rules import BOOL, INTEGRAL
 
 
 # ---- shrink ---------------------------------------------------------------------
@@ -124,7 +125,7 @@ def pdist_backward(grad, x, p, dist):
 
 # ---- _trilinear (bilinear) ------------------------------------------------------------
 
-@impl(aten._trilinear.default)
+@impl(aten._trilinear.default, refuses=BOOL)
 def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     total = i1.dim() + len(expand1)
 
@@ -381,7 +382,7 @@ def _register_linear_cross_entropy():
 _register_linear_cross_entropy()
 
 
-@impl(aten.multi_margin_loss.default)
+@impl(aten.multi_margin_loss.default, refuses=INTEGRAL)
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     """torch._decomp's version, with CPU eager's 0-d result for one sample
     without reduction (the decomposition returns [1])."""

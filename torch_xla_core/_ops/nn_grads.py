@@ -15,6 +15,7 @@ import torch
 
 from ..scan import scan
 from . import aten, impl
+from .dtype_rules import INTEGRAL
 
 _C = torch._C
 _AD_KEYS = _C.DispatchKeySet(_C.DispatchKey.AutogradPrivateUse1) | _C.DispatchKeySet(_C.DispatchKey.ADInplaceOrView)
@@ -56,7 +57,7 @@ def _decomposed_grid_sampler_2d(x, grid, interp, padding, align_corners):
     return decomposition_table[aten.grid_sampler_2d.default](xw, gw, interp, padding, align_corners).to(x.dtype)
 
 
-@impl(aten.grid_sampler_2d.default)
+@impl(aten.grid_sampler_2d.default, refuses=INTEGRAL)
 def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
     return _decomposed_grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners)
 
@@ -143,7 +144,7 @@ def _grid_sampler_3d(x, grid, interp, padding, align_corners):
     return out.to(dtype)
 
 
-@impl(aten.grid_sampler_3d.default)
+@impl(aten.grid_sampler_3d.default, refuses=INTEGRAL)
 def grid_sampler_3d(x, grid, interpolation_mode, padding_mode, align_corners):
     if x.dim() != 5 or grid.dim() != 5 or grid.shape[-1] != 3:
         raise RuntimeError(f"grid_sampler(): expected 5D input and grid with last dimension 3, but got input "

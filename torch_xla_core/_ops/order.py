@@ -11,6 +11,7 @@ no loop, memory proportional to values x row length."""
 import torch
 
 from . import aten, impl
+from .dtype_rules import INTEGRAL
 
 
 def _dim(d, rank):
@@ -214,30 +215,30 @@ def _points(x, D):
     return x.reshape(-1, D) if D else x.reshape(-1, 1)
 
 
-@impl(aten._histogramdd_bin_edges.default)
+@impl(aten._histogramdd_bin_edges.default, refuses=INTEGRAL)
 def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
     return _edges(_points(x, x.shape[-1]), list(bins), range)
 
 
-@impl(aten._histogramdd_from_bin_cts.default)
+@impl(aten._histogramdd_from_bin_cts.default, refuses=INTEGRAL)
 def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):
     pts = _points(x, x.shape[-1])
     return _hist(pts, _edges(pts, list(bins), range), weight, density)
 
 
-@impl(aten._histogramdd_from_bin_tensors.default)
+@impl(aten._histogramdd_from_bin_tensors.default, refuses=INTEGRAL)
 def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
     return _hist(_points(x, x.shape[-1]), list(bins), weight, density)
 
 
-@impl(aten.histogram.bin_ct)
+@impl(aten.histogram.bin_ct, refuses=INTEGRAL)
 def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
     pts = x.reshape(-1, 1)
     edges = _edges(pts, [bins], range)
     return _hist(pts, edges, weight, density), edges[0]
 
 
-@impl(aten.histogram.bins_tensor)
+@impl(aten.histogram.bins_tensor, refuses=INTEGRAL)
 def histogram_bins_tensor(x, bins, *, weight=None, density=False):
     return _hist(x.reshape(-1, 1), [bins], weight, density), bins.clone()
 

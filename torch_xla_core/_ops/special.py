@@ -25,6 +25,7 @@ import torch
 
 from .._tensor import OP, XlaTensor, _make, _op
 from . import XLA, aten, assign, convert, impl, mapping
+from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
 from . import special_bessel as _bessel_fns
 from . import special_polynomials as _poly
 
@@ -57,11 +58,14 @@ for _core_name, _ranks, _overloads in [
     ("round", _U, (prims.round.default,)),
     ("fmax", _B, (aten.fmax.default, prims.fmax.default)),
     ("fmin", _B, (aten.fmin.default, prims.fmin.default)),
-    ("hypot", _B, (aten.hypot.default, prims.hypot.default)),
-    ("nextafter", _B, (aten.nextafter.default, prims.nextafter.default)),
+    ("hypot", _B, (prims.hypot.default,)),
+    ("nextafter", _B, (prims.nextafter.default,)),
     ("copysign", _B, (aten.copysign.Tensor, aten.copysign.Scalar)),
 ]:
     mapping(*_overloads, op=_core_name, ranks=_ranks)
+# float math torch's kernels refuse for integers and bools (dtype_rules)
+mapping(aten.hypot.default, op="hypot", refuses=INTEGRAL_PROMOTED)
+mapping(aten.nextafter.default, op="nextafter", refuses=INTEGRAL_PROMOTED)
 
 
 @impl(aten.polygamma.default)
@@ -79,7 +83,7 @@ def polygamma_(x, n):  # (self first: the functional takes n first, so resolve()
     return x
 
 
-@impl(aten.round.decimals)
+@impl(aten.round.decimals, refuses=INTEGRAL)
 def round_decimals(x, *, decimals=0):
     # as ATen: nearbyint(x * 10^d) / 10^d, or for d < 0 nearbyint(x / 10^-d) * 10^-d
     if decimals == 0:
@@ -234,8 +238,8 @@ impl(aten.special_zeta.self_scalar)(lambda s, q: _jax(_j_zeta, _scalar_tensor(s,
 impl(aten.special_zeta.other_scalar)(lambda s, q: _jax(_j_zeta, s, _scalar_tensor(q, s)))
 impl(aten.special_i0e.default, prims.bessel_i0e.default)(lambda x: _jax(_j_i0e, x))
 impl(aten.i0.default, prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(lambda x: _jax(_j_i0, x))
-impl(aten.igamma.default, prims.igamma.default)(lambda a, x: _jax(_j_igamma, a, x))
-impl(aten.igammac.default, prims.igammac.default)(lambda a, x: _jax(_j_igammac, a, x))
+impl(aten.igamma.default, refuses=INTEGRAL_PROMOTED)(impl(prims.igamma.default)(lambda a, x: _jax(_j_igamma, a, x)))
+impl(aten.igammac.default, refuses=INTEGRAL_PROMOTED)(impl(prims.igammac.default)(lambda a, x: _jax(_j_igammac, a, x)))
 impl(aten.special_ndtri.default, prims.ndtri.default)(lambda x: _jax(_j_ndtri, x))
 impl(aten.special_log_ndtr.default)(lambda x: _jax(_j_log_ndtr, x))
 impl(aten.special_erfcx.default, prims.erfcx.default)(lambda x: _jax(_j_erfcx, x))
@@ -249,7 +253,7 @@ def frexp(x):
     return convert(m, x.dtype), convert(e, torch.int32)
 
 
-@impl(aten.logcumsumexp.default)
+@impl(aten.logcumsumexp.default, refuses=INTEGRAL)
 def logcumsumexp(x, dim):
     if x.dim() == 0:
         return _op(OP.alias, (_floating(x)._lt,), ())

@@ -12,7 +12,8 @@ import functools
 import torch
 
 from .. import _tensor
-from . import aten, impl
+from . import aten, decomposed, impl
+from .dtype_rules import INTEGRAL
 
 _MODES = ["upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
           "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
@@ -56,4 +57,7 @@ for _name in _MODES:
     impl(getattr(aten, _name + "_backward").default)(_backward(getattr(aten, _name).default))
 # The antialiased modes have no core lowering of their own: their forward is the same product.
 for _name in ("_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):
-    impl(getattr(aten, _name).default)(_forward(getattr(aten, _name).default))
+    impl(getattr(aten, _name).default, refuses=INTEGRAL)(_forward(getattr(aten, _name).default))
+# Linear interpolation (torch's decompositions): float math that torch's kernels refuse for integers and bools.
+decomposed(aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_bicubic2d, aten.upsample_trilinear3d,
+           refuses=INTEGRAL)
