@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from . import config  # txc.config: every TXC_* setting and its value (python -m torch_xla_core.config)
 from . import _compat
 
 _compat.check_torch()  # a torch outside the supported range: an ImportError naming it and the range
@@ -50,7 +51,7 @@ for _flag, _instead in _LEGACY_DTYPE_FLAGS.items():
         warnings.warn(f"{_flag} is set but torch_xla_core ignores it (torch_xla deprecated it in 2.6): tensors keep "
                       f"their dtypes. Instead, {_instead}.", FutureWarning, stacklevel=2)
 
-if os.environ.get("TXC_AUTOGRAD_THREADS") != "1":
+if not config.get("TXC_AUTOGRAD_THREADS"):
     torch._C._set_multithreading_enabled(False)
 _ops.load_all()
 
@@ -98,7 +99,7 @@ def global_ordinal() -> int:
 
 def local_ordinal() -> int:
     """This process's rank among the processes on this machine."""
-    return int(os.environ.get("TXC_LOCAL_RANK", "0"))
+    return config.get("TXC_LOCAL_RANK")
 
 
 def sync(wait: bool = False) -> None:

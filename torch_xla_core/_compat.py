@@ -32,13 +32,13 @@ exercised by a venv whose torch needs it, and by a stand-in where none does):
 """
 from __future__ import annotations
 
-import os
 import re
 import warnings
 
 import torch
 
 from . import __version__  # (set by the package before it imports this module)
+from . import config
 
 TORCH_RANGE = ((2, 11), (2, 16))   # >= 2.11, < 2.16
 JAX_RANGE = ((0, 10, 2), (0, 12))  # >= 0.10.2, < 0.12 (jaxlib the same)
@@ -67,7 +67,7 @@ def check_torch(version: str | None = None) -> None:
     if not lo <= version_tuple(v)[:2] < hi:
         msg = (f"torch_xla_core {__version__} supports torch {TORCH_SPEC}; this is torch {v}. Install a torch in "
                f"that range (pip install 'torch{TORCH_SPEC}'), or a torch_xla_core release that supports torch {v}")
-        if os.environ.get("TXC_UNSUPPORTED_TORCH") == "1":
+        if config.get("TXC_UNSUPPORTED_TORCH"):
             warnings.warn(msg + " (TXC_UNSUPPORTED_TORCH=1: going on untested)", RuntimeWarning, stacklevel=3)
             return
         raise ImportError(msg + " (TXC_UNSUPPORTED_TORCH=1 tries it anyway, untested).")

@@ -58,38 +58,22 @@ import stat
 import tempfile
 import warnings
 
-from . import _spmd, metrics, runtime
+from . import _spmd, config, metrics, runtime
 
 __all__ = ["directory", "max_bytes", "entry_path", "load", "store", "trusted_directory"]
 
 _MAGIC = b"TXCEXE1\n"
 _DIGEST = 32
-_OFF = {"off", "0", "none", "false", ""}
 _unserializable_warned = False
 
 
 def directory():
     """The cache directory in use, or None when the cache is off."""
-    v = os.environ.get("TXC_COMPILE_CACHE")
-    if v is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.path.join(base, "torch_xla_core")
-    if v.strip().lower() in _OFF:
-        return None
-    return os.path.expanduser(v)
+    return config.get("TXC_COMPILE_CACHE")  # default $XDG_CACHE_HOME/torch_xla_core; off (0, none, "") -> None
 
 
 def max_bytes() -> int:
-    v = os.environ.get("TXC_COMPILE_CACHE_MAX_BYTES", str(4 << 30))
-    try:
-        n = int(v)
-    except ValueError:
-        raise ValueError(f"TXC_COMPILE_CACHE_MAX_BYTES={v!r} is not an integer; set it to the size bound of "
-                         f"the persistent compile cache in bytes") from None
-    if n < 1:
-        raise ValueError(f"TXC_COMPILE_CACHE_MAX_BYTES={n} must be positive (use TXC_COMPILE_CACHE=off to turn "
-                         f"the cache off)")
-    return n
+    return config.get("TXC_COMPILE_CACHE_MAX_BYTES")
 
 
 def _ours() -> str:

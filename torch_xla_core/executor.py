@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, _spmd, compile_cache, metrics, peers, recompiles, runtime
+from . import _C, _checks, _random, _spmd, compile_cache, config, metrics, peers, recompiles, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd", defaults=(None,))):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -113,15 +113,7 @@ def last_memory_stats() -> dict:
 
 def cache_size() -> int:
     """The compile cache's bound (TXC_COMPILE_CACHE_SIZE, default 1024)."""
-    v = os.environ.get("TXC_COMPILE_CACHE_SIZE", "1024")
-    try:
-        n = int(v)
-    except ValueError:
-        raise ValueError(f"TXC_COMPILE_CACHE_SIZE={v!r} is not an integer; set it to the number of compiled "
-                         f"graphs to keep (e.g. 1024)") from None
-    if n < 1:
-        raise ValueError(f"TXC_COMPILE_CACHE_SIZE={n} must be at least 1")
-    return n
+    return config.get("TXC_COMPILE_CACHE_SIZE")
 
 
 def cached_count() -> int:
@@ -181,7 +173,7 @@ def _compile_into(fut, key, text):
 
 
 def _dump(key, text):
-    d = os.environ.get("TXC_DUMP_DIR")
+    d = config.get("TXC_DUMP_DIR")
     if d:
         os.makedirs(d, exist_ok=True)
         name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "")
@@ -192,7 +184,7 @@ def _dump(key, text):
 
 
 def _donating() -> bool:
-    return os.environ.get("TXC_DONATE", "1") != "0"
+    return config.get("TXC_DONATE")
 
 
 def plan(lts=None, device=-2) -> Plan:
@@ -279,7 +271,7 @@ class _Progress:
 
     def __init__(self, p: Plan):
         self.p, self.t0, self.shown = p, time.perf_counter(), None
-        self.after = float(os.environ.get("TXC_COMPILE_PROGRESS", "2"))
+        self.after = config.get("TXC_COMPILE_PROGRESS")
 
     def _line(self, elapsed, state):
         return (f"torch_xla_core: {state} graph {self.p.key.graph:016x} ({self.p.cut.num_nodes} ops, "

@@ -38,6 +38,8 @@ import subprocess
 import sys
 import time
 
+from . import config
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -85,24 +87,16 @@ def _can_host() -> bool:
     return hasattr(distributed, "_jax") and "_jax.get_distributed_runtime_service(" in src
 
 
-def _seconds(env, name, default):
-    v = env.get(name)
-    try:
-        return float(v) if v else float(default)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} must be a number of seconds") from None
-
-
 def launch(script_argv, nproc: int, devices: int = 1, env=None, poll: float = 0.05) -> int:
     """Runs `python script_argv...` in nproc processes; returns the exit
     status (0 when all succeed, else the first failure's)."""
     if nproc < 1 or devices < 1:
         raise ValueError(f"launch: --nproc ({nproc}) and --devices ({devices}) must be at least 1")
     base = dict(os.environ if env is None else env)
-    grace = _seconds(base, "TXC_COLLECTIVE_TIMEOUT", _seconds(base, "TXC_DISTRIBUTED_TIMEOUT", 60))
+    grace = config.get("TXC_COLLECTIVE_TIMEOUT", base)  # default: TXC_DISTRIBUTED_TIMEOUT, 60
     base.setdefault("TXC_DISTRIBUTED_TIMEOUT", str(int(2 * grace + 30)))  # jax's abort after our own end
     store, store_port = _store(max(grace, 300))
-    service, coordinator = _coordination_service(nproc, int(_seconds(base, "TXC_DISTRIBUTED_TIMEOUT", 60)))
+    service, coordinator = _coordination_service(nproc, int(config.get("TXC_DISTRIBUTED_TIMEOUT", base)))
     base.update(TXC_COORDINATOR=coordinator, TXC_COORDINATOR_HOSTED="0" if service is None else "1",
                 TXC_NUM_PROCESSES=str(nproc),
                 TXC_NUM_CPU_DEVICES=str(devices), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),

@@ -47,6 +47,8 @@ import sys
 import threading
 import time
 
+from . import config
+
 __all__ = ["PeerLostError", "lost", "wait", "blocking", "exit"]
 
 
@@ -86,8 +88,8 @@ def bind_addresses(coordinator: str):
     """(where process 0's coordination service listens, where gloo listens or
     None for its default) for this coordinator address and the environment."""
     host, _ = _split(coordinator)
-    bind = os.environ.get("TXC_COORDINATOR_BIND") or coordinator
-    gloo = os.environ.get("TXC_GLOO_HOSTNAME") or ("127.0.0.1" if _is_loopback(host) else None)
+    bind = config.get("TXC_COORDINATOR_BIND") or coordinator
+    gloo = config.get("TXC_GLOO_HOSTNAME") or ("127.0.0.1" if _is_loopback(host) else None)
     return bind, gloo
 
 
@@ -100,7 +102,7 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
     from jax._src import distributed
     bind, gloo = bind_addresses(coordinator)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    hosted = os.environ.get("TXC_COORDINATOR_HOSTED") == "1" and process_id == 0
+    hosted = config.get("TXC_COORDINATOR_HOSTED") and process_id == 0
 
     def initialize():
         if hosted:  # the launcher runs the coordination service: process 0 is a client like the others
@@ -148,12 +150,11 @@ def _watch():
     global _watching
     _watching = True
     atexit.register(_end_if_lost)  # after jax's handlers were registered: runs before them
-    fd = os.environ.get("TXC_LAUNCH_FD")
-    if fd:
+    fd = config.get("TXC_LAUNCH_FD")
+    if fd is not None:
         try:
-            fd = int(fd)
             os.set_inheritable(fd, False)
-        except (ValueError, OSError):
+        except OSError:  # not open here (a child of a launched process inherits the variable, not the pipe)
             return
         threading.Thread(target=_read_notices, args=(fd,), name="txc-peer-notices", daemon=True).start()
 
@@ -188,7 +189,7 @@ def lost():
 
 def _raise(what: str):
     message, peer, status = _lost
-    timeout = os.environ.get("TXC_COLLECTIVE_TIMEOUT", "60")
+    timeout = f"{config.get('TXC_COLLECTIVE_TIMEOUT'):g}"
     raise PeerLostError(
         f"{what}: {message}, and this value waits on it (a collective over the job's processes), so it will "
         f"never be ready. Save what you need from the host now and exit: the launcher ends this process "
@@ -232,7 +233,7 @@ def _explain(e: BaseException, what: str) -> None:
     launcher's notice, a poll away, is given 2 s to arrive); returns if no
     peer is known dead."""
     t0 = time.monotonic()
-    while _lost is None and time.monotonic() - t0 < 2 and os.environ.get("TXC_LAUNCH_FD"):
+    while _lost is None and time.monotonic() - t0 < 2 and config.is_set("TXC_LAUNCH_FD"):
         time.sleep(0.01)
     if _lost is not None:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""

@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from . import metrics
+from . import config, metrics
 
 __all__ = ["enable", "disable", "enabled", "explanations", "clear", "Explanation", "RecompileLimitError"]
 
@@ -54,7 +54,7 @@ class Explanation(collections.namedtuple("Explanation", "graph site count neares
 def enabled() -> bool:
     if _forced is not None:
         return _forced
-    return "recompiles" in os.environ.get("TXC_DEBUG", "").split(",")
+    return "recompiles" in config.get("TXC_DEBUG")
 
 
 def enable() -> None:
@@ -95,14 +95,7 @@ def call_site() -> str:
 
 
 def _limit():
-    v = os.environ.get("TXC_RECOMPILE_LIMIT")
-    if not v:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"TXC_RECOMPILE_LIMIT={v!r} is not an integer; set it to the number of compiles "
-                         f"allowed at one call site") from None
+    return config.get("TXC_RECOMPILE_LIMIT")  # None: no limit
 
 
 def on_compile(plan) -> None:

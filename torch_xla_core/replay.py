@@ -103,14 +103,13 @@ than modules and optimizers, and anything else outside the list above; a
 compiled function is not meant to be called from several threads at once."""
 import functools
 import gc
-import os
 import sys
 import types
 import warnings
 
 import torch
 
-from . import _C, _checks, _dtypes, _random, _tensor, executor, metrics, runtime
+from . import _C, _checks, _dtypes, _random, _tensor, config, executor, metrics, runtime
 from . import _replay_session as _S
 from ._device import _Engine
 from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
@@ -322,7 +321,7 @@ class Compiled:
             for a in list(args) + list(kwargs.values()) + [v for _, v in _captured(src)]:
                 if isinstance(a, torch.optim.Optimizer):
                     _lift(a)
-        if os.environ.get("TXC_REPLAY") == "0":  # trace every call (same lifting: same numerics)
+        if not config.get("TXC_REPLAY"):  # trace every call (same lifting: same numerics)
             metrics.counter_add("replay_trace")
             return self._run(args, kwargs)
         # No garbage collection during the guard and a replay: they make ~1300 objects per step (the

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from . import _dtypes, metrics, peers
+from . import _dtypes, config, metrics, peers
 from ._compat import array_result_handler
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
@@ -30,15 +30,9 @@ _scalars = {}        # (value, dtype code) -> device buffer
 
 def _cpu_device_count():
     """Applies TXC_NUM_CPU_DEVICES (jax's jax_num_cpu_devices) before jax's CPU client starts."""
-    v = os.environ.get("TXC_NUM_CPU_DEVICES")
-    if not v:
+    n = config.get("TXC_NUM_CPU_DEVICES")
+    if n is None:
         return
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise RuntimeError(f"TXC_NUM_CPU_DEVICES={v!r} must be a positive integer: the number of CPU xla devices")
     import jax
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -53,11 +47,12 @@ def _distributed():
     (TXC_COORDINATOR=host:port, TXC_NUM_PROCESSES, TXC_PROCESS_ID): one
     global device list over the processes, CPU collectives through gloo;
     what listens where and what a dead peer does: peers.py."""
-    n = os.environ.get("TXC_NUM_PROCESSES")
-    if not n or int(n) <= 1:
+    n = config.get("TXC_NUM_PROCESSES")
+    if n <= 1:
         return
-    peers.join(int(n), int(os.environ["TXC_PROCESS_ID"]), os.environ["TXC_COORDINATOR"],
-               int(os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60")))
+    why = f"TXC_NUM_PROCESSES={n}"
+    peers.join(n, config.require("TXC_PROCESS_ID", why=why), config.require("TXC_COORDINATOR", why=why),
+               int(config.get("TXC_DISTRIBUTED_TIMEOUT")))
 
 
 def _select_backend():
@@ -67,12 +62,9 @@ def _select_backend():
     _cpu_device_count()
     _distributed()
 
-    want = os.environ.get("PJRT_DEVICE")
+    want = config.get("PJRT_DEVICE")  # CPU, CUDA, GPU or TPU (upper-cased), or None
     if want:
-        key = want.upper()
-        if key not in _PLATFORMS:
-            raise RuntimeError(f"PJRT_DEVICE={want!r} is not a known device; use one of CPU, CUDA, TPU")
-        platform = _PLATFORMS[key]
+        platform = _PLATFORMS[want]
         try:
             return get_backend(platform)
         except RuntimeError as e:
@@ -329,7 +321,7 @@ def collective_barrier(what: str) -> None:
     import zlib
     from jax._src import distributed
     _collectives += 1
-    timeout = float(os.environ.get("TXC_COLLECTIVE_TIMEOUT", os.environ.get("TXC_DISTRIBUTED_TIMEOUT", "60")))
+    timeout = config.get("TXC_COLLECTIVE_TIMEOUT")  # default: TXC_DISTRIBUTED_TIMEOUT, 60
     key = f"txc_collective_{_collectives}_{zlib.crc32(what.encode()):08x}"
     try:
         with metrics.timed("collective_barrier"):

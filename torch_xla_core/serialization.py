@@ -39,7 +39,7 @@ import weakref
 
 import torch
 
-from . import _tensor, executor, runtime
+from . import _tensor, config, executor, runtime
 
 _SAVING = "torch.save of a sharded xla tensor"
 _PRIORITY = 9  # ahead of torch's "cpu" tagger (10): our host storages are CPU storages
@@ -211,12 +211,11 @@ def save(obj, f, master_only: bool = True, global_master: bool = True) -> None:
     local rank 0; master_only=False: every process writes its own `f`).
     With one process it is torch.save."""
     import io
-    import os
 
     import jax
     runtime.backend()
     if master_only:
-        rank = jax.process_index() if global_master else int(os.environ.get("TXC_LOCAL_RANK", "0"))
+        rank = jax.process_index() if global_master else config.get("TXC_LOCAL_RANK")
         write = rank == 0
     else:
         write = True

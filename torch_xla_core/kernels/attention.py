@@ -74,7 +74,7 @@ block sizes); page indices out of range raise at the sync that computes
 them (a deferred check, as the index ops do)."""
 import torch
 
-from .. import _checks, metrics, runtime
+from .. import _checks, config, metrics, runtime
 from .. import sharding as xs
 from . import per_shard
 from .call_jax import call_jax
@@ -324,18 +324,15 @@ def _mqpa_entry(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, *, impl,
                                      impl == "interpret")
 
 
-_PAGED_IMPLS = ("pallas", "xla")
+_PAGED_IMPLS = config.SETTINGS["TXC_PAGED_ATTENTION_IMPL"].choices  # ("pallas", "xla")
 
 
 def paged_attention_impl(platform=None) -> str:
     """Which implementation multi_queries_paged_attention uses when impl is
     None: TXC_PAGED_ATTENTION_IMPL ("pallas" or "xla") if set, else "pallas"
     on TPU and "xla" (the gather implementation) elsewhere."""
-    import os
-    env = os.environ.get("TXC_PAGED_ATTENTION_IMPL")
+    env = config.get("TXC_PAGED_ATTENTION_IMPL")
     if env is not None:
-        if env not in _PAGED_IMPLS:
-            raise ValueError(f"TXC_PAGED_ATTENTION_IMPL must be one of {_PAGED_IMPLS}, got {env!r}")
         return env
     return "pallas" if (platform or runtime.platform()) == "tpu" else "xla"
 
@@ -420,7 +417,7 @@ def multi_queries_paged_attention(q, k_pages, v_pages, kv_lens, page_indices, ef
 # kernel for bf16/f16 calls it takes, else the reference; for comparison);
 # "cudnn" routes the calls cuDNN's fused attention takes on CUDA to it; "xla"
 # never routes (the fused core sdpa op, csrc/ops/attention.cpp).
-_SDPA_MODES = ("auto", "flash", "cudnn", "xla")
+_SDPA_MODES = config.SETTINGS["TXC_SDPA_KERNEL"].choices  # ("auto", "flash", "cudnn", "xla")
 _AUTO_MIN_KV = 1024
 _sdpa_mode = None
 
@@ -437,11 +434,7 @@ def set_sdpa_kernel(mode: str) -> None:
 def sdpa_kernel() -> str:
     if _sdpa_mode is not None:
         return _sdpa_mode
-    import os
-    mode = os.environ.get("TXC_SDPA_KERNEL", "auto")
-    if mode not in _SDPA_MODES:
-        raise ValueError(f"TXC_SDPA_KERNEL must be one of {_SDPA_MODES}, got {mode!r}")
-    return mode
+    return config.get("TXC_SDPA_KERNEL")
 
 
 def sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa, platform=None) -> bool:

@@ -19,17 +19,16 @@ Two implementations, chosen by impl= or TXC_GROUPED_MATMUL_IMPL:
 Sizes that do not sum to M raise at the sync (a deferred check); negative
 sizes too."""
 import functools
-import os
 
 import torch
 
-from .. import _checks, runtime
+from .. import _checks, config, runtime
 from .call_jax import call_jax
 
 __all__ = ["grouped_matmul"]
 
 
-_IMPLS = ("megablox", "ragged_dot")
+_IMPLS = config.SETTINGS["TXC_GROUPED_MATMUL_IMPL"].choices  # ("megablox", "ragged_dot")
 
 
 def _megablox():
@@ -96,10 +95,8 @@ def grouped_matmul_impl(platform=None) -> str:
     """Which implementation grouped_matmul uses when impl is None:
     TXC_GROUPED_MATMUL_IMPL ("megablox" or "ragged_dot") if set, else
     "megablox" on TPU and "ragged_dot" elsewhere."""
-    env = os.environ.get("TXC_GROUPED_MATMUL_IMPL")
+    env = config.get("TXC_GROUPED_MATMUL_IMPL")
     if env is not None:
-        if env not in _IMPLS:
-            raise ValueError(f"TXC_GROUPED_MATMUL_IMPL must be one of {_IMPLS}, got {env!r}")
         return env
     return "megablox" if (platform or runtime.platform()) == "tpu" else "ragged_dot"
 
