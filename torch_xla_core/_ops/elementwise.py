@@ -3,9 +3,10 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
 from .._dtypes import UnsupportedDtype, code
-from .._tensor import OP, XlaTensor, _make, _op, v, wrap
-from . import XLA, Arg, aten, call, check_no_partial_overlap, convert, decomposed, impl, mapping
+from .._tensor import _make, _op, device_error, OP, v, wrap, XlaTensor
+from . import Arg, assign, aten, call, check_no_partial_overlap, convert, decomposed, full_like, impl, mapping, XLA
 from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED
+from .. import _device, _tensor
 
 
 # Overloads that are one core op: mapping() rows (the C++ fast path and the
@@ -50,11 +51,31 @@ div = mapping(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, op="div
 _HALF = (torch.float16, torch.bfloat16)
 
 
+_FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
 def _half_result(*xs):
     """The result dtype when it is float16/bfloat16 (torch's kernels then compute in float32), else None."""
+    dt = None
+    for x in xs:  # the common case without dispatching torch.result_type: tensors of one floating dtype
+        if isinstance(x, torch.Tensor):
+            if dt is None:
+                dt = x.dtype
+            elif x.dtype != dt:
+                break
+        elif isinstance(x, complex):
+            break
+    else:
+        if dt in _FLOATING:  # real numbers do not promote a floating tensor
+            return dt if dt in _HALF else None
     dt = torch.result_type(*xs) if len(xs) == 2 else torch.promote_types(torch.result_type(*xs[:2]),
                                                                              torch.result_type(xs[0], xs[2]))
     return dt if dt in _HALF else None
+
+
+def _as(x, dt):
+    """x in dtype dt: x.to(dt) without a trip through torch's dispatcher for an xla tensor (the same node)."""
+    return convert(x, dt) if isinstance(x, XlaTensor) else x.to(dt)
 
 
 def _cast_number(x, dt):
@@ -71,8 +92,8 @@ def _scaled(op, a, b, alpha):
     dt = _half_result(a, b)
     if dt is None:
         return _op(op, (a, _op(_OP_MUL, (b, alpha), ())), ())
-    f = [x.float() if isinstance(x, torch.Tensor) else _cast_number(x, dt) for x in (a, b)]
-    return _op(op, (f[0], _op(_OP_MUL, (f[1], _cast_number(alpha, dt)), ())), ()).to(dt)
+    f = [_as(x, torch.float32) if isinstance(x, torch.Tensor) else _cast_number(x, dt) for x in (a, b)]
+    return convert(_op(op, (f[0], _op(_OP_MUL, (f[1], _cast_number(alpha, dt)), ())), ()), dt)
 
 
 @impl(aten.add.Tensor, aten.add.Scalar)
@@ -138,7 +159,6 @@ def pow_(a, b):
 @impl(aten.equal.default)
 def equal(a, b):
     # torch.equal refuses other devices, CPU 0-d tensors included
-    from .._tensor import device_error
     for t in (a, b):
         if not isinstance(t, XlaTensor):
             raise device_error(t)
@@ -175,7 +195,8 @@ def lerp(a, b, w):
     weight at full precision and round once."""
     dt = _half_result(a, b, w)
     if dt is not None:
-        return lerp(a.float(), b.float(), w.float() if isinstance(w, torch.Tensor) else w).to(dt)
+        f32 = torch.float32
+        return convert(lerp(_as(a, f32), _as(b, f32), _as(w, f32) if isinstance(w, torch.Tensor) else w), dt)
     d = _op(_OP_SUB, (b, a), ())
     if not isinstance(w, torch.Tensor):
         if abs(w) < 0.5:
@@ -193,7 +214,8 @@ def _addc(x, t1, t2, value, core):
     half dtypes in float32 with value at full precision, rounded once."""
     dt = _half_result(x, t1, t2)
     if dt is not None:
-        return _addc(x.float(), t1.float(), t2.float(), value, core).to(dt)
+        f32 = torch.float32
+        return convert(_addc(_as(x, f32), _as(t1, f32), _as(t2, f32), value, core), dt)
     p = _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())
     return _op(_OP_ADD, (x, p), ())
 
@@ -268,7 +290,6 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 
 def _to_copy(x, dtype, device):
-    from .. import _device, _tensor
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
         i = _device.index(dev)
@@ -298,8 +319,6 @@ def clone(x, *, memory_format=None):
 
 @impl(aten.copy_.default)
 def copy_(dst, src, non_blocking=False):
-    from .. import _tensor
-    from . import assign
     if isinstance(src, XlaTensor):
         if isinstance(dst, XlaTensor):
             if dst is not src:
@@ -319,7 +338,6 @@ def copy_(dst, src, non_blocking=False):
 
 @impl(aten.fill_.Scalar, aten.fill_.Tensor)
 def fill_(x, value):
-    from . import assign, full_like
     if isinstance(value, XlaTensor):
         assign(x, convert(value, x.dtype))
     else:
@@ -334,7 +352,6 @@ def zero_(x):
 
 @impl(aten._local_scalar_dense.default)
 def local_scalar_dense(x):
-    from .. import _tensor
     return _tensor.to_cpu(x).item()
 
 

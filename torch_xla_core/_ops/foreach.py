@@ -51,6 +51,54 @@ def _per_tensor(func, name):
     return base, elements
 
 
+def _kinds(func):
+    """The kind ("Tensor", "Scalar", other) of each positional argument of one element of func's call."""
+    out = []
+    for a in func._schema.arguments:
+        if a.kwarg_only:
+            break
+        t = a.type.getElementType() if isinstance(a.type, torch.ListType) else a.type
+        out.append(str(t))
+    return out
+
+
+def _overload(packet, func):
+    """The overload of the per-tensor packet that one element of func's call takes (its positional
+    arguments' kinds match, the rest have defaults): called as an overload, the packet's schema
+    matching per call is skipped. None where not exactly one fits."""
+    kinds = _kinds(func)
+    kw = {a.name for a in func._schema.arguments if a.kwarg_only}
+    fits = []
+    for ov in packet.overloads():
+        o = getattr(packet, ov)
+        args = o._schema.arguments
+        pos = [a for a in args if not a.kwarg_only]
+        if len(pos) < len(kinds) or [str(a.type) for a in pos[:len(kinds)]] != kinds:
+            continue
+        rest = pos[len(kinds):] + [a for a in args if a.kwarg_only and a.name not in kw]
+        if all(a.has_default_value() for a in rest) and kw <= {a.name for a in args if a.kwarg_only}:
+            fits.append(o)
+    return fits[0] if len(fits) == 1 else None
+
+
+def _direct(ov):
+    """ov called as the dispatcher would call its handler, without the trip through torch's dispatcher
+    (a foreach element whose self is an xla tensor: the handler, behind its dtype rule, that the C++
+    dispatcher caches; re-resolved when the overload's handler changes)."""
+    from . import HANDLERS, _entry
+    seen = [None, None]
+
+    def call(*args, **kwargs):
+        if not isinstance(args[0], XlaTensor):
+            return ov(*args, **kwargs)
+        h = HANDLERS.get(ov)
+        if h is None or h is not seen[0]:
+            seen[1] = _entry(ov)[0]
+            seen[0] = HANDLERS.get(ov)
+        return seen[1](*args, **kwargs)
+    return call
+
+
 def _register(func):
     name = func._schema.name.split("::")[1][len("_foreach_"):]
     inplace = name.endswith("_")
@@ -59,8 +107,11 @@ def _register(func):
     if name == "powsum" or not hasattr(aten, _RENAMED.get(name, name)):
         return
     base, elements = _per_tensor(func, name)
+    ov = _overload(base, func) if name not in ("addcmul", "addcdiv", "norm") else None
+    if ov is not None:
+        base = _direct(ov)
     if name in ("addcmul", "addcdiv"):  # (self, t1, t2, value): value is kwarg-only in the per-tensor op
-        op = base
+        op = _direct(base.default)
 
         def base(x, t1, t2, value=1):
             if isinstance(value, torch.Tensor):  # an element of the .Tensor overload's `scalars`
