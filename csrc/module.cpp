@@ -7,7 +7,6 @@
 #include "build_info.h"
 #include "lower/emitter.h"
 #include "ops/registry.h"
-#include "trace/graph.h"
 #include "trace/tensor.h"
 #include "py/lazy.h"
 #include "py/data.h"
@@ -19,7 +18,8 @@ namespace py = pybind11;
 namespace txc {
 void bind_dispatch(py::module_& m);              // py/dispatch.cpp: the C++ __torch_dispatch__
 namespace ext { void bind_ext_api(py::module_& m); }  // ext/api.cpp: C++ API for extensions
-void bind_scan(py::module_& m);                 // ops/scan.cpp
+void bind_graph(py::module_& m);                // py/graph.cpp: GraphCut, the executor's view of a cut
+void bind_scan(py::module_& m);                 // py/scan.cpp: scan loops' bodies
 void bind_replay(py::module_& m);               // py/replay.cpp: replay's per-tensor loops
 
 }  // namespace txc
@@ -73,46 +73,7 @@ PYBIND11_MODULE(_C, m) {
         "The devices (a value without one counts as 0) of the live storages a sync would compute.");
   m.def("live_count", &live_storage_count, "Number of live storages.");
 
-  py::class_<GraphCut>(m, "GraphCut")
-      .def(py::init([](py::object tensors, int device) {
-             if (tensors.is_none()) return GraphCut({}, true, device);
-             std::vector<std::shared_ptr<Storage>> roots;
-             for (auto h : tensors) roots.push_back(lazy_arg(h).storage());
-             return GraphCut(std::move(roots), false, device);
-           }),
-           py::arg("tensors") = py::none(), py::arg("device") = -2,
-           "Cuts the pending graph of `tensors` (default: every live tensor); with device >= 0, only the "
-           "values on that device (a value without one counts as 0).")
-      .def_property_readonly("device", &GraphCut::device)
-      .def("param_devices", &GraphCut::param_devices)
-      .def("annotations", &GraphCut::annotations)
-      .def_property_readonly("hash", &GraphCut::hash)
-      .def_property_readonly("num_outputs", &GraphCut::num_outputs)
-      .def_property_readonly("num_nodes", &GraphCut::num_nodes)
-      .def("lower",
-           [](const GraphCut& c, const std::string& precision, const std::vector<std::pair<int, int>>& aliases,
-              int num_partitions, const std::vector<std::string>& param_shardings) {
-             return c.lower(LowerOptions{precision, aliases, num_partitions, param_shardings});
-           },
-           py::arg("precision") = "highest", py::arg("aliases") = std::vector<std::pair<int, int>>{},
-           py::arg("num_partitions") = 1, py::arg("param_shardings") = std::vector<std::string>{},
-           "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs, "
-           "and for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_spmd.py).")
-      .def("text", &GraphCut::text, "The graph, one node per line, for people.")
-      .def("donations", &GraphCut::donations)
-      .def("params", &GraphCut::params)
-      .def("output_specs", &GraphCut::output_specs)
-      .def("memory_kinds", &GraphCut::memory_kinds)
-      .def("assign", &GraphCut::assign)
-      .def_property_readonly("num_roots", &GraphCut::num_roots)
-      .def("node_at_line", &GraphCut::node_at_line)
-      .def("node_info", &GraphCut::node_info)
-      .def("largest", &GraphCut::largest)
-      .def("roots_using", &GraphCut::roots_using)
-      .def("subset", &GraphCut::subset)
-      .def("poison", &GraphCut::poison)
-      .def("poison_assigned", &GraphCut::poison_assigned);
-
+  bind_graph(m);
   bind_scan(m);
   bind_replay(m);
 }

@@ -64,7 +64,7 @@ constexpr uint64_t layout_hash() {
 struct Api {
   ApiHeader header;
 
-  // ops/registry.h
+  // ir/op.h (the op table), ops/registry.h
   uint16_t (*register_op)(OpDef* def);  // moves *def into the core's registry
   const OpDef& (*op_def)(uint16_t op);
   int (*find_op)(const std::string& name);

@@ -26,7 +26,7 @@
 // TXC_OP returns is not yet valid then; look it up with op_id(name), or in
 // Python from the module's `ops` dict, or torch_xla_core._C.op_ids()). Ops
 // registered inside the module body get their id at once. Forwarded: the
-// functions of ops/registry.h, ir/node.h, ir/dtype.h and LowerCtx
+// functions of ops/registry.h, ir/op.h, ir/node.h, ir/dtype.h and LowerCtx
 // (lower/emitter.h), and ext::graph_hash / ext::graph_stablehlo (a graph's
 // cut, as a sync makes it); using another core function fails at import with an
 // undefined symbol (add it to the table: ext/api.h).

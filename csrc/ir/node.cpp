@@ -3,7 +3,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <functional>
-#include "ops/registry.h"
+#include "ir/op.h"
 
 namespace txc {
 

@@ -30,10 +30,14 @@ struct Body;
 // Python layer subclasses it (py/data.h).
 struct LeafData {
   virtual ~LeafData() = default;
+  // Whether something besides the node holds the buffer (a Python
+  // reference): then overwriting it in place (donation) would be seen.
+  // A payload that cannot tell says so.
+  virtual bool held_elsewhere() const { return true; }
 };
 
 struct Node {
-  uint16_t op = 0;        // index into the op registry
+  uint16_t op = 0;        // index into the op table (ir/op.h)
   DType dtype = DType::F32;
   Dims dims;
   std::vector<NodePtr> operands;
@@ -45,7 +49,7 @@ struct Node {
   double scalar_imag = 0;  // a complex Python number's imaginary part
   bool wrapped = false;  // a Python number: weakly typed in promotion
   // Data nodes: the memory space their buffer lives in (MemoryKind, see
-  // ops/placement.h). Not hashed: the executor's cache key carries the
+  // ir/memory.h). Not hashed: the executor's cache key carries the
   // graph's input and output memory kinds.
   uint8_t memory = 0;
   // The xla device index the value lives on, or -1 for "any" (Python
@@ -110,7 +114,7 @@ NodePtr copy_node(const Node& n, std::vector<NodePtr> operands);
 // built node.
 NodePtr placed_on(const NodePtr& n, int16_t device);
 // A device data leaf (core op "data"): a graph parameter holding `data` on
-// xla device `device` (-1: any) in memory space `memory` (ops/placement.h).
+// xla device `device` (-1: any) in memory space `memory` (ir/memory.h).
 NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, int16_t device, uint8_t memory = 0);
 // A scalar leaf (core op "scalar"): a number `value` + `imag` i passed as a
 // graph parameter (on no device); `wrapped`: a Python number, weakly typed

@@ -1,12 +1,12 @@
 // StableHLO text emission (see emitter.h).
 #include "lower/emitter.h"
-#include "ops/placement.h"
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
-#include "ops/registry.h"
+#include "ir/memory.h"
+#include "ir/op.h"
 
 namespace txc {
 
@@ -216,6 +216,19 @@ std::string LowerCtx::region_text(const std::vector<std::string>& args, const st
   std::string r = "{\n" + body_ + head + "}";
   body_.swap(saved);
   memo_.swap(saved_memo);
+  return r;
+}
+
+// Written out here rather than through LowerCtx::op (whose signature is part
+// of the extension API, csrc/ext/extension.h): this op also needs an
+// attribute dictionary after its properties.
+std::string annotate_placement(LowerCtx& cx, const std::string& v, const std::string& type, int kind) {
+  std::string r = cx.fresh();
+  cx.body_.append(size_t(cx.indent_), ' ');
+  cx.body_ += r + " = \"stablehlo.custom_call\"(" + v +
+              ") <{call_target_name = \"annotate_device_placement\", has_side_effect = true, api_version = 1 : i32}>"
+              " {mhlo.frontend_attributes = {_xla_buffer_placement = \"" + memory_kind_name(kind) + "\"}} : (" +
+              type + ") -> " + type + "\n";
   return r;
 }
 

@@ -150,6 +150,12 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
                         std::vector<int>* line_node = nullptr,
                         const std::vector<std::pair<const Node*, int>>* shared = nullptr);
 
+// StableHLO for moving value `v` of type `type` into memory kind `kind`
+// (ir/memory.h): custom_call @annotate_device_placement, as XLA's
+// host-offload passes expect. Used for @main's host arguments and by the
+// core op "place" (ops/placement.cpp).
+std::string annotate_placement(LowerCtx& cx, const std::string& v, const std::string& type, int kind);
+
 inline const char* LowerCtx::comparison_type(DType t) {
   return is_floating(t) || is_complex(t) ? "FLOAT" : (is_unsigned(t) || is_bool(t)) ? "UNSIGNED" : "SIGNED";
 }

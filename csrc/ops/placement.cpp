@@ -9,41 +9,11 @@
 // drops them (its host and device memory are the same). A graph output that
 // is a value placed on the host keeps that memory kind (the result's
 // mhlo.memory_kind, lower/emitter.cpp), so it stays on the host until used.
-#include "ops/placement.h"
+#include "ir/memory.h"
 #include "lower/emitter.h"
 #include "ops/registry.h"
 
 namespace txc {
-
-const char* memory_kind_name(int kind) { return kind == kPinnedHost ? "pinned_host" : "device"; }
-
-int parse_memory_kind(const std::string& s) {
-  if (s == "device") return kDevice;
-  if (s == "pinned_host") return kPinnedHost;
-  return -1;
-}
-
-static const uint16_t& place_op();
-
-int memory_kind_of(const Node& n) {
-  static const uint16_t data = op_id("data");
-  if (n.op == data) return n.memory;
-  if (n.op == place_op()) return parse_memory_kind(n.attr_str(0));
-  return kDevice;
-}
-
-// Written out here rather than through LowerCtx::op (whose signature is part
-// of the extension API, csrc/ext/extension.h): this op also needs an
-// attribute dictionary after its properties.
-std::string annotate_placement(LowerCtx& cx, const std::string& v, const std::string& type, int kind) {
-  std::string r = cx.fresh();
-  cx.body_.append(size_t(cx.indent_), ' ');
-  cx.body_ += r + " = \"stablehlo.custom_call\"(" + v +
-              ") <{call_target_name = \"annotate_device_placement\", has_side_effect = true, api_version = 1 : i32}>"
-              " {mhlo.frontend_attributes = {_xla_buffer_placement = \"" + memory_kind_name(kind) + "\"}} : (" +
-              type + ") -> " + type + "\n";
-  return r;
-}
 
 static const uint16_t kPlace = register_op(OpDef{
     "place", 1,
@@ -57,7 +27,7 @@ static const uint16_t kPlace = register_op(OpDef{
       int kind = parse_memory_kind(n.attr_str(0));
       std::string v = cx.in(n, 0), type = LowerCtx::type(n);
       const Node& from = *n.operands[0];
-      if (kind == kDevice && from.op == place_op() && memory_kind_of(from) == kPinnedHost) {
+      if (kind == kDevice && from.op == kPlace && memory_kind_of(from) == kPinnedHost) {
         // A round trip within one graph (an activation saved to the host and
         // brought back for the backward): XLA's host offloader makes the two
         // annotations a copy to host memory and a copy back, and XLA:GPU's
@@ -70,8 +40,6 @@ static const uint16_t kPlace = register_op(OpDef{
       }
       return annotate_placement(cx, v, type, kind);
     }});
-
-static const uint16_t& place_op() { return kPlace; }
 
 }  // namespace txc
 

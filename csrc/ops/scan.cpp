@@ -16,15 +16,13 @@
 // The while loop carries (i, carry..., xs..., ys..., invariants...): x slices
 // are dynamic_slice(xs, i), y stacks are dynamic_update_slice(ys, y, i); with
 // reverse, i runs from length-1 down to 0 (ys[i] still belongs to xs[i]).
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
+//
+// Python builds these through py/scan.cpp (torch_xla_core._C.build_body,
+// scan_loop, ...), the plain C++ interface being ops/scan.h.
+#include "ops/scan.h"
 #include <unordered_map>
 #include "lower/emitter.h"
 #include "ops/registry.h"
-#include "py/lazy.h"
-#include "trace/tensor.h"
-
-namespace py = pybind11;
 
 namespace txc {
 namespace {
@@ -34,11 +32,15 @@ uint16_t ph_op() {
   return id;
 }
 
+std::string shape_str(DType t, const Dims& d) { return std::string(dtype_name(t)) + dims_str(d); }
+
+}  // namespace
+
 NodePtr placeholder(int64_t index, DType t, const Dims& d) {
   return make_node_shaped(ph_op(), {}, {index}, t, d);
 }
 
-std::string shape_str(DType t, const Dims& d) { return std::string(dtype_name(t)) + dims_str(d); }
+namespace {
 
 TXC_OP("placeholder", 0, [](Node&) {},
        [](LowerCtx&, const Node& n) -> std::string {
@@ -47,12 +49,12 @@ TXC_OP("placeholder", 0, [](Node&) {},
                                   "fn as part of the carry or ys instead)");
        });
 
-// Builds a body from traced values: params are placeholders 0..P-1, outs the
-// body's results, caps the values of tensors fn closed over (they become
-// params P.. in order). Every node reachable from outs is copied into the
-// body (so the body holds no outer IR), except params, captures and leaves
-// (device data, Python numbers, placeholders of an enclosing body), which
-// become params; the leaves are kept in Body::consts.
+}  // namespace
+
+// Every node reachable from outs is copied into the body (so the body holds
+// no outer IR), except params, captures and leaves (device data, Python
+// numbers, placeholders of an enclosing body), which become params; the
+// leaves are kept in Body::consts.
 std::shared_ptr<Body> build_body(const std::vector<NodePtr>& params, const std::vector<NodePtr>& outs,
                                  const std::vector<NodePtr>& caps) {
   static const uint16_t data = op_id("data"), scalar = op_id("scalar");
@@ -128,6 +130,8 @@ std::shared_ptr<Body> build_body(const std::vector<NodePtr>& params, const std::
   // only what they reach (all of it), params hold themselves.
   return b;
 }
+
+namespace {
 
 void check_same(const Node& n, const Node& a, const Node& b, const std::string& what) {
   if (a.dtype != b.dtype || a.dims != b.dims)
@@ -260,9 +264,8 @@ TXC_OP("scan_result", 1,
          return cx.in(n, 0) + "#" + std::to_string(r);
        });
 
-// For each value: does it depend on any of `params`? (Tensors made inside a
-// traced function by paths the tracer did not watch look like captures;
-// those that depend on the function's inputs are body values instead.)
+}  // namespace
+
 std::vector<bool> depends_on(const std::vector<NodePtr>& vals, const std::vector<NodePtr>& params) {
   std::unordered_map<const Node*, bool> memo;
   for (const auto& p : params) memo[p.get()] = true;
@@ -289,50 +292,15 @@ std::vector<bool> depends_on(const std::vector<NodePtr>& vals, const std::vector
   return out;
 }
 
-std::vector<NodePtr> values(const py::list& l) {
-  std::vector<NodePtr> v;
-  v.reserve(l.size());
-  for (auto h : l) v.push_back(lazy_arg(h).value());
-  return v;
-}
-
-}  // namespace
-
-void bind_scan(py::module_& m) {
-  py::class_<Body, std::shared_ptr<Body>>(m, "Body", "A traced loop body (see csrc/ops/scan.cpp).")
-      .def_property_readonly("hash", [](const Body& b) { return b.hash; })
-      .def_property_readonly("num_params", [](const Body& b) { return b.params.size(); })
-      .def_property_readonly("num_consts", [](const Body& b) { return b.consts.size(); })
-      .def_property_readonly("num_nodes", [](const Body& b) { return b.order.size(); })
-      .def("output_specs", [](const Body& b) {
-        py::list l;
-        for (const auto& o : b.outputs) l.append(py::make_tuple(int(o->dtype), py::tuple(py::cast(o->dims))));
-        return l;
-      });
-  m.def("placeholder", [](int64_t index, int dtype, const Dims& dims) {
-          return LazyTensor(placeholder(index, DType(dtype), dims));
-        },
-        "Body parameter `index` of the given dtype code and dims.");
-  m.def("depends_on", [](const py::list& vals, const py::list& params) {
-          return depends_on(values(vals), values(params));
-        },
-        "For each value (LazyTensor): whether it depends on any of params.");
-  m.def("build_body", [](const py::list& params, const py::list& outs, const py::list& caps) {
-          return build_body(values(params), values(outs), values(caps));
-        },
-        "A Body from placeholders 0..P-1, the traced outputs and the captured values (params P..).");
-  m.def("scan_loop", [](std::shared_ptr<Body> b, const py::list& operands, int64_t n_carry, int64_t n_xs,
-                        int64_t length, bool reverse) {
-          static const uint16_t scan = op_id("scan"), result = op_id("scan_result");
-          std::vector<NodePtr> xs = values(operands);
-          for (const auto& c : b->consts) xs.push_back(c);
-          NodePtr n = make_node(scan, std::move(xs), {n_carry, n_xs, length, int64_t(reverse)}, b);
-          py::list out;
-          for (size_t k = 0; k < b->outputs.size(); ++k) out.append(LazyTensor(make_node(result, {n}, {int64_t(k)})));
-          return out;
-        },
-        "Runs body over xs: operands are init carries, xs, then captured values; returns the final carries and "
-        "the stacked ys (LazyTensors).");
+std::vector<NodePtr> scan_loop(std::shared_ptr<const Body> b, std::vector<NodePtr> operands, int64_t n_carry,
+                               int64_t n_xs, int64_t length, bool reverse) {
+  static const uint16_t scan = op_id("scan"), result = op_id("scan_result");
+  for (const auto& c : b->consts) operands.push_back(c);
+  NodePtr n = make_node(scan, std::move(operands), {n_carry, n_xs, length, int64_t(reverse)}, b);
+  std::vector<NodePtr> out;
+  out.reserve(b->outputs.size());
+  for (size_t k = 0; k < b->outputs.size(); ++k) out.push_back(make_node(result, {n}, {int64_t(k)}));
+  return out;
 }
 
 }  // namespace txc

@@ -11,6 +11,8 @@ namespace py = pybind11;
 struct PyData final : LeafData {
   py::object buffer;
   explicit PyData(py::object b) : buffer(std::move(b)) {}
+  // The node's reference is the only one (GraphCut::donations asks; the GIL is held).
+  bool held_elsewhere() const override { return Py_REFCNT(buffer.ptr()) != 1; }
   ~PyData() override {
     py::gil_scoped_acquire gil;  // a node may be freed on a thread without the GIL
     buffer = py::object();

@@ -2,7 +2,7 @@
 #include "py/lazy.h"
 #include <algorithm>
 #include <new>
-#include "ops/placement.h"
+#include "ir/memory.h"
 #include "ops/registry.h"
 #include "py/data.h"
 

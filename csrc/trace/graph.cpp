@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
-#include <pybind11/stl.h>
+#include "ir/memory.h"
 #include "ir/node_map.h"
+#include "ir/op.h"
 #include "lower/emitter.h"
-#include "ops/placement.h"
-#include "ops/registry.h"
-#include "py/data.h"
-
-namespace py = pybind11;
 
 namespace txc {
 
@@ -178,16 +174,16 @@ std::vector<int> GraphCut::param_devices() const {
   return r;
 }
 
-py::list GraphCut::annotations() const {
+std::vector<const Node*> GraphCut::annotations() const {
   // The top-level nodes, then the nodes of each distinct sub-graph (scan
   // bodies, and bodies nested in them): an annotation inside a loop body
   // decides the graph's mesh as one outside does.
   static const uint16_t sharding = op_id("sharding");
-  py::list r;
+  std::vector<const Node*> r;
   std::vector<const Body*> bodies;
   auto visit = [&](const std::vector<const Node*>& nodes) {
     for (const Node* n : nodes) {
-      if (n->op == sharding) r.append(py::make_tuple(n->attr_str(0), n->attr_dims(1), n->attr_dims(2), n->attr_str(3)));
+      if (n->op == sharding) r.push_back(n);
       if (n->body && std::find(bodies.begin(), bodies.end(), n->body.get()) == bodies.end())
         bodies.push_back(n->body.get());
     }
@@ -265,7 +261,7 @@ std::vector<std::pair<int, int>> GraphCut::donations() const {
     auto it = refs.find(n);
     if (n->op != data || it == refs.end() || it->second.first != it->second.second) continue;
     if (n->memory != kDevice) continue;  // a host buffer never aliases a device result
-    if (!buffer_held_by_node_only(*n)) continue;  // someone else holds it
+    if (!n->data || n->data->held_elsewhere()) continue;  // someone else holds it
     for (size_t o = 0; o < outputs_.size(); ++o) {
       if (taken[o] || outputs_[o]->dtype != n->dtype || outputs_[o]->dims != n->dims) continue;
       if (memory_kind_of(*outputs_[o]) != kDevice) continue;
@@ -282,25 +278,15 @@ int GraphCut::node_at_line(int line) const {
   return line_node_[size_t(line) - 1];
 }
 
-py::dict GraphCut::node_info(int k) const {
-  const Node& n = *order_.at(size_t(k));
-  py::dict d;
-  d["op"] = op_def(n.op).name;
-  d["origin"] = origin_name(n.origin);
-  d["dtype"] = dtype_name(n.dtype);
-  d["shape"] = py::cast(n.dims);
-  d["bytes"] = n.numel() * std::max(bit_width(n.dtype), 8) / 8;
-  return d;
-}
+int64_t GraphCut::bytes(const Node& n) { return n.numel() * std::max(bit_width(n.dtype), 8) / 8; }
 
-py::list GraphCut::largest(int count) const {
+std::vector<int> GraphCut::largest(int count) const {
   std::vector<int> idx(order_.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = int(i);
-  auto bytes = [&](int i) { return order_[size_t(i)]->numel() * std::max(bit_width(order_[size_t(i)]->dtype), 8); };
-  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return bytes(a) > bytes(b); });
-  py::list l;
-  for (int i = 0; i < count && size_t(i) < idx.size(); ++i) l.append(node_info(idx[size_t(i)]));
-  return l;
+  auto bits = [&](int i) { return order_[size_t(i)]->numel() * std::max(bit_width(order_[size_t(i)]->dtype), 8); };
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return bits(a) > bits(b); });
+  idx.resize(std::min(idx.size(), size_t(std::max(count, 0))));
+  return idx;
 }
 
 std::vector<int> GraphCut::roots_using(int k) const {
@@ -345,59 +331,39 @@ void GraphCut::poison(const std::vector<int>& roots, const std::string& message)
   }
 }
 
-void GraphCut::poison_assigned(const py::list& outs, const std::string& message) {
-  if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.poison_assigned: wrong number of outputs");
+void GraphCut::poison_assigned(const std::function<bool(const Node& value, size_t output)>& holds_output,
+                               const std::string& message) {
   for (size_t i = 0; i < roots_.size(); ++i) {
     Storage& s = *roots_[i];
     size_t k = size_t(root_output_[i]);
-    if (py_data_ptr(*s.value) == outs[k].ptr()) hold_error(s, *outputs_[k], message);  // (else written since)
+    if (holds_output(*s.value, k)) hold_error(s, *outputs_[k], message);  // (else written since)
   }
 }
 
-py::list GraphCut::params() const {
-  static const uint16_t data = op_id("data");
-  py::list l;
-  for (const Node* p : params_) {
-    if (p->op == data) {
-      l.append(py_data(*p));
-    } else if (is_complex(p->dtype)) {
-      l.append(py::make_tuple(py::reinterpret_steal<py::object>(PyComplex_FromDoubles(p->scalar, p->scalar_imag)),
-                              int(p->dtype)));
-    } else if (is_floating(p->dtype)) {
-      l.append(py::make_tuple(p->scalar, int(p->dtype)));
-    } else {
-      l.append(py::make_tuple(int64_t(p->scalar), int(p->dtype)));
-    }
-  }
-  return l;
-}
-
-py::tuple GraphCut::memory_kinds() const {
-  py::list ins, outs;
+std::vector<std::pair<int, int>> GraphCut::param_memory_kinds() const {
+  std::vector<std::pair<int, int>> r;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i]->memory != kDevice) ins.append(py::make_tuple(int(i), memory_kind_name(params_[i]->memory)));
+    if (params_[i]->memory != kDevice) r.emplace_back(int(i), int(params_[i]->memory));
+  return r;
+}
+
+std::vector<std::pair<int, int>> GraphCut::output_memory_kinds() const {
+  std::vector<std::pair<int, int>> r;
   for (size_t o = 0; o < outputs_.size(); ++o) {
     int kind = memory_kind_of(*outputs_[o]);
-    if (kind != kDevice) outs.append(py::make_tuple(int(o), memory_kind_name(kind)));
+    if (kind != kDevice) r.emplace_back(int(o), kind);
   }
-  if (ins.empty() && outs.empty()) return py::tuple();
-  return py::make_tuple(py::tuple(ins), py::tuple(outs));
+  return r;
 }
 
-py::list GraphCut::output_specs() const {
-  py::list l;
-  for (const auto& o : outputs_) l.append(py::make_tuple(int(o->dtype), py::tuple(py::cast(o->dims))));
-  return l;
-}
-
-void GraphCut::assign(const py::list& outs) {
-  static const uint16_t data = op_id("data");
-  if (outs.size() != outputs_.size()) throw std::runtime_error("GraphCut.assign: wrong number of outputs");
+void GraphCut::assign(std::vector<std::shared_ptr<const LeafData>> data) {
+  if (data.size() != outputs_.size()) throw std::runtime_error("GraphCut.assign: wrong number of outputs");
   std::vector<NodePtr> nodes;
+  nodes.reserve(data.size());
   for (size_t k = 0; k < outputs_.size(); ++k) {
     // a result placed on the host stays there; "any" stays any (the RNG state)
-    nodes.push_back(make_py_data(outs[k], outputs_[k]->dtype, outputs_[k]->dims, outputs_[k]->device,
-                                 uint8_t(memory_kind_of(*outputs_[k]))));
+    nodes.push_back(make_data(outputs_[k]->dtype, outputs_[k]->dims, std::move(data[k]), outputs_[k]->device,
+                              uint8_t(memory_kind_of(*outputs_[k]))));
   }
   for (size_t i = 0; i < roots_.size(); ++i) {
     Storage& s = *roots_[i];

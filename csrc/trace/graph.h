@@ -4,9 +4,11 @@
 // the compile cache. After execution, assign() makes each storage hold its
 // computed device data, so the traced IR is dropped. A cut's hash is the
 // graph's structure only; the executor's compile-cache key adds the lowering
-// options and the device (torch_xla_core/executor.py).
+// options and the device (torch_xla_core/executor.py). Plain C++: its Python
+// face (parameters as buffer objects and numbers, outputs assigned from
+// runtime buffers, node descriptions as dicts) is py/graph.cpp.
 #pragma once
-#include <pybind11/pybind11.h>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,10 +38,10 @@ class GraphCut {
   // Each parameter's device (-1: any, e.g. the RNG state; the executor moves
   // such a buffer to the graph's device when it lies elsewhere).
   std::vector<int> param_devices() const;
-  // The attributes of the SPMD sharding annotations in the cut, scan bodies
-  // included (core op "sharding": hlo sharding text, mesh device ids, mesh
+  // The SPMD sharding annotations in the cut, scan bodies included (nodes of
+  // core op "sharding"; attributes: hlo sharding text, mesh device ids, mesh
   // shape, axis names).
-  pybind11::list annotations() const;
+  std::vector<const Node*> annotations() const;
   // StableHLO text of the cut (see LowerOptions: precision, donation).
   std::string lower(const LowerOptions& options) const;
   // One line per node ("%3 = add(%1, %2) : float32[2, 3]  # aten.add.Tensor"):
@@ -56,10 +58,11 @@ class GraphCut {
   // line `line` (1-based) of the last lower(), as its position in the walk,
   // or -1.
   int node_at_line(int line) const;
-  // Node k: {"op", "origin" (aten overload or ""), "dtype", "shape", "bytes"}.
-  pybind11::dict node_info(int k) const;
-  // Nodes by size (bytes), largest first: up to `count` node_info dicts.
-  pybind11::list largest(int count) const;
+  // Node k of the walk (post-order), and the bytes of its value.
+  const Node& node(int k) const { return *order_.at(size_t(k)); }
+  static int64_t bytes(const Node& n);
+  // Up to `count` nodes (their positions) by size, largest first.
+  std::vector<int> largest(int count) const;
   // Indices of the roots whose value uses node k.
   std::vector<int> roots_using(int k) const;
   // A cut of some of this cut's roots (by index).
@@ -67,21 +70,23 @@ class GraphCut {
   // Makes the given roots hold a failed value (core op "error") whose use
   // raises `message`; unless they were written since the cut.
   void poison(const std::vector<int>& roots, const std::string& message);
-  // The same for every root still holding what assign(outs) gave it (the
-  // graph failed while running, after its outputs were handed out).
-  void poison_assigned(const pybind11::list& outs, const std::string& message);
-  // Parameters in order: a device buffer object, or (number, dtype code) for
-  // a Python number (one per distinct number: equal ones share it).
-  pybind11::list params() const;
-  // The parameters and outputs that live outside device memory, as
-  // ((param index, kind), ...), ((output index, kind), ...); () when all are
-  // on the device. Part of the executor's cache key.
-  pybind11::tuple memory_kinds() const;
-  // Output i's dtype code and dims, for the runtime.
-  pybind11::list output_specs() const;
-  // Makes each root storage hold the computed buffer `outs[k]` (objects from
-  // the runtime, one per output).
-  void assign(const pybind11::list& outs);
+  // The same for every root still holding what assign() gave it (the graph
+  // failed while running, after its outputs were handed out): those whose
+  // value `holds_output(value, output index)` says is that output's.
+  void poison_assigned(const std::function<bool(const Node& value, size_t output)>& holds_output,
+                       const std::string& message);
+  // Parameters in order: data leaves (device buffers) and Python numbers
+  // (one per distinct number: equal ones share it).
+  const std::vector<const Node*>& params() const { return params_; }
+  // The outputs in order (one per distinct root value).
+  const std::vector<NodePtr>& outputs() const { return outputs_; }
+  // The parameters and the outputs that live outside device memory, as
+  // (index, MemoryKind) pairs (ir/memory.h). Part of the executor's cache key.
+  std::vector<std::pair<int, int>> param_memory_kinds() const;
+  std::vector<std::pair<int, int>> output_memory_kinds() const;
+  // Makes each root storage hold the computed buffer `data[k]` (the payloads
+  // of new data leaves, one per output).
+  void assign(std::vector<std::shared_ptr<const LeafData>> data);
 
  private:
   void walk();

@@ -2,7 +2,7 @@
 #include "trace/tensor.h"
 #include <algorithm>
 #include <stdexcept>
-#include "ops/registry.h"
+#include "ir/op.h"
 
 namespace txc {
 

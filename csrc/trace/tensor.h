@@ -8,8 +8,9 @@
 //
 // A view's layout (torch's strides and storage offset, relative to the
 // storage as a contiguous buffer) follows from its chain: each view op's
-// strides rule (ops/registry.h). Views whose layout torch would not have (a
-// reshape that torch would copy) are made copies when they are built.
+// strides rule (OpDef::strides, ir/op.h). Views whose layout torch would
+// not have (a reshape that torch would copy) are made copies when they are
+// built.
 #pragma once
 #include <memory>
 #include <vector>
