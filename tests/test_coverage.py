@@ -78,3 +78,17 @@ def test_cli_writes_the_doc(tmp_path, monkeypatch):
     assert coverage.main(["--write"]) == 0
     assert doc.read_text() == coverage.render(coverage.table())
     assert os.path.basename(coverage.DOC) == "coverage.md"
+
+
+def test_one_declaration_per_overload():
+    """A second @impl or mapping() of an overload raises, naming both: which
+    one ran depended on import order (aten.angle had two handlers, complex.py's
+    and special.py's; moving an import made the real-only one win)."""
+    before = _ops.HANDLERS[aten.lerp.Scalar], _ops.HANDLERS[aten.add.Tensor]
+    with pytest.raises(ValueError, match=r"aten.lerp.Scalar: it already has a handler, .*elementwise.lerp"):
+        _ops.impl(aten.lerp.Scalar)(lambda *a: None)
+    with pytest.raises(ValueError, match=r"aten.add.Tensor: it already has a handler, .*elementwise.add"):
+        _ops.impl(aten.add.Tensor)(lambda *a: None)  # (the handler of the calls add's mapping does not fit)
+    with pytest.raises(ValueError, match="mapping of aten.add.Tensor: it is declared twice"):
+        _ops.mapping(aten.add.Tensor, op="sub")
+    assert (_ops.HANDLERS[aten.lerp.Scalar], _ops.HANDLERS[aten.add.Tensor]) == before

@@ -1,8 +1,10 @@
 // Elementwise ops with PyTorch's broadcasting and type promotion. Operands
 // may be wrapped Python numbers (weakly typed). Each op is one row below:
-// its name, how its result dtype follows from the promoted dtype, and the
-// StableHLO op (or a short emitter) that computes it. Special functions
-// use CHLO ops where XLA has them (legalized by PJRT's compile).
+// its name, how its result dtype follows from the promoted dtype, the
+// StableHLO op (or a short emitter) that computes it, and its flags: which
+// dtypes beyond the Kind's it takes (COMPLEX) and how it computes (OPMATH).
+// Special functions use CHLO ops where XLA has them (legalized by PJRT's
+// compile).
 #include <cmath>
 #include "lower/emitter.h"
 #include "ops/registry.h"
@@ -19,17 +21,12 @@ enum class Kind {
   ToReal,   // result = the real counterpart of the promoted dtype (abs of complex64 is float32)
 };
 
-// Ops defined on complex operands (StableHLO and torch agree on their complex
-// meaning); the others refuse complex tensors at trace time, as torch does.
-bool complex_ok(const std::string& op) {
-  static const char* ok[] = {"neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sigmoid",
-                             "sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh", "reciprocal", "isnan",
-                             "logical_not", "add", "sub", "mul", "div", "pow", "logical_and", "logical_or",
-                             "logical_xor", "eq", "ne", "conj", "real", "imag", "angle"};
-  for (const char* o : ok)
-    if (op == o) return true;
-  return false;
-}
+// A row's flags.
+// COMPLEX: the op is defined on complex operands (StableHLO and torch agree
+// on its complex meaning); a row without it refuses complex tensors at trace
+// time, as torch does.
+// OPMATH: see "opmath" below (mul, div and its rounding modes).
+enum Flag : unsigned { COMPLEX = 1u, OPMATH = 2u };
 
 DType promoted(const Node& n) { return promoted_dtype(n.operands); }
 
@@ -40,13 +37,13 @@ DType compute_dtype(const Node& n, Kind k) {
   return p;
 }
 
-void infer(Node& n, Kind k) {
+void infer(Node& n, Kind k, unsigned flags) {
   Dims d = n.operands[0]->dims;
   for (size_t i = 1; i < n.operands.size(); ++i) d = broadcast_dims(n, d, n.operands[i]->dims);
   DType c = compute_dtype(n, k);
   if (k == Kind::Integral && (is_floating(c) || is_complex(c)))
     op_error(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
-  if (is_complex(c) && !complex_ok(op_def(n.op).name))
+  if (is_complex(c) && !(flags & COMPLEX))
     op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
   n.dims = std::move(d);
   n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : k == Kind::ToReal ? real_part_dtype(c) : c;
@@ -68,7 +65,6 @@ std::vector<std::string> coerced(LowerCtx& cx, const Node& n, DType c) {
 // float32 when a float host scalar meets a half-precision promoted dtype.
 // (div's rounding modes too; between two half tensors they compute in the
 // half dtype, as ATen's kernels do.)
-enum class Opmath { Off, WithScalar };
 bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 
 DType opmath_number_dtype(const std::vector<NodePtr>& xs) {
@@ -76,54 +72,57 @@ DType opmath_number_dtype(const std::vector<NodePtr>& xs) {
   return is_half(p) ? DType::F32 : p;
 }
 
-DType opmath_dtype(const Node& n, DType c, Opmath o) {
+DType opmath_dtype(const Node& n, DType c, unsigned flags) {
   static const uint16_t scalar = op_id("scalar");
-  if (o == Opmath::Off || !is_half(c)) return c;
+  if (!(flags & OPMATH) || !is_half(c)) return c;
   for (const auto& o : n.operands)
     if (o->op == scalar && (o->dtype == DType::F32 || o->dtype == DType::F64)) return DType::F32;
   return c;
 }
 
-// Registers op `name` lowering to the StableHLO op `hlo` over coerced operands.
-uint16_t simple(const char* name, int arity, Kind k, const char* hlo, Opmath opmath = Opmath::Off) {
-  std::string hlo_s = hlo;
-  return register_op(OpDef{
-      name, arity, [k](Node& n) { infer(n, k); },
-      [k, hlo_s, opmath](LowerCtx& cx, const Node& n) {
-        DType c = compute_dtype(n, k);
-        DType m = opmath_dtype(n, c, opmath);
-        auto args = coerced(cx, n, m);
-        std::vector<std::string> types(args.size(), LowerCtx::type(m, n.dims));
-        if (m == c) return cx.op(hlo_s, args, types, LowerCtx::type(n.dtype, n.dims));
-        return cx.convert(cx.op(hlo_s, args, types, LowerCtx::type(m, n.dims)), m, n.dtype, n.dims);
-      },
-      nullptr, nullptr, 0, opmath == Opmath::Off ? nullptr : &opmath_number_dtype});
-}
-
+// Row builders (each row registers with TXC_OP, as every core op does).
 using Emit = std::function<std::string(LowerCtx&, const Node&, const std::vector<std::string>&, DType)>;
-uint16_t custom(const char* name, int arity, Kind k, Emit emit, Opmath opmath = Opmath::Off) {
-  return register_op(OpDef{name, arity, [k](Node& n) { infer(n, k); },
-                           [k, emit, opmath](LowerCtx& cx, const Node& n) {
-                             DType c = compute_dtype(n, k);
-                             DType m = opmath_dtype(n, c, opmath);
-                             std::string r = emit(cx, n, coerced(cx, n, m), m);
-                             return m == c ? r : cx.convert(r, m, n.dtype, n.dims);
-                           },
-                           nullptr, nullptr, 0, opmath == Opmath::Off ? nullptr : &opmath_number_dtype});
+
+// Op `name` computing `emit` over its operands coerced to the compute dtype.
+OpDef custom(const char* name, int arity, Kind k, Emit emit, unsigned flags = 0) {
+  OpDef d;
+  d.name = name;
+  d.arity = arity;
+  d.infer = [k, flags](Node& n) { infer(n, k, flags); };
+  d.lower = [k, emit, flags](LowerCtx& cx, const Node& n) {
+    DType c = compute_dtype(n, k);
+    DType m = opmath_dtype(n, c, flags);
+    std::string r = emit(cx, n, coerced(cx, n, m), m);
+    return m == c ? r : cx.convert(r, m, n.dtype, n.dims);
+  };
+  if (flags & OPMATH) d.number_dtype = &opmath_number_dtype;
+  return d;
 }
 
-uint16_t comparison(const char* name, const char* dir) {
-  return custom(name, 2, Kind::Compare, [dir](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-    return cx.compare(a[0], a[1], c, n.dims, dir);
-  });
+// Op `name` lowering to the StableHLO op `hlo` over coerced operands.
+OpDef simple(const char* name, int arity, Kind k, const char* hlo, unsigned flags = 0) {
+  std::string h = hlo;
+  return custom(
+      name, arity, k,
+      [h](LowerCtx& cx, const Node& n, const std::vector<std::string>& a, DType m) {
+        return cx.op(h, a, std::vector<std::string>(a.size(), LowerCtx::type(m, n.dims)), LowerCtx::type(m, n.dims));
+      },
+      flags);
+}
+
+OpDef comparison(const char* name, const char* dir, unsigned flags = 0) {
+  return custom(
+      name, 2, Kind::Compare,
+      [dir](LowerCtx& cx, const Node& n, const auto& a, DType c) { return cx.compare(a[0], a[1], c, n.dims, dir); },
+      flags);
 }
 
 // complex(real, imag): both real, promoted; the result is the complex dtype
 // of their promoted type (float64 -> complex128, others -> complex64).
-const uint16_t reg_complex = register_op(OpDef{
+TXC_OP(
     "complex", 2,
     [](Node& n) {
-      infer(n, Kind::Float);
+      infer(n, Kind::Float, 0);
       if (is_complex(n.dtype)) op_error(n, "expects real (floating-point) parts, got complex ones");
       n.dtype = complex_dtype_of(n.dtype);
     },
@@ -132,7 +131,7 @@ const uint16_t reg_complex = register_op(OpDef{
       auto re = cx.coerce(n, 0, part, n.dims), im = cx.coerce(n, 1, part, n.dims);
       auto pty = LowerCtx::type(part, n.dims);
       return cx.op("stablehlo.complex", {re, im}, {pty, pty}, LowerCtx::type(n));
-    }});
+    });
 
 // Rounds floats toward zero: sign(v) * floor(|v|).
 std::string round_toward_zero(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
@@ -236,205 +235,199 @@ std::string complex_conj(LowerCtx& cx, const std::string& v, DType t, const Dims
 namespace {
 
 // -- unary --------------------------------------------------------------
-[[maybe_unused]] const uint16_t reg_unary[] = {
-    simple("neg", 1, Kind::Same, "stablehlo.negate"),
-    // abs of an unsigned integer is itself (stablehlo.abs takes signless integers only)
-    custom("abs", 1, Kind::ToReal,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return is_unsigned(c) ? a[0] : cx.op("stablehlo.abs", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
-           }),
-    custom("sign", 1, Kind::Same, unless_bool("stablehlo.sign")),
-    simple("exp", 1, Kind::Float, "stablehlo.exponential"),
-    simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one"),
-    simple("log", 1, Kind::Float, "stablehlo.log"),
-    simple("log1p", 1, Kind::Float, "stablehlo.log_plus_one"),
-    simple("sqrt", 1, Kind::Float, "stablehlo.sqrt"),
-    simple("rsqrt", 1, Kind::Float, "stablehlo.rsqrt"),
-    simple("tanh", 1, Kind::Float, "stablehlo.tanh"),
-    simple("sigmoid", 1, Kind::Float, "stablehlo.logistic"),
-    simple("sin", 1, Kind::Float, "stablehlo.sine"),
-    simple("cos", 1, Kind::Float, "stablehlo.cosine"),
-    simple("tan", 1, Kind::Float, "stablehlo.tan"),
-    simple("erf", 1, Kind::Float, "chlo.erf"),
-    simple("erfinv", 1, Kind::Float, "chlo.erf_inv"),
-    simple("atan", 1, Kind::Float, "chlo.atan"),
-    simple("asin", 1, Kind::Float, "chlo.asin"),
-    simple("acos", 1, Kind::Float, "chlo.acos"),
-    simple("sinh", 1, Kind::Float, "chlo.sinh"),
-    simple("cosh", 1, Kind::Float, "chlo.cosh"),
-    custom("floor", 1, Kind::Same, on_floats("stablehlo.floor")),
-    custom("ceil", 1, Kind::Same, on_floats("stablehlo.ceil")),
-    custom("round", 1, Kind::Same, on_floats("stablehlo.round_nearest_even")),
-    simple("bitwise_not", 1, Kind::Integral, "stablehlo.not"),
-    custom("logical_not", 1, Kind::Logical,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType) { return cx.unary("stablehlo.not", a[0], DType::Bool, n.dims); }),
-    custom("reciprocal", 1, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return cx.binary("stablehlo.divide", cx.constant(1, c, n.dims), a[0], c, n.dims);
-           }),
-    custom("trunc", 1, Kind::Same,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return is_floating(c) ? round_toward_zero(cx, a[0], c, n.dims) : a[0];
-           }),
-    // Complex parts and conjugate; on real tensors real/conj are the identity.
-    custom("real", 1, Kind::ToReal,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return is_complex(c) ? cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
-                                  : a[0];
-           }),
-    custom("imag", 1, Kind::ToReal,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return is_complex(c) ? cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
-                                  : cx.constant(0, c, n.dims);
-           }),
-    custom("conj", 1, Kind::Same,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return complex_conj(cx, a[0], c, n.dims); }),
-    // angle: atan2(imag, real); for real x, pi where x < 0, else 0 (NaN stays NaN), as torch.
-    custom("angle", 1, Kind::ToReal,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             DType r = n.dtype;
-             if (is_complex(c)) {
-               auto re = cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
-               auto im = cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
-               return cx.binary("stablehlo.atan2", im, re, r, n.dims);
-             }
-             auto x = cx.convert(a[0], c, r, n.dims);
-             auto neg = cx.compare(x, cx.constant(0, r, n.dims), r, n.dims, "LT");
-             auto v = cx.select(neg, cx.constant(M_PI, r, n.dims), cx.constant(0, r, n.dims), r, n.dims);
-             return cx.select(cx.compare(x, x, r, n.dims, "NE"), x, v, r, n.dims);
-           }),
-    custom("isnan", 1, Kind::Compare,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return cx.compare(a[0], a[0], c, n.dims, "NE"); }),
-};
+TXC_OP(simple("neg", 1, Kind::Same, "stablehlo.negate", COMPLEX));
+// abs of an unsigned integer is itself (stablehlo.abs takes signless integers only)
+TXC_OP(custom("abs", 1, Kind::ToReal,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                return is_unsigned(c) ? a[0] : cx.op("stablehlo.abs", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+              }, COMPLEX));
+TXC_OP(custom("sign", 1, Kind::Same, unless_bool("stablehlo.sign")));
+TXC_OP(simple("exp", 1, Kind::Float, "stablehlo.exponential", COMPLEX));
+TXC_OP(simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one", COMPLEX));
+TXC_OP(simple("log", 1, Kind::Float, "stablehlo.log", COMPLEX));
+TXC_OP(simple("log1p", 1, Kind::Float, "stablehlo.log_plus_one", COMPLEX));
+TXC_OP(simple("sqrt", 1, Kind::Float, "stablehlo.sqrt", COMPLEX));
+TXC_OP(simple("rsqrt", 1, Kind::Float, "stablehlo.rsqrt", COMPLEX));
+TXC_OP(simple("tanh", 1, Kind::Float, "stablehlo.tanh", COMPLEX));
+TXC_OP(simple("sigmoid", 1, Kind::Float, "stablehlo.logistic", COMPLEX));
+TXC_OP(simple("sin", 1, Kind::Float, "stablehlo.sine", COMPLEX));
+TXC_OP(simple("cos", 1, Kind::Float, "stablehlo.cosine", COMPLEX));
+TXC_OP(simple("tan", 1, Kind::Float, "stablehlo.tan", COMPLEX));
+TXC_OP(simple("erf", 1, Kind::Float, "chlo.erf"));
+TXC_OP(simple("erfinv", 1, Kind::Float, "chlo.erf_inv"));
+TXC_OP(simple("atan", 1, Kind::Float, "chlo.atan", COMPLEX));
+TXC_OP(simple("asin", 1, Kind::Float, "chlo.asin", COMPLEX));
+TXC_OP(simple("acos", 1, Kind::Float, "chlo.acos", COMPLEX));
+TXC_OP(simple("sinh", 1, Kind::Float, "chlo.sinh", COMPLEX));
+TXC_OP(simple("cosh", 1, Kind::Float, "chlo.cosh", COMPLEX));
+TXC_OP(custom("floor", 1, Kind::Same, on_floats("stablehlo.floor")));
+TXC_OP(custom("ceil", 1, Kind::Same, on_floats("stablehlo.ceil")));
+TXC_OP(custom("round", 1, Kind::Same, on_floats("stablehlo.round_nearest_even")));
+TXC_OP(simple("bitwise_not", 1, Kind::Integral, "stablehlo.not"));
+TXC_OP(custom("logical_not", 1, Kind::Logical,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType) { return cx.unary("stablehlo.not", a[0], DType::Bool, n.dims); }, COMPLEX));
+TXC_OP(custom("reciprocal", 1, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                return cx.binary("stablehlo.divide", cx.constant(1, c, n.dims), a[0], c, n.dims);
+              }, COMPLEX));
+TXC_OP(custom("trunc", 1, Kind::Same,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                return is_floating(c) ? round_toward_zero(cx, a[0], c, n.dims) : a[0];
+              }));
+// Complex parts and conjugate; on real tensors real/conj are the identity.
+TXC_OP(custom("real", 1, Kind::ToReal,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                return is_complex(c) ? cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
+                                     : a[0];
+              }, COMPLEX));
+TXC_OP(custom("imag", 1, Kind::ToReal,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                return is_complex(c) ? cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n))
+                                     : cx.constant(0, c, n.dims);
+              }, COMPLEX));
+TXC_OP(custom("conj", 1, Kind::Same,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return complex_conj(cx, a[0], c, n.dims); }, COMPLEX));
+// angle: atan2(imag, real); for real x, pi where x < 0, else 0 (NaN stays NaN), as torch.
+TXC_OP(custom("angle", 1, Kind::ToReal,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                DType r = n.dtype;
+                if (is_complex(c)) {
+                  auto re = cx.op("stablehlo.real", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+                  auto im = cx.op("stablehlo.imag", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
+                  return cx.binary("stablehlo.atan2", im, re, r, n.dims);
+                }
+                auto x = cx.convert(a[0], c, r, n.dims);
+                auto neg = cx.compare(x, cx.constant(0, r, n.dims), r, n.dims, "LT");
+                auto v = cx.select(neg, cx.constant(M_PI, r, n.dims), cx.constant(0, r, n.dims), r, n.dims);
+                return cx.select(cx.compare(x, x, r, n.dims, "NE"), x, v, r, n.dims);
+              }, COMPLEX));
+TXC_OP(custom("isnan", 1, Kind::Compare,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return cx.compare(a[0], a[0], c, n.dims, "NE"); }, COMPLEX));
 
 // -- binary -------------------------------------------------------------
-[[maybe_unused]] const uint16_t reg_binary[] = {
-    simple("add", 2, Kind::Same, "stablehlo.add"),
-    simple("sub", 2, Kind::Same, "stablehlo.subtract"),
-    simple("mul", 2, Kind::Same, "stablehlo.multiply", Opmath::WithScalar),
-    simple("div", 2, Kind::Float, "stablehlo.divide", Opmath::WithScalar),
-    simple("maximum", 2, Kind::Same, "stablehlo.maximum"),
-    simple("minimum", 2, Kind::Same, "stablehlo.minimum"),
-    simple("pow", 2, Kind::Same, "stablehlo.power"),
-    simple("atan2", 2, Kind::Float, "stablehlo.atan2"),
-    simple("bitwise_and", 2, Kind::Integral, "stablehlo.and"),
-    simple("bitwise_or", 2, Kind::Integral, "stablehlo.or"),
-    simple("bitwise_xor", 2, Kind::Integral, "stablehlo.xor"),
-    // Shifts as torch's kernels: a shift by a negative amount or by at least
-    // the bit width gives 0 (left, and right on unsigned) or the sign fill
-    // (right on signed), which is what StableHLO's shifts do with the
-    // amount read as unsigned.
-    simple("bitwise_left_shift", 2, Kind::Integral, "stablehlo.shift_left"),
-    custom("bitwise_right_shift", 2, Kind::Integral,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             const char* op = is_unsigned(c) ? "stablehlo.shift_right_logical" : "stablehlo.shift_right_arithmetic";
-             return cx.binary(op, a[0], a[1], c, n.dims);
-           }),
-    simple("logical_and", 2, Kind::Logical, "stablehlo.and"),
-    simple("logical_or", 2, Kind::Logical, "stablehlo.or"),
-    simple("logical_xor", 2, Kind::Logical, "stablehlo.xor"),
-    comparison("eq", "EQ"),
-    comparison("ne", "NE"),
-    comparison("lt", "LT"),
-    comparison("le", "LE"),
-    comparison("gt", "GT"),
-    comparison("ge", "GE"),
-    // Integer division rounding toward zero (torch's rounding_mode='trunc').
-    custom("div_trunc", 2, Kind::Same,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
-             return is_floating(c) ? round_toward_zero(cx, q, c, n.dims) : q;
-           }, Opmath::WithScalar),
-    // Division rounding down (rounding_mode='floor', floor_divide).
-    custom("div_floor", 2, Kind::Same,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             if (is_floating(c)) return floor_divide_floats(cx, a[0], a[1], c, n.dims);
-             auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
-             // integers: q = a / b truncates; one less where the remainder says so
-             auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
-             auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
-             return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), q_minus_1, q, c, n.dims);
-           }, Opmath::WithScalar),
-    // Python-style modulus: result has the sign of the divisor (torch.remainder).
-    custom("remainder", 2, Kind::Same,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
-             auto r_plus_b = cx.binary("stablehlo.add", r, a[1], c, n.dims);
-             return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), r_plus_b, r, c, n.dims);
-           }),
-    simple("fmod", 2, Kind::Same, "stablehlo.remainder"),
-};
+TXC_OP(simple("add", 2, Kind::Same, "stablehlo.add", COMPLEX));
+TXC_OP(simple("sub", 2, Kind::Same, "stablehlo.subtract", COMPLEX));
+TXC_OP(simple("mul", 2, Kind::Same, "stablehlo.multiply", COMPLEX | OPMATH));
+TXC_OP(simple("div", 2, Kind::Float, "stablehlo.divide", COMPLEX | OPMATH));
+TXC_OP(simple("maximum", 2, Kind::Same, "stablehlo.maximum"));
+TXC_OP(simple("minimum", 2, Kind::Same, "stablehlo.minimum"));
+TXC_OP(simple("pow", 2, Kind::Same, "stablehlo.power", COMPLEX));
+TXC_OP(simple("atan2", 2, Kind::Float, "stablehlo.atan2"));
+TXC_OP(simple("bitwise_and", 2, Kind::Integral, "stablehlo.and"));
+TXC_OP(simple("bitwise_or", 2, Kind::Integral, "stablehlo.or"));
+TXC_OP(simple("bitwise_xor", 2, Kind::Integral, "stablehlo.xor"));
+// Shifts as torch's kernels: a shift by a negative amount or by at least
+// the bit width gives 0 (left, and right on unsigned) or the sign fill
+// (right on signed), which is what StableHLO's shifts do with the
+// amount read as unsigned.
+TXC_OP(simple("bitwise_left_shift", 2, Kind::Integral, "stablehlo.shift_left"));
+TXC_OP(custom("bitwise_right_shift", 2, Kind::Integral,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                const char* op = is_unsigned(c) ? "stablehlo.shift_right_logical" : "stablehlo.shift_right_arithmetic";
+                return cx.binary(op, a[0], a[1], c, n.dims);
+              }));
+TXC_OP(simple("logical_and", 2, Kind::Logical, "stablehlo.and", COMPLEX));
+TXC_OP(simple("logical_or", 2, Kind::Logical, "stablehlo.or", COMPLEX));
+TXC_OP(simple("logical_xor", 2, Kind::Logical, "stablehlo.xor", COMPLEX));
+TXC_OP(comparison("eq", "EQ", COMPLEX));
+TXC_OP(comparison("ne", "NE", COMPLEX));
+TXC_OP(comparison("lt", "LT"));
+TXC_OP(comparison("le", "LE"));
+TXC_OP(comparison("gt", "GT"));
+TXC_OP(comparison("ge", "GE"));
+// Integer division rounding toward zero (torch's rounding_mode='trunc').
+TXC_OP(custom("div_trunc", 2, Kind::Same,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
+                return is_floating(c) ? round_toward_zero(cx, q, c, n.dims) : q;
+              }, OPMATH));
+// Division rounding down (rounding_mode='floor', floor_divide).
+TXC_OP(custom("div_floor", 2, Kind::Same,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                if (is_floating(c)) return floor_divide_floats(cx, a[0], a[1], c, n.dims);
+                auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
+                // integers: q = a / b truncates; one less where the remainder says so
+                auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
+                auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
+                return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), q_minus_1, q, c, n.dims);
+              }, OPMATH));
+// Python-style modulus: result has the sign of the divisor (torch.remainder).
+TXC_OP(custom("remainder", 2, Kind::Same,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
+                auto r_plus_b = cx.binary("stablehlo.add", r, a[1], c, n.dims);
+                return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), r_plus_b, r, c, n.dims);
+              }));
+TXC_OP(simple("fmod", 2, Kind::Same, "stablehlo.remainder"));
 
 // -- special functions (aten ops that torch's decompositions turn into
 // prims; the Python side is torch_xla_core/_ops/special.py) --------------
-[[maybe_unused]] const uint16_t reg_special[] = {
-    simple("acosh", 1, Kind::Float, "chlo.acosh"),
-    simple("asinh", 1, Kind::Float, "chlo.asinh"),
-    simple("atanh", 1, Kind::Float, "chlo.atanh"),
-    simple("erfc", 1, Kind::Float, "chlo.erfc"),
-    simple("lgamma", 1, Kind::Float, "chlo.lgamma"),
-    // digamma(+-0) = -+inf, as ATen (chlo.digamma gives NaN there)
-    custom("digamma", 1, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             const Dims& d = n.dims;
-             auto pole = cx.select(sign_bit(cx, a[0], c, d), cx.constant(INFINITY, c, d), cx.constant(-INFINITY, c, d), c, d);
-             return cx.select(cx.compare(a[0], cx.constant(0, c, d), c, d, "EQ"), pole, cx.unary("chlo.digamma", a[0], c, d),
-                              c, d);
-           }),
-    simple("bessel_i1e", 1, Kind::Float, "chlo.bessel_i1e"),
-    custom("log2", 1, Kind::Float, log_base(2.0)),
-    custom("log10", 1, Kind::Float, log_base(10.0)),
-    // 2^x through power, exact at integer x (exp(x ln 2) is not)
-    custom("exp2", 1, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
-           }),
-    custom("signbit", 1, Kind::Compare,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return sign_bit(cx, a[0], c, n.dims); }),
-    // i1(x) = exp(|x|) i1e(x) (NaN at +-inf, as ATen's)
-    custom("bessel_i1", 1, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             auto e = cx.unary("stablehlo.exponential", cx.unary("stablehlo.abs", a[0], c, n.dims), c, n.dims);
-             return cx.binary("stablehlo.multiply", e, cx.unary("chlo.bessel_i1e", a[0], c, n.dims), c, n.dims);
-           }),
-    // sin(x)/x; its Taylor series 1 - x^2/3! + x^4/5! - x^6/7! + x^8/9! near 0; 0 at +-inf
-    custom("spherical_bessel_j0", 1, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             const Dims& d = n.dims;
-             auto mul = [&](const std::string& x, const std::string& y) { return cx.binary("stablehlo.multiply", x, y, c, d); };
-             auto add = [&](const std::string& x, double k) { return cx.binary("stablehlo.add", x, cx.constant(k, c, d), c, d); };
-             auto x2 = mul(a[0], a[0]);
-             auto s = cx.constant(1.0 / 362880, c, d);
-             for (double k : {-1.0 / 5040, 1.0 / 120, -1.0 / 6, 1.0}) s = add(mul(x2, s), k);
-             auto q = cx.binary("stablehlo.divide", cx.unary("stablehlo.sine", a[0], c, d), a[0], c, d);
-             auto small = cx.compare(cx.unary("stablehlo.abs", a[0], c, d), cx.constant(0.5, c, d), c, d, "LT");
-             return cx.select(is_inf(cx, a[0], c, d), cx.constant(0, c, d), cx.select(small, s, q, c, d), c, d);
-           }),
-    custom("fmax", 2, Kind::Same, nan_ignoring("stablehlo.maximum")),
-    custom("fmin", 2, Kind::Same, nan_ignoring("stablehlo.minimum")),
-    // |a| with b's sign bit
-    custom("copysign", 2, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             auto m = cx.unary("stablehlo.abs", a[0], c, n.dims);
-             return cx.select(sign_bit(cx, a[1], c, n.dims), cx.unary("stablehlo.negate", m, c, n.dims), m, c, n.dims);
-           }),
-    // sqrt(a^2 + b^2) without overflow: m sqrt(1 + (s/m)^2), m = max(|a|,|b|),
-    // s = min; 0 when both are 0; inf when either is inf (even with a NaN)
-    custom("hypot", 2, Kind::Float,
-           [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-             const Dims& d = n.dims;
-             auto x = cx.unary("stablehlo.abs", a[0], c, d), y = cx.unary("stablehlo.abs", a[1], c, d);
-             auto m = cx.binary("stablehlo.maximum", x, y, c, d), s = cx.binary("stablehlo.minimum", x, y, c, d);
-             auto r = cx.binary("stablehlo.divide", s, m, c, d);
-             auto one_plus = cx.binary("stablehlo.add", cx.constant(1, c, d), cx.binary("stablehlo.multiply", r, r, c, d), c, d);
-             auto h = cx.binary("stablehlo.multiply", m, cx.unary("stablehlo.sqrt", one_plus, c, d), c, d);
-             auto zero = cx.constant(0, c, d);
-             h = cx.select(cx.compare(m, zero, c, d, "EQ"), zero, h, c, d);
-             auto inf = cx.binary("stablehlo.or", is_inf(cx, x, c, d), is_inf(cx, y, c, d), DType::Bool, d);
-             return cx.select(inf, cx.constant(INFINITY, c, d), h, c, d);
-           }),
-    simple("nextafter", 2, Kind::Float, "chlo.next_after"),
-};
+TXC_OP(simple("acosh", 1, Kind::Float, "chlo.acosh"));
+TXC_OP(simple("asinh", 1, Kind::Float, "chlo.asinh"));
+TXC_OP(simple("atanh", 1, Kind::Float, "chlo.atanh"));
+TXC_OP(simple("erfc", 1, Kind::Float, "chlo.erfc"));
+TXC_OP(simple("lgamma", 1, Kind::Float, "chlo.lgamma"));
+// digamma(+-0) = -+inf, as ATen (chlo.digamma gives NaN there)
+TXC_OP(custom("digamma", 1, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                const Dims& d = n.dims;
+                auto pole = cx.select(sign_bit(cx, a[0], c, d), cx.constant(INFINITY, c, d), cx.constant(-INFINITY, c, d), c, d);
+                return cx.select(cx.compare(a[0], cx.constant(0, c, d), c, d, "EQ"), pole, cx.unary("chlo.digamma", a[0], c, d),
+                                 c, d);
+              }));
+TXC_OP(simple("bessel_i1e", 1, Kind::Float, "chlo.bessel_i1e"));
+TXC_OP(custom("log2", 1, Kind::Float, log_base(2.0)));
+TXC_OP(custom("log10", 1, Kind::Float, log_base(10.0)));
+// 2^x through power, exact at integer x (exp(x ln 2) is not)
+TXC_OP(custom("exp2", 1, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
+              }));
+TXC_OP(custom("signbit", 1, Kind::Compare,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return sign_bit(cx, a[0], c, n.dims); }));
+// i1(x) = exp(|x|) i1e(x) (NaN at +-inf, as ATen's)
+TXC_OP(custom("bessel_i1", 1, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                auto e = cx.unary("stablehlo.exponential", cx.unary("stablehlo.abs", a[0], c, n.dims), c, n.dims);
+                return cx.binary("stablehlo.multiply", e, cx.unary("chlo.bessel_i1e", a[0], c, n.dims), c, n.dims);
+              }));
+// sin(x)/x; its Taylor series 1 - x^2/3! + x^4/5! - x^6/7! + x^8/9! near 0; 0 at +-inf
+TXC_OP(custom("spherical_bessel_j0", 1, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                const Dims& d = n.dims;
+                auto mul = [&](const std::string& x, const std::string& y) { return cx.binary("stablehlo.multiply", x, y, c, d); };
+                auto add = [&](const std::string& x, double k) { return cx.binary("stablehlo.add", x, cx.constant(k, c, d), c, d); };
+                auto x2 = mul(a[0], a[0]);
+                auto s = cx.constant(1.0 / 362880, c, d);
+                for (double k : {-1.0 / 5040, 1.0 / 120, -1.0 / 6, 1.0}) s = add(mul(x2, s), k);
+                auto q = cx.binary("stablehlo.divide", cx.unary("stablehlo.sine", a[0], c, d), a[0], c, d);
+                auto small = cx.compare(cx.unary("stablehlo.abs", a[0], c, d), cx.constant(0.5, c, d), c, d, "LT");
+                return cx.select(is_inf(cx, a[0], c, d), cx.constant(0, c, d), cx.select(small, s, q, c, d), c, d);
+              }));
+TXC_OP(custom("fmax", 2, Kind::Same, nan_ignoring("stablehlo.maximum")));
+TXC_OP(custom("fmin", 2, Kind::Same, nan_ignoring("stablehlo.minimum")));
+// |a| with b's sign bit
+TXC_OP(custom("copysign", 2, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                auto m = cx.unary("stablehlo.abs", a[0], c, n.dims);
+                return cx.select(sign_bit(cx, a[1], c, n.dims), cx.unary("stablehlo.negate", m, c, n.dims), m, c, n.dims);
+              }));
+// sqrt(a^2 + b^2) without overflow: m sqrt(1 + (s/m)^2), m = max(|a|,|b|),
+// s = min; 0 when both are 0; inf when either is inf (even with a NaN)
+TXC_OP(custom("hypot", 2, Kind::Float,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                const Dims& d = n.dims;
+                auto x = cx.unary("stablehlo.abs", a[0], c, d), y = cx.unary("stablehlo.abs", a[1], c, d);
+                auto m = cx.binary("stablehlo.maximum", x, y, c, d), s = cx.binary("stablehlo.minimum", x, y, c, d);
+                auto r = cx.binary("stablehlo.divide", s, m, c, d);
+                auto one_plus = cx.binary("stablehlo.add", cx.constant(1, c, d), cx.binary("stablehlo.multiply", r, r, c, d), c, d);
+                auto h = cx.binary("stablehlo.multiply", m, cx.unary("stablehlo.sqrt", one_plus, c, d), c, d);
+                auto zero = cx.constant(0, c, d);
+                h = cx.select(cx.compare(m, zero, c, d, "EQ"), zero, h, c, d);
+                auto inf = cx.binary("stablehlo.or", is_inf(cx, x, c, d), is_inf(cx, y, c, d), DType::Bool, d);
+                return cx.select(inf, cx.constant(INFINITY, c, d), h, c, d);
+              }));
+TXC_OP(simple("nextafter", 2, Kind::Float, "chlo.next_after"));
 
 // where(cond, x, y): x and y promote; cond is bool (so are Python numbers
 // among x and y: cond takes no part in their dtype).
@@ -444,7 +437,7 @@ DType where_dtype(const std::vector<NodePtr>& xs) {
   return rt.result();
 }
 
-const uint16_t reg_where = register_op(OpDef{
+TXC_OP(
     "where", 3,
     [](Node& n) {
       Dims d = broadcast_dims(n, n.operands[0]->dims, n.operands[1]->dims);
@@ -457,7 +450,7 @@ const uint16_t reg_where = register_op(OpDef{
       auto y = cx.coerce(n, 2, n.dtype, n.dims);
       return cx.select(c, x, y, n.dtype, n.dims);
     },
-    nullptr, nullptr, 0, &where_dtype});
+    nullptr, nullptr, 0, &where_dtype);
 
 }  // namespace
 }  // namespace txc

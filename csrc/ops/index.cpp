@@ -435,8 +435,8 @@ TXC_OP("embedding_backward", 2,
 // cumsum/cumprod/cummax/cummin(x; dim, dtype): dtype -1 means torch's default
 // (integers and bools accumulate in int64). A reduce_window over a window the
 // size of dim (XLA rewrites it into an efficient scan).
-void reg_cum(const char* name, const char* body, double init) {
-  register_op(OpDef{
+OpDef cumulative_op(const char* name, const char* body, double init) {
+  return OpDef{
       name, 1,
       [](Node& n) {
         const Node& x = *n.operands[0];
@@ -454,15 +454,12 @@ void reg_cum(const char* name, const char* body, double init) {
         if (x.rank() == 0 || x.numel() == 0) return cx.convert(v, t, n.dtype, x.dims);
         double i = std::isinf(init) ? (init < 0 ? lowest_value(t) : highest_value(t)) : init;
         return cx.convert(cumulative(cx, v, t, x.dims, n.attr_int(0), body, i), t, n.dtype, x.dims);
-      }});
+      }};
 }
-[[maybe_unused]] const bool registered_cum = [] {
-  reg_cum("cumsum", "stablehlo.add", 0);
-  reg_cum("cumprod", "stablehlo.multiply", 1);
-  reg_cum("cummax", "stablehlo.maximum", -INFINITY);  // pass dtype = x's; init clamps to the dtype below
-  reg_cum("cummin", "stablehlo.minimum", INFINITY);
-  return true;
-}();
+TXC_OP(cumulative_op("cumsum", "stablehlo.add", 0));
+TXC_OP(cumulative_op("cumprod", "stablehlo.multiply", 1));
+TXC_OP(cumulative_op("cummax", "stablehlo.maximum", -INFINITY));  // pass dtype = x's; init clamps to the dtype below
+TXC_OP(cumulative_op("cummin", "stablehlo.minimum", INFINITY));
 
 // ---- sort ---------------------------------------------------------------
 // sort(x; dim, descending, which): a stable sort along dim; which = 0 gives

@@ -92,8 +92,8 @@ std::string nan_wins(LowerCtx& cx, const std::string& v, DType t, const Dims& in
   return cx.select(any, cx.constant(NAN, t, flat), r, t, flat);
 }
 
-void reg(const char* name, RK k) {
-  register_op(OpDef{
+OpDef reduction(const char* name, RK k) {
+  return OpDef{
       name, 1,
       [k](Node& n) {
         const Node& x = *n.operands[0];
@@ -148,25 +148,22 @@ void reg(const char* name, RK k) {
           }
         }
         return cx.reshape(cx.convert(r, t, n.dtype, flat), n.dtype, flat, n.dims);
-      }});
+      }};
 }
 
-[[maybe_unused]] const bool registered = [] {
-  reg("sum", RK::Sum);      // (x; axes, keepdim, dtype)
-  reg("mean", RK::Mean);    // (x; axes, keepdim, dtype)
-  reg("prod", RK::Prod);    // (x; axes, keepdim, dtype)
-  reg("amax", RK::Max);     // (x; axes, keepdim)
-  reg("amin", RK::Min);     // (x; axes, keepdim)
-  reg("any", RK::Any);      // (x; axes, keepdim)
-  reg("all", RK::All);      // (x; axes, keepdim)
-  reg("var", RK::Var);      // (x; axes, keepdim, correction: float)
-  return true;
-}();
+TXC_OP(reduction("sum", RK::Sum));    // (x; axes, keepdim, dtype)
+TXC_OP(reduction("mean", RK::Mean));  // (x; axes, keepdim, dtype)
+TXC_OP(reduction("prod", RK::Prod));  // (x; axes, keepdim, dtype)
+TXC_OP(reduction("amax", RK::Max));   // (x; axes, keepdim)
+TXC_OP(reduction("amin", RK::Min));   // (x; axes, keepdim)
+TXC_OP(reduction("any", RK::Any));    // (x; axes, keepdim)
+TXC_OP(reduction("all", RK::All));    // (x; axes, keepdim)
+TXC_OP(reduction("var", RK::Var));    // (x; axes, keepdim, correction: float)
 
 // argmax/argmin(x; dim, keepdim) -> int64; NaN wins, ties (equal values or
 // both NaN) pick the smaller index.
-void reg_arg(const char* name, bool is_max) {
-  register_op(OpDef{
+OpDef arg_reduction(const char* name, bool is_max) {
+  return OpDef{
       name, 1,
       [name](Node& n) {
         const Node& x = *n.operands[0];
@@ -216,13 +213,10 @@ void reg_arg(const char* name, bool is_max) {
                                     {LowerCtx::type(t, flat), LowerCtx::type(DType::I64, flat)},
                                     "dimensions = array<i64: " + std::to_string(dim) + ">", region);
         return cx.reshape(r + "#1", DType::I64, flat, n.dims);
-      }});
+      }};
 }
-[[maybe_unused]] const bool registered_arg = [] {
-  reg_arg("argmax", true);
-  reg_arg("argmin", false);
-  return true;
-}();
+TXC_OP(arg_reduction("argmax", true));
+TXC_OP(arg_reduction("argmin", false));
 
 }  // namespace
 }  // namespace txc

@@ -105,6 +105,8 @@ def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, che
     dtype_rules.declare(overloads, refuses)
     for o in _compat.present(overloads):
         h = HANDLERS.get(o)
+        if isinstance(h, _C.Mapping):
+            raise ValueError(f"mapping of {o}: it is declared twice (onto core ops '{h.op}' and '{op}'): keep one")
         explicit = h is not None and not isinstance(h, _C.Mapping)
         m = _mapping(o, op, operands, ranks, attrs, view, check, h if explicit else _Rest(o))
         HANDLERS[o] = m
@@ -124,6 +126,12 @@ def impl(*overloads, refuses=None):
         for o in _compat.present(overloads):
             for f in ([getattr(o, n) for n in o.overloads()] if isinstance(o, torch._ops.OpOverloadPacket) else [o]):
                 h = HANDLERS.get(f)
+                if isinstance(h, _C.Mapping) and h.rest is not fn and not isinstance(h.rest, _Rest):
+                    h = h.rest  # (a second handler for the calls its mapping does not fit: refused below)
+                if h is not None and h is not fn and not isinstance(h, _C.Mapping) and declared(f):
+                    raise ValueError(f"@impl of {f}: it already has a handler, {_name(h)}; a second one, "
+                                     f"{_name(fn)}, would win or lose by import order: keep one")
+                h = HANDLERS.get(f)
                 if isinstance(h, _C.Mapping):
                     h.rest = fn
                 else:
@@ -132,6 +140,10 @@ def impl(*overloads, refuses=None):
         _C.dispatch_clear()
         return fn
     return deco
+
+
+def _name(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 DECOMPOSED = []  # what decomposed() declared

@@ -6,7 +6,7 @@ as_strided indexes the whole storage, as on CPU."""
 import torch
 
 from .. import _tensor
-from .._tensor import OP, XlaTensor, _make, _op, _view, _view_op, wrap
+from .._tensor import OP, XlaTensor, _op, _view, _view_op, wrap
 from . import XLA, Arg, aten, convert, impl, mapping
 
 
@@ -261,28 +261,6 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     if tuple(src.shape) != tuple(size):
         src = expand(src, list(size))
     return _op(OP.as_strided_scatter, (x._lt, src._lt), (list(size), list(stride), off))
-
-
-@impl(aten.resize_.default)
-def resize_(x, size, memory_format=None):
-    """out= resizing: x keeps its leading elements (in order) in a storage of
-    its own, zero-filled beyond them (CPU leaves those uninitialized)."""
-    size = [int(s) for s in size]
-    if size == list(x.shape):
-        return x
-    if any(s < 0 for s in size):
-        raise RuntimeError(f"resize_: Trying to create tensor with negative dimension: {size}")
-    old, new = x.numel(), 1
-    for s in size:
-        new *= s
-    flat = _make(OP.reshape, (x._lt,), ([old],))
-    if new < old:
-        flat = _make(OP.slice, (flat,), (0, 0, new, 1))
-    elif new > old:
-        flat = _make(OP.pad, (flat,), ([0], [new - old], 0.0))
-    _tensor.set_meta(x, size)
-    x._lt = _make(OP.reshape, (flat,), (size,))
-    return x
 
 
 # In-place metadata changes: the wrapper's shape and strides change, and its

@@ -13,7 +13,7 @@ into prims (acosh, log2, exp2, hypot, signbit, ...), lowered on the device:
   uses (special_polynomials.py), Bessel J/Y/K and Airy Ai from textbook
   series, expansions and integrals (special_bessel.py), both through
   call_jax; and small
-  compositions of core ops (round(decimals), angle of real tensors).
+  compositions of core ops (round(decimals)).
 
 Each aten overload is registered together with the prims overload its
 torch decomposition reaches, so decompositions of other ops (mvlgamma,
@@ -96,18 +96,6 @@ def round_decimals(x, *, decimals=0):
         return _op(OP.div, (r, scale), ())
     r = _make(OP.round, (_make(OP.div, (x._lt, scale), ()),), ())
     return _op(OP.mul, (r, scale), ())
-
-
-@impl(aten.angle.default)
-def angle(x):
-    if x.is_complex():
-        raise RuntimeError("angle: complex tensors are not supported on the xla device")
-    # real x: pi where x < 0, else 0; NaN stays NaN
-    from .._dtypes import code
-    x = _floating(x)
-    pi = _make(OP.full, (), (math.pi, code(x.dtype), list(x.shape)))
-    a = _make(OP.where, (_make(OP.lt, (x._lt, 0), ()), pi, 0), ())
-    return _op(OP.where, (_make(OP.isnan, (x._lt,), ()), x._lt, a), ())
 
 
 # -- jax implementations inlined as one jax_call node -------------------------
