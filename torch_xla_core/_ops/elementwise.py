@@ -290,6 +290,8 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 
 def _to_copy(x, dtype, device):
+    if device is None and type(x) is XlaTensor:  # x.to(dtype), x.float(): the common case first
+        return convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
         i = _device.index(dev)
@@ -332,6 +334,9 @@ def copy_(dst, src, non_blocking=False):
         src = src.to(dst.dtype)
     if src.shape != dst.shape:
         src = src.expand(dst.shape)
+    if dst.numel() == 0:  # no values to upload (torch.tensor([]), DynamicCache's per-layer one): a fresh empty
+        assign(dst, full_like(dst, 0))
+        return dst
     assign(dst, _tensor.from_cpu(src, _tensor.index_of(dst), user=True))
     return dst
 
