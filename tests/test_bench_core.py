@@ -40,7 +40,8 @@ def test_lowering_compiles_and_computes():
     ws = [torch.randn(64, 64, generator=g) / 8 for _ in range(2)]
     bs = [torch.randn(64, generator=g) for _ in range(2)]
     params = [x, ws[0], bs[0], ws[1], bs[1]]
-    (out,) = runtime.execute(exe, [runtime.to_device(p) for p in params], wait=True)
+    (out,), t0 = runtime.launch(exe, [runtime.to_device(p) for p in params])
+    runtime.wait_ready([out], t0)
     h = x
     for w, b, approx in zip(ws, bs, ("none", "tanh")):
         y = F.gelu(h @ w + b, approximate=approx).reshape(512).reshape(8, 64)

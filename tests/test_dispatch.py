@@ -9,7 +9,7 @@ import torch
 import torch_xla_core as txc
 from torch_xla_core import _C, metrics
 from torch_xla_core._ops import Arg, mapping
-from torch_xla_core._tensor import HANDLERS
+from torch_xla_core._ops import HANDLERS
 
 aten = torch.ops.aten
 DEV = txc.device()

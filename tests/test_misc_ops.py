@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_xla_core as txc
+from torch_xla_core import _ops
 from torch_xla_core._ops import aten
 from util import assert_matches_cpu
 
@@ -407,7 +408,7 @@ def test_handler_error_in_autograd_surfaces(how, monkeypatch):
 
     def bad(*args, **kwargs):
         raise ValueError("hardshrink_backward failed on purpose")
-    monkeypatch.setitem(_tensor.HANDLERS, aten.hardshrink_backward.default, bad)
+    monkeypatch.setitem(_ops.HANDLERS, aten.hardshrink_backward.default, bad)
     _C.dispatch_clear()
     try:
         x = torch.ones(3, device=txc.device(), requires_grad=True)

@@ -159,7 +159,8 @@ def _run_swapped(y):
     params = [runtime.scalar(*p) if type(p) is tuple else p for p in cut.params()]
     outs = []
     for t in (text, swapped):
-        (buf,) = runtime.execute(runtime.compile_text(t), params, wait=True)
+        (buf,), t0 = runtime.launch(runtime.compile_text(t), params)
+        runtime.wait_ready([buf], t0)
         outs.append(runtime.to_host(buf))
     return outs
 

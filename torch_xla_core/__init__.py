@@ -20,21 +20,12 @@ from . import _compat
 
 _compat.check_torch()  # a torch outside the supported range: an ImportError naming it and the range
 
-from . import _device  # noqa: E402
+from . import _install  # noqa: E402
 
-_device.register()
+_install.install()  # the device, the dispatch table, the autograd engine, autocast, serialization, ...
 
-from . import _C, _checks, _tensor, debug, executor, metrics, runtime  # noqa: E402
-from . import _ops  # noqa: E402
+from . import _C, _checks, _tensor, debug, executor, metrics, runtime  # noqa: E402,F401  (txc.metrics, ...)
 
-_tensor.configure(torch.device("xla", 0))
-
-# Autograd would run the backward of xla tensors on a device thread of its
-# own, and every op there re-enters Python from that thread; running it on
-# the calling thread traced the 64-layer MLP's forward+backward ~20% faster
-# (bench/trace_overhead.py). This is per thread (torch's TLS): it applies to
-# the thread that imports torch_xla_core. TXC_AUTOGRAD_THREADS=1 keeps torch's
-# default.
 # torch_xla's global dtype flags (deprecated there in 2.6) change every
 # tensor's dtype behind the program's back; we do not honour them, and say so.
 _LEGACY_DTYPE_FLAGS = {
@@ -51,24 +42,9 @@ for _flag, _instead in _LEGACY_DTYPE_FLAGS.items():
         warnings.warn(f"{_flag} is set but torch_xla_core ignores it (torch_xla deprecated it in 2.6): tensors keep "
                       f"their dtypes. Instead, {_instead}.", FutureWarning, stacklevel=2)
 
-if not config.get("TXC_AUTOGRAD_THREADS"):
-    torch._C._set_multithreading_enabled(False)
-_ops.load_all()
+from . import amp, memory, offload, scan, serialization  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
 
-from . import serialization  # noqa: E402
-from . import amp  # noqa: E402
-
-amp.register_handlers()
-amp.install()  # torch.autocast("xla"): cast policies on the AutocastPrivateUse1 key
-
-from . import memory, offload, scan  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
-
-serialization.register()  # torch.save/torch.load of xla tensors
 save = serialization.save  # torch_xla's xm.save: every process calls it, process 0 writes
-
-from . import _tying  # noqa: E402
-
-_tying.install()  # Module.to("xla") keeps tied parameters tied
 
 
 def device(index: int = 0) -> torch.device:
@@ -133,6 +109,4 @@ from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
 from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
 from .peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
 from . import data, profiler  # noqa: E402
-from . import dynamo  # noqa: E402  (torch.compile(backend="torch_xla_core"), installed with torch._dynamo)
-
-dynamo.install_hook()
+from . import dynamo  # noqa: E402,F401  (torch.compile(backend="torch_xla_core"): _install.py)

@@ -9,6 +9,8 @@ import operator
 
 import torch
 
+from . import _random, runtime
+
 _done = False
 
 
@@ -29,7 +31,6 @@ class _DeviceModule:
 
     @staticmethod
     def device_count() -> int:
-        from . import runtime
         return runtime.device_count()
 
     @staticmethod
@@ -38,22 +39,18 @@ class _DeviceModule:
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
-        from . import _random
         _random.manual_seed(seed)
 
     @staticmethod
     def manual_seed(seed: int) -> None:
-        from . import _random
         _random.manual_seed(seed)
 
     @staticmethod
     def get_rng_state(device="xla"):
-        from . import _random
         return _random.get_rng_state()
 
     @staticmethod
     def set_rng_state(state, device="xla"):
-        from . import _random
         _random.set_rng_state(state)
 
     @staticmethod
@@ -76,7 +73,6 @@ class _DeviceModule:
 
     @staticmethod
     def synchronize(device=None) -> None:
-        from . import runtime
         runtime.wait_all()
 
 
@@ -109,7 +105,6 @@ def index(device):
     d = device if isinstance(device, torch.device) else torch.device(device)
     if d.type != "xla" or d.index is None:
         return None
-    from . import runtime
     n = runtime.device_count()
     if not 0 <= d.index < n:
         hint = (" (set TXC_NUM_CPU_DEVICES=N before the first xla op for N CPU devices)"
@@ -144,35 +139,6 @@ class _Guard(torch._C._acc.DeviceGuard):
         self.type_ = functools.partial(operator.itemgetter(0), (_PRIVATEUSE1,))
 
 
-class _Engine(torch._C._ImperativeEngine):
-    """The autograd engine's Python face (Variable._execution_engine), through
-    which Tensor.backward, torch.autograd.backward and torch.autograd.grad all
-    run. When an op handler raises inside a backward pass, torch's Python
-    device guard (every query of it calls type_ above) runs Python while the
-    engine unwinds and the pending exception is lost: the engine then raises
-    "SystemError: ... returned NULL without setting an exception". The
-    dispatcher keeps the handler's exception per thread
-    (csrc/py/dispatch.cpp): raise that one instead."""
-
-    backward_listener = None  # fn(roots, keep_graph): a txc.compile recording notes the graphs it consumes
-
-    def run_backward(self, *args, **kwargs):
-        from . import _C
-        if _Engine.backward_listener is not None:
-            _Engine.backward_listener(args[0] if args else kwargs.get("tensors", ()),
-                                      args[2] if len(args) > 2 else kwargs.get("keep_graph", False))
-        _C.take_handler_error()
-        try:
-            return super().run_backward(*args, **kwargs)
-        except SystemError as e:
-            err = _C.take_handler_error()
-            if err is None or "without setting an exception" not in str(e):
-                raise
-            raise err from None
-        finally:
-            _C.take_handler_error()  # reported (or harmless): hold no traceback or tensors
-
-
 def register() -> None:
     global _done
     if _done:
@@ -182,6 +148,4 @@ def register() -> None:
     torch._register_device_module("xla", _DeviceModule())
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
-    from torch.autograd.variable import Variable
-    Variable._execution_engine = _Engine()
     _done = True

@@ -19,10 +19,11 @@ loop's final state, which starts a new base. Inside a scan body being traced
 iteration) and leave _state/_base/_last alone: a body value held here would
 stay live outside the body."""
 import contextlib
+import os
 
 import torch
 
-from . import _trace_context
+from . import _dtypes, _tensor, _trace_context
 
 _MASK = (1 << 64) - 1
 _seed = None   # the seed as an unsigned 64-bit int; None: torch.initial_seed() at first use
@@ -45,16 +46,14 @@ def initial_seed() -> int:
 
 def seed() -> int:
     """Seeds the xla RNG with a non-deterministic number; returns it."""
-    import os
     s = int.from_bytes(os.urandom(8), "little") >> 1
     manual_seed(s)
     return s
 
 
 def _upload(seed: int, counter: int = 0):
-    from . import _tensor
     s = _int64(seed & _MASK)
-    return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), -1)._lt  # joins graphs on any device
+    return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), _tensor.ANY_DEVICE)._lt  # joins graphs on any device
 
 
 _I64 = None  # dtype code of int64 (a stream is the scalar operand (stream(n), _I64))
@@ -76,7 +75,6 @@ def _int64(u: int) -> int:
 
 def _init():
     global _I64, _adv
-    from . import _dtypes, _tensor
     _I64 = _dtypes.code(torch.int64)
     _adv = (_tensor._make, _tensor.OP.rng_advance)
 
@@ -164,7 +162,6 @@ def roots():
 def get_rng_state() -> torch.Tensor:
     """The xla RNG state as a CPU int64 tensor (computes pending draws)."""
     global _state
-    from . import _tensor
     if _state is None:
         _state = _upload(initial_seed())
     return _tensor.to_cpu(_tensor.wrap(_state))
@@ -172,8 +169,7 @@ def get_rng_state() -> torch.Tensor:
 
 def set_rng_state(new_state: torch.Tensor) -> None:
     global _state
-    from . import _tensor
     if new_state.dtype != torch.int64 or tuple(new_state.shape) != (2,):
         raise RuntimeError(f"set_rng_state: expected an int64 tensor of shape [2], got {new_state.dtype} "
                            f"{list(new_state.shape)}")
-    _state = _tensor.from_cpu(new_state.detach().cpu().clone(), -1)._lt
+    _state = _tensor.from_cpu(new_state.detach().cpu().clone(), _tensor.ANY_DEVICE)._lt

@@ -124,7 +124,7 @@ class Session:
                 lt = _tensor._make(_ALIAS, (lt,), ())  # a storage of its own holding the view's value
             # a value computed from constants alone (transformers' packed-sequence check of an arange's
             # positions) is the same on every replay of this graph: no guard, no wait for the device
-            constant = all(type(a) is tuple or id(a) in self.consts for a in _C.GraphCut([lt], -2).params())
+            constant = all(type(a) is tuple or id(a) in self.consts for a in _C.GraphCut([lt], _tensor.ALL_DEVICES).params())
             # the user's read: everything pending is one segment (nothing computed twice); an op handler's read
             # (CTC's target lengths) syncs only its value, as a traced call does: the handler's half-built
             # values (a scan body's) are not ready to run
@@ -164,7 +164,7 @@ class Session:
             # are guarded), or a tensor an op made from shapes, numbers and values the step read (guarded)
             self.consts[id(buf)] = buf
 
-    # -- backward passes (_device._Engine) --------------------------------------
+    # -- backward passes (_ops/engine.py) --------------------------------------
     def backward(self, roots, keep_graph):
         if keep_graph:
             return

@@ -218,20 +218,17 @@ def _options(text: str, key):
 
 
 def compile(text: str, key):
-    """Compiles a partitioned graph over key.spmd's devices."""
-    from jax._src.lib import xla_client as xc
+    """Compiles a partitioned graph over key.spmd's devices (runtime.compile_on)."""
     text, opts = _options(text, key)
-    return runtime.backend().compile_and_load(text, xc.DeviceList(tuple(_devices(key.spmd.device_ids))), opts)
+    return runtime.compile_on(text, _devices(key.spmd.device_ids), opts)
 
 
 def deserialize(data: bytes, text: str, key):
     """The executable that runtime.serialize() wrote for this partitioned
     graph (the persistent compile cache), loaded onto key.spmd's devices
     with the options compile() used."""
-    from jax._src.lib import xla_client as xc
     _, opts = _options(text, key)
-    devs = xc.DeviceList(tuple(_devices(key.spmd.device_ids)))
-    return runtime.backend().deserialize_executable(data, devs, opts)
+    return runtime.deserialize_on(data, _devices(key.spmd.device_ids), opts)
 
 
 def bind(spmd: Spmd, params: list) -> list:
@@ -284,9 +281,9 @@ def _out_shardings(exe, key) -> list:
     return r
 
 
-def execute(exe, key, params: list, specs: list, wait: bool = False) -> list:
-    """Runs the partitioned executable of an executor Key; its outputs as
-    global arrays."""
+def launch(exe, key, params: list, specs: list):
+    """Starts the partitioned executable of an executor Key: (its outputs as
+    global arrays, the launch's start time for runtime.wait_ready)."""
     import time
 
     import jax
@@ -298,8 +295,5 @@ def execute(exe, key, params: list, specs: list, wait: bool = False) -> list:
         outs = [jax.make_array_from_single_device_arrays(tuple(dims), s, arrs)
                 for (code, dims), s, arrs in zip(specs, shardings, parts)]
     metrics.timer_add("execute_launch", time.perf_counter() - t0)
-    if wait:
-        peers.wait(outs)  # a dead peer process raises PeerLostError here
-        metrics.timer_add("execute", time.perf_counter() - t0)
-    return outs
+    return outs, t0
 

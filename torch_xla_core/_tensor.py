@@ -1,19 +1,25 @@
 """The xla tensor: a wrapper subclass whose payload is a C++ LazyTensor.
 Every aten op on xla tensors reaches __torch_dispatch__, which is C++
-(csrc/py/dispatch.cpp): it looks the overload up in HANDLERS (filled by the
-_ops modules: aten overload -> a _C.Mapping declared with _ops.mapping(),
+(csrc/py/dispatch.cpp): it looks the overload up in the dispatch table
+(_ops.HANDLERS: aten overload -> a _C.Mapping declared with _ops.mapping(),
 run in C++, or a function that calls core ops; else torch._decomp's
 decompositions, else a counted, warned CPU fallback) and runs it.
-Also: wrapping/unwrapping, materialization (sync, to_cpu)."""
+Also: wrapping/unwrapping, uploads, materialization (sync, to_cpu).
+
+This module is the tracing layer (ARCHITECTURE.md, "Layers"): it knows
+nothing of the layers above it. Running a graph is the execution layer's
+(executor.py), which plugs its sync in here when it loads (bind_executor);
+the dispatch table is the ops layer's; pickling (__reduce_ex__) is set by
+serialization.py."""
 import warnings
 
 import torch
+import torch.utils._pytree as pytree
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _checks, _dtypes, _trace_context, executor, runtime, serialization
+from . import _C, _checks, _dtypes, _trace_context, runtime
 
-DEVICE = None  # torch.device("xla", 0), set by configure() (called at import, torch_xla_core/__init__.py)
-HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs): a _C.Mapping or a function
+DEVICE = None  # torch.device("xla", 0), set by configure() (called at import: _install.py)
 
 
 class _OpIds:
@@ -42,6 +48,10 @@ _mws = torch.Tensor._make_wrapper_subclass
 _TENSOR_DATA = torch._C.TensorBase.data
 _TORCH = _dtypes.TORCH
 
+# The core's device numbers besides a device's index (csrc/ir/node.h, csrc/trace/graph.h):
+ANY_DEVICE = -1   # a value that joins a graph on any device: Python numbers, constants, the RNG state
+ALL_DEVICES = -2  # a GraphCut over every device's values (a sync of all live tensors)
+
 
 class XlaTensor(torch.Tensor):
     """A tensor on the xla device. Its value is traced lazily (see _lt)."""
@@ -49,7 +59,7 @@ class XlaTensor(torch.Tensor):
     __slots__ = ("_lt",)  # the core's LazyTensor: a slot is quicker to set and read than __dict__
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    # __torch_dispatch__(func, types, args, kwargs): HANDLERS[func](*args, **kwargs)
+    # __torch_dispatch__(func, types, args, kwargs): _ops.HANDLERS[func](*args, **kwargs)
     # (a Mapping runs in C++); a builtin, so no Python frame per op.
     __torch_dispatch__ = staticmethod(_C.torch_dispatch)
 
@@ -90,15 +100,6 @@ class XlaTensor(torch.Tensor):
         if self.requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         return to_cpu(self).numpy()
-
-    def __reduce_ex__(self, proto):  # torch.save, pickle
-        return serialization.reduce_ex(self, proto)
-
-    def __deepcopy__(self, memo):
-        return serialization.deepcopy(self, memo)
-
-    def __copy__(self):
-        return serialization.shallow_copy(self)
 
 
 def v(x):
@@ -146,7 +147,17 @@ def configure(device) -> None:
     global DEVICE
     DEVICE = device
     _C.configure_wrapper(XlaTensor, _mws, list(_TORCH), device, _operand_fallback)
-    _C.configure_dispatch(_entry, _check_writes)
+
+
+# --- the execution layer's hooks ---------------------------------------------
+_sync = None         # executor.sync(lts, wait): runs pending graphs
+_use_devices = None  # _use_devices(): a value lives on a device other than xla:0
+
+
+def bind_executor(sync, use_devices) -> None:
+    """Called by executor.py when it loads: how this layer runs graphs."""
+    global _sync, _use_devices
+    _sync, _use_devices = sync, use_devices
 
 
 def op(name: str, *operands, attrs=()) -> XlaTensor:
@@ -155,15 +166,15 @@ def op(name: str, *operands, attrs=()) -> XlaTensor:
 
 
 def from_cpu(t: torch.Tensor, device_index: int = 0, user: bool = False) -> XlaTensor:
-    """Uploads a CPU tensor to xla device `device_index` (-1: device 0, as a
-    value that may join a graph on any device, such as the RNG state); the
+    """Uploads a CPU tensor to xla device `device_index` (ANY_DEVICE: device 0,
+    as a value that may join a graph on any device, such as the RNG state); the
     result is device data (a graph parameter). user: the user's own data
     (`cpu_tensor.to("xla")`, `torch.tensor(..., device="xla")`), not a value
     an op handler derived from shapes, numbers or values read (a recording
     of txc.compile tells them apart: replay.py)."""
     code = _dtypes.code(t.dtype)
     if device_index > 0:
-        executor.use_devices()
+        _use_devices()
     buf = runtime.to_device(t, max(device_index, 0))
     if capture is not None:
         capture.upload(t, buf, user)
@@ -183,7 +194,7 @@ def place_on(t: XlaTensor, device_index) -> XlaTensor:
     _C.place_on(t._lt, device_index)
     if not device_index:
         return t  # its wrapper already says xla:0
-    executor.use_devices()
+    _use_devices()
     return wrap(t._lt)
 
 
@@ -192,7 +203,7 @@ def move(t: XlaTensor, device_index: int) -> XlaTensor:
     if pending); t itself when it is there already."""
     if index_of(t) == device_index:
         return t
-    executor.use_devices()
+    _use_devices()
     buf = runtime.move(materialize(t), device_index)
     return wrap(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), device_index))
 
@@ -202,7 +213,7 @@ def sync_lazy(lts=None, wait=False) -> None:
     every live one): torch_xla_core/executor.py. Refused inside a scan body
     being traced (_trace_context)."""
     _trace_context.check_sync()
-    executor.sync(lts, wait)
+    _sync(lts, wait)
 
 
 capture = None  # a txc.compile recording under way (replay's _Session): it sees host reads and uploads
@@ -243,36 +254,18 @@ def set_meta(t: XlaTensor, shape, stride=None, storage_offset=0) -> None:
         _TENSOR_DATA.__set__(t, meta)
 
 
+def note_op(inputs, outputs) -> None:
+    """For ops that build IR without an aten call (kernels.call_jax): lets a
+    body trace under way (a scan body: _trace_context) see the xla tensors
+    they read and make, as its dispatch mode sees aten ops' (so closed-over
+    weights become captures with gradients)."""
+    trace = _trace_context.current()
+    if trace is not None:  # the innermost trace (an enclosing one sees the whole loop as one op)
+        trace.mode.see_inputs([t for t in pytree.tree_leaves(inputs) if isinstance(t, XlaTensor)])
+        trace.mode.see_outputs([t for t in pytree.tree_leaves(outputs) if isinstance(t, XlaTensor)])
+
+
 _warned = set()
-
-
-def _entry(func):
-    """What the C++ dispatcher caches for func: its handler, and whether it
-    checks first that no other argument partly overlaps the tensor an
-    in-place op writes (_ops.check_writes)."""
-    from . import _ops
-    from ._ops import dtype_rules
-    h = dtype_rules.guard(func, handler(func))  # the dtypes torch's kernels refuse (most ops: h itself)
-    return h, func in _ops.SELF_CHECKED
-
-
-def _check_writes(written, inputs):
-    """The dispatcher's overlap check of an in-place op, called from C++ once
-    its own pass found an input sharing written's storage."""
-    from ._ops import check_each_input
-    check_each_input(written, inputs)
-
-
-def handler(func):
-    """The Python handler of an aten overload (resolving it on first use)."""
-    return HANDLERS.get(func) or _resolve(func)
-
-
-def _resolve(func):
-    from . import _ops
-    h = _ops.resolve(func)
-    HANDLERS[func] = h
-    return h
 
 
 def warn_once(key, msg) -> None:

@@ -13,6 +13,7 @@ import collections
 import threading
 
 import torch
+from ._tensor import XlaTensor
 
 _local = threading.local()
 _orig_apply = None
@@ -49,7 +50,6 @@ def _apply(self, fn, *args, **kwargs):
                 torch.__future__.set_swap_module_params_on_conversion(True)
     finally:
         _local.inside = False
-    from ._tensor import XlaTensor
     for g in groups:
         is_param, mod, name = g[0]
         first = (mod._parameters if is_param else mod._buffers)[name]

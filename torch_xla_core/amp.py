@@ -21,6 +21,7 @@ torch.amp.GradScaler("xla") work as torch defines them (the scaler's
 _amp_* ops are lowered below, register_handlers).
 """
 import torch
+from ._ops import impl
 
 _KEY = "AutocastPrivateUse1"
 _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
@@ -240,7 +241,6 @@ def _update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_fact
 
 
 def register_handlers() -> None:
-    from ._ops import impl
     aten = torch.ops.aten
     impl(aten._amp_foreach_non_finite_check_and_unscale_.default)(_unscale_)
     impl(aten._amp_update_scale_.default)(_update_scale_)

@@ -58,7 +58,8 @@ import stat
 import tempfile
 import warnings
 
-from . import _spmd, config, metrics, runtime
+from . import __version__, _spmd, config, metrics, runtime
+from .build_info import flavor
 
 __all__ = ["directory", "max_bytes", "entry_path", "load", "store", "trusted_directory"]
 
@@ -77,8 +78,6 @@ def max_bytes() -> int:
 
 
 def _ours() -> str:
-    from . import __version__
-    from .build_info import flavor
     return f"torch_xla_core={__version__};flavor={flavor()}"
 
 

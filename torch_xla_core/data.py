@@ -27,6 +27,8 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
+from . import _tensor
+
 _END = object()
 
 
@@ -40,8 +42,7 @@ class DeviceLoader:
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"DeviceLoader: prefetch={prefetch!r} must be an int >= 1 (batches moved ahead)")
         if device is None:
-            from . import device as _dev
-            device = _dev()
+            device = _tensor.DEVICE  # xla:0
         self.loader = loader
         self.prefetch = prefetch
         self.device = torch.device(device)
@@ -80,7 +81,6 @@ class DeviceLoader:
         put(_END)
 
     def __iter__(self):
-        from . import sync
         q = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         thread = threading.Thread(target=self._produce, args=(q, stop), name="txc-device-loader", daemon=True)
@@ -90,7 +90,7 @@ class DeviceLoader:
             while True:
                 item = q.get()
                 if self.mark_step and not first:
-                    sync()  # the step that consumed the previous batch
+                    _tensor.sync_lazy()  # the step that consumed the previous batch
                 first = False
                 if item is _END:
                     return

@@ -53,6 +53,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from . import _C, _dtypes, _tensor, metrics, runtime
 from ._tensor import XlaTensor
+from .sharding import _buffer, _whole
 
 __all__ = ["SPMDSavePlanner", "SPMDLoadPlanner"]
 
@@ -69,15 +70,9 @@ def _check_process_group(what: str) -> None:
             f"MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE for it).")
 
 
-def _buffer(t: XlaTensor):
-    from .sharding import _buffer
-    return _buffer(t)
-
-
 def _compute(tensors) -> None:
     """Computes the pending ones among these xla tensors in one sync (not one
     graph per tensor)."""
-    from .sharding import _whole
     pending = []
     for t in tensors:
         lt = _whole(t) or t._lt  # a parameter is an alias of its storage: compute the storage
@@ -147,7 +142,6 @@ class _Target:
     at the first read, dropped once the pieces are on the devices)."""
 
     def __init__(self, fqn, t: XlaTensor):
-        from .sharding import _whole
         self.fqn, self.t = fqn, t
         self.buf = _buffer(t)
         self.whole = _whole(t)

@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, _spmd, compile_cache, config, metrics, peers, recompiles, runtime
+from . import _C, _checks, _random, _spmd, _tensor, compile_cache, config, metrics, peers, recompiles, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd", defaults=(None,))):
     """What identifies a compiled executable: the graph's hash, the float32
@@ -187,7 +187,7 @@ def _donating() -> bool:
     return config.get("TXC_DONATE")
 
 
-def plan(lts=None, device=-2) -> Plan:
+def plan(lts=None, device=_tensor.ALL_DEVICES) -> Plan:
     """The cut a sync of these LazyTensors (default: all live) would run, and
     its key; with device >= 0, only their values on that device."""
     checks = _checks.snapshot()
@@ -212,7 +212,7 @@ def _bind(p: Plan) -> list:
         return _spmd.bind(key.spmd, params)
     if _multi:
         for i, d in enumerate(cut.param_devices()):
-            if d < 0 and runtime.device_index(params[i]) != key.device:
+            if d == _tensor.ANY_DEVICE and runtime.device_index(params[i]) != key.device:
                 params[i] = runtime.move(params[i], key.device)
     return params
 
@@ -310,6 +310,9 @@ def sync(lts=None, wait=False) -> None:
             _checks.verify()
 
 
+_tensor.bind_executor(sync, use_devices)  # the tracing layer's sync_lazy and uploads run graphs through here
+
+
 def spans_processes(lts=None) -> bool:
     """Whether a sync of these LazyTensors (default: all live) would run a
     graph over other processes' devices too: a collective step every
@@ -322,51 +325,77 @@ def spans_processes(lts=None) -> bool:
     return any(p.key.spmd is not None and not set(p.key.spmd.device_ids) <= local for p in plans)
 
 
-def run_recorded(exe, params):
-    """Launches an executable recorded from an earlier sync on new parameters
-    (torch_xla_core/replay.py): (outputs, launch time), the launch's timer and
-    counter as a sync's; runtime.wait_ready(outputs, launch time) waits, after
-    the replay wrote the outputs, as _run does."""
-    global _last
-    with _lock:
-        _checks.verify(block=False)
-        outs, t0 = runtime.launch(exe, params)
-        _last = exe
-        metrics.counter_add("execute")
-    return outs, t0
+class Launch(collections.namedtuple("Launch", "exe params write checks spmd cut", defaults=(None, None, None, None))):
+    """One run of a compiled executable: what a sync and a replay both hand
+    to execute(). exe and its bound params; write(outs) puts the outputs
+    where they belong (a sync: GraphCut.assign; a replay: its ReplayPlan's
+    writes) before anything waits; checks(outs): the deferred checks it
+    computed (_checks.computed); spmd: the Key of a graph partitioned over a
+    mesh (launched there: _spmd.launch); cut: the GraphCut, which names the
+    op at fault and marks its tensors failed when the graph fails."""
 
 
-def _run(p: Plan, wait: bool) -> None:
+def execute(launch: Launch, wait: bool = False):
+    """The one pipeline every graph run takes, a sync's and a replay's:
+    launch, write the outputs, note the checks, count it, and with wait=True
+    wait for the device after that (so the host's writes overlap the
+    device's work). Returns (outputs, launch time)."""
     global _last
-    cut = p.cut
-    if cut.num_outputs == 0:
-        return
-    for listen in _sync_listeners:
-        listen(p)
-    t0 = None
+    cut = launch.cut
     try:
-        exe = executable(p)
-        params = _bind(p)
-        if p.key.spmd is not None:
-            outs = _spmd.execute(exe, p.key, params, cut.output_specs(), wait=wait)
+        if launch.spmd is not None:
+            outs, t0 = _spmd.launch(launch.exe, launch.spmd, launch.params, cut.output_specs())
         else:
-            outs, t0 = runtime.launch(exe, params)
+            outs, t0 = runtime.launch(launch.exe, launch.params)
     except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
         raise
     except Exception as e:
+        if cut is None:
+            raise
         raise _failure(cut, e) from None
-    _last = exe
-    cut.assign(outs)  # (before waiting: this host work overlaps the device's)
-    # with several devices, a check made on another device waits for that device's graph
-    _checks.computed([c for c in p.checks if c[0].is_data] if _multi else p.checks)
+    _last = launch.exe
+    if launch.write is not None:
+        launch.write(outs)
+    if launch.checks is not None:
+        _checks.computed(launch.checks(outs))
     metrics.counter_add("execute")
-    if wait and t0 is not None:
+    if wait:
         try:
             runtime.wait_ready(outs, t0)
         except peers.PeerLostError:  # the graph still runs, waiting on a dead process: no failure of its own
             raise
         except Exception as e:
+            if cut is None:
+                raise
             raise _run_failure(cut, outs, e) from None
+    return outs, t0
+
+
+def run_recorded(launch: Launch, wait: bool = False):
+    """execute() for a replay (torch_xla_core/replay.py): a recorded
+    executable on new parameters, after the ready deferred checks of earlier
+    runs are read, as at a sync's start."""
+    with _lock:
+        _checks.verify(block=False)
+        return execute(launch, wait)
+
+
+def _run(p: Plan, wait: bool) -> None:
+    cut = p.cut
+    if cut.num_outputs == 0:
+        return
+    for listen in _sync_listeners:
+        listen(p)
+    try:
+        exe = executable(p)
+        params = _bind(p)
+    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
+        raise
+    except Exception as e:
+        raise _failure(cut, e) from None
+    # with several devices, a check made on another device waits for that device's graph
+    checks = [c for c in p.checks if c[0].is_data] if _multi else p.checks
+    outs, _ = execute(Launch(exe, params, cut.assign, lambda outs: checks, p.key.spmd and p.key, cut), wait)
     if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay.py)
         _recorder(p, exe, params, outs)
 

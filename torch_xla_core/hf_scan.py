@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 
 from ._scan_layers import scan_layers
-from ._scan_policy import check_policy
+from ._ops.scan_policy import check_policy
 from ._tensor import XlaTensor
 from . import metrics
 

@@ -12,7 +12,7 @@ executable that ran last) and from jax's Device.memory_stats(); this module
 only names and sums them. txc.metrics.report() shows both in its memory
 section.
 """
-from . import executor, runtime
+from . import executor, metrics, runtime
 
 __all__ = ["last_graph", "device_info", "report_lines"]
 
@@ -79,3 +79,6 @@ def report_lines() -> list:
             if k in d:
                 lines.append(f"  device.{k}: {d[k]}" + ("" if k == "num_allocs" else f" ({_mib(d[k])})"))
     return lines
+
+
+metrics.add_report_section(report_lines)  # metrics.report() shows the device memory

@@ -155,9 +155,19 @@ def report() -> str:
             continue
         lines.append(f"  {k}: count={st['count']} total={st['total'] * 1e3:.3f}ms mean={st['mean'] * 1e3:.3f}ms "
                      f"p50={st['p50'] * 1e3:.3f}ms p90={st['p90'] * 1e3:.3f}ms p99={st['p99'] * 1e3:.3f}ms")
-    from . import memory  # here: memory reads the executor, which imports this module
-    lines += memory.report_lines()
+    for section in _report_sections:
+        lines += section()
     return "\n".join(lines)
+
+
+_report_sections = []  # fn() -> lines, added by modules above this layer (memory.py: device memory)
+
+
+def add_report_section(fn) -> None:
+    """Adds fn() -> list of lines to report(): how a module of a higher layer
+    (memory.py reads the executor, which sits above this module) shows its part."""
+    if fn not in _report_sections:
+        _report_sections.append(fn)
 
 
 def short_report() -> str:

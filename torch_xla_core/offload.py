@@ -49,11 +49,7 @@ def _check_kind(kind):
         raise ValueError(f"torch_xla_core.offload: unknown memory kind {kind!r}; use 'pinned_host' (host memory) "
                          f"or 'device'")
     if kind == HOST:
-        kinds = runtime.memory_kinds()
-        if HOST not in kinds:
-            raise RuntimeError(f"torch_xla_core.offload: the {runtime.platform()} devices list no host memory space "
-                               f"(their memory kinds: {sorted(kinds)}), so values cannot be placed in "
-                               f"'{HOST}' memory there; run without offload on this platform")
+        runtime.require_memory_kind(HOST, "torch_xla_core.offload")
 
 
 def _check_tensor(t, what):

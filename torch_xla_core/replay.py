@@ -111,7 +111,7 @@ import torch
 
 from . import _C, _checks, _dtypes, _random, _tensor, config, executor, metrics, runtime
 from . import _replay_session as _S
-from ._device import _Engine
+from ._ops.engine import Engine as _Engine
 from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
 from ._replay_session import _returned, _root_buffer
 from ._tensor import XlaTensor as _XlaTensor
@@ -571,47 +571,56 @@ class Compiled:
         for rec in recs:
             if _C.replay_exclusive(tensors, rec.donated) >= 0:
                 return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
-            done = self._run_segments(rec, w, st)
-            if done is not None:
-                break
-        else:
-            return None, _GUARD
-        outs, results, t0 = done
-        plan = rec.plan
-        # the outputs go where they belong while the device runs (a wait=True call waits after that)
-        plan.write(tensors, outs)
-        plan.set(tensors, w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None
-        if rec.rng_out is not None:
-            _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
-        if rec.checks:
-            done = [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
-            _checks.computed(done)
-        metrics.counter_add("replay")
-        ret = _returned(rec, tensors, outs, results)
-        for sched in rec.schedulers:  # as in the recorded call, after the step's graph
-            _S._step_of_scheduler(sched)
-        if self._wait and t0 is not None:
-            runtime.wait_ready(outs[-rec.segments[-1].n:] if rec.segments[-1].n else outs, t0)
-        return ret, None
+            try:
+                return self._run_segments(rec, w, st), None
+            except _GuardMiss:
+                continue
+        return None, _GUARD
 
-    @staticmethod
-    def _run_segments(rec, w, st):
-        """Runs a recording's segments, comparing each value read on the host
-        with the recorded one: (outputs, returned values, last launch time),
-        or None when one differs (nothing written, no input donated: the
-        segments before a guard donate nothing)."""
+    def _run_segments(self, rec, w, st):
+        """Runs a recording's segments through the executor's one pipeline
+        (executor.Launch: executable, bound parameters, output writes),
+        comparing each value read on the host with the recorded one; returns
+        what the step returns. A value that differs raises _GuardMiss with
+        nothing written and no input donated: the segments before a guard
+        donate nothing, and the last one writes (its Launch.write) only once
+        the values read after it hold."""
         tensors = w.tensors
         outs, reads, ri = [], rec.reads, 0
         last = len(rec.segments) - 1
-        t0 = None
+        ret = []
 
         def value(r):
             kind, v = r.source
             return _S.host_value(outs[v] if kind == "out" else _root_buffer(tensors[v]))[0]
+
+        def write(o):  # the last segment's outputs: the step's writes (while the device runs)
+            outs.extend(o)
+            results = {}
+            for idx in range(ri, len(reads)):
+                r = reads[idx]
+                v = value(r)
+                if r.returned:
+                    results[idx] = v[0]
+                elif v != r.value:
+                    raise _GuardMiss
+            plan = rec.plan
+            plan.write(tensors, outs)
+            plan.set(tensors, w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None
+            if rec.rng_out is not None:
+                _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
+            metrics.counter_add("replay")
+            ret.append(_returned(rec, tensors, outs, results))
+            for sched in rec.schedulers:  # as in the recorded call, after the step's graph
+                _S._step_of_scheduler(sched)
+
+        def checks(o):
+            return [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
+
         for s, seg in enumerate(rec.segments):
             while ri < len(reads) and reads[ri].after == s:
                 if value(reads[ri]) != reads[ri].value:
-                    return None
+                    raise _GuardMiss
                 ri += 1
             params = seg.plan.params(tensors, st.data, outs)
             release = s == last and not rec.trailing_guard
@@ -620,23 +629,23 @@ class Compiled:
                 # call (one set of grads at the peak, not two); one that nobody else holds is kept to take its
                 # new value
                 rec.plan.release(tensors, w.kinds, _grad_refs())
+            launch = (executor.Launch(seg.exe, params, write, checks if rec.checks else None) if s == last
+                      else executor.Launch(seg.exe, params))
+            del params  # (the inputs' buffers: donated ones must not stay referenced past the launch)
             try:
-                o, t0 = executor.run_recorded(seg.exe, params)
+                o, _ = executor.run_recorded(launch, wait=self._wait and s == last)
             except BaseException:
                 if release:
                     rec.plan.unrelease(tensors, w.kinds, w.owners)
                 raise
-            del params  # (the inputs' buffers: donated ones must not stay referenced)
-            outs.extend(o)
-        results = {}
-        for idx in range(ri, len(reads)):
-            r = reads[idx]
-            v = value(r)
-            if r.returned:
-                results[idx] = v[0]
-            elif v != r.value:
-                return None
-        return outs, results, t0
+            del launch
+            if s != last:
+                outs.extend(o)
+        return ret[0]
+
+
+class _GuardMiss(Exception):
+    """A value a replay read on the host differs from the recorded one."""
 
 
 _grad_refs_seen = None

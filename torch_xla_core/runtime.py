@@ -134,9 +134,26 @@ def global_devices():
 
 
 def compile_text(text: str, device_index: int = 0):
+    """Compiles StableHLO text for device `device_index` (one replica)."""
+    return compile_on(text, (_devices[device_index],), _options(device_index))
+
+
+def compile_on(text: str, devices, options):
+    """Compiles StableHLO text onto `devices` with jaxlib CompileOptions: the
+    one call of jaxlib's compile API (a partitioned graph's options and
+    devices come from _spmd.py)."""
     from jax._src.lib import xla_client as xc
 
-    return backend().compile_and_load(text, xc.DeviceList((_devices[device_index],)), _options(device_index))
+    return backend().compile_and_load(text, xc.DeviceList(tuple(devices)), options)
+
+
+def deserialize_on(data: bytes, devices, options):
+    """The executable serialize() wrote, loaded onto `devices` with the
+    options it was compiled with. Only for bytes this program wrote: PJRT
+    does not validate them."""
+    from jax._src.lib import xla_client as xc
+
+    return backend().deserialize_executable(data, xc.DeviceList(tuple(devices)), options)
 
 
 def _options(device_index: int):
@@ -157,10 +174,7 @@ def deserialize(data: bytes, device_index: int = 0):
     """The executable that serialize() wrote, loaded onto device `device_index`
     (compiled with compile_text's options). Only for bytes this program wrote:
     PJRT does not validate them."""
-    from jax._src.lib import xla_client as xc
-
-    be = backend()
-    return be.deserialize_executable(data, xc.DeviceList((_devices[device_index],)), _options(device_index))
+    return deserialize_on(data, (_devices[device_index],), _options(device_index))
 
 
 def fingerprint(device_index: int = 0) -> str:
@@ -224,15 +238,6 @@ def _result_handler(o):
     """jaxlib's C++ handler that makes Arrays like o (_compat.py: jaxlib 0.10
     and 0.11 take different arguments)."""
     return array_result_handler(o.aval, o.sharding, o._committed)
-
-
-def execute(exe, params, wait: bool = False):
-    """Runs an executable. Timers: "execute_launch" (the asynchronous launch);
-    with wait=True also "execute" (launch until the outputs are ready)."""
-    outs, t0 = launch(exe, params)
-    if wait:
-        wait_ready(outs, t0)
-    return outs
 
 
 def launch(exe, params):
@@ -379,3 +384,14 @@ def memory_kinds(device_index: int = 0) -> set:
         return {m.kind for m in d.addressable_memories()}
     except Exception:  # a plugin without memory spaces
         return {"device"}
+
+
+def require_memory_kind(kind: str, who: str) -> None:
+    """Raises, naming `who` (the feature asking) and the kinds there are,
+    when the devices cannot address memory of `kind` (host offload on a
+    platform without a host memory space)."""
+    kinds = memory_kinds()
+    if kind not in kinds:
+        raise RuntimeError(f"{who}: the {platform()} devices list no host memory space (their memory kinds: "
+                           f"{sorted(kinds)}), so values cannot be placed in '{kind}' memory there; run without "
+                           f"offload on this platform")

@@ -39,7 +39,7 @@ import weakref
 
 import torch
 
-from . import _tensor, config, executor, runtime
+from . import _ops, _tensor, config, executor, runtime
 
 _SAVING = "torch.save of a sharded xla tensor"
 _PRIORITY = 9  # ahead of torch's "cpu" tagger (10): our host storages are CPU storages
@@ -396,13 +396,16 @@ _done = False
 
 
 def register() -> None:
-    """Adds the "xla" tagger/deserializer to torch.serialization and the set_
-    kernels torch.load's rebuild calls (once; called on import)."""
+    """Adds the "xla" tagger/deserializer to torch.serialization, XlaTensor's
+    pickling and copy methods, and the set_ kernels torch.load's rebuild calls
+    (once; called on import: _install.py)."""
     global _done
     if _done:
         return
     torch.serialization.register_package(_PRIORITY, _tagger, _deserializer)
+    X = _tensor.XlaTensor  # torch.save and pickle (__reduce_ex__), copy.deepcopy, copy.copy
+    X.__reduce_ex__, X.__deepcopy__, X.__copy__ = reduce_ex, deepcopy, shallow_copy
     aten = torch.ops.aten
-    _tensor.HANDLERS[aten.set_.source_Storage_storage_offset] = _set
-    _tensor.HANDLERS[aten.set_.source_Storage] = _set
+    _ops.HANDLERS[aten.set_.source_Storage_storage_offset] = _set
+    _ops.HANDLERS[aten.set_.source_Storage] = _set
     _done = True

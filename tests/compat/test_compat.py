@@ -291,7 +291,7 @@ def test_op_registry_skips_absent():
     recorded; calling it names it. (torch >= 2.14: aten.cholesky, which the
     import test checks is the one skipped there.)"""
     from torch_xla_core import _ops
-    from torch_xla_core._tensor import HANDLERS
+    from torch_xla_core._ops import HANDLERS
     before = dict(HANDLERS)
     absent = _ops.aten.txc_no_such_op.default
     assert isinstance(absent, _compat.Absent)
@@ -353,7 +353,7 @@ def test_linear_cross_entropy_ops(dev):
     except ImportError:
         assert TORCH < (2, 13)
         return
-    from torch_xla_core._tensor import HANDLERS
+    from torch_xla_core._ops import HANDLERS
     assert lce._linear_cross_entropy_batch_chunked._opoverload in HANDLERS
 
 

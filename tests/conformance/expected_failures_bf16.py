@@ -43,6 +43,11 @@ EXPECTED = [
     X('index_fill', 'bf16', 'fallback',
       'fallback: the gradient of a tensor fill value is torch\'s formula grad.index_select(dim, _unique(index)).sum() '
       '(derivatives.yaml): _unique has a data-dependent output shape, a counted CPU fallback'),
+    X('addbmm', 'autocast', 'mismatch',
+      'by design: xla\'s autocast follows CUDA\'s cast lists, which compute addbmm in bf16 (CPU\'s autocast leaves it '
+      'float32): on sample 2 the inputs rounded to bf16 put it 1.44x bf16 tolerance from the float64 result of the '
+      'float32 inputs, where CPU\'s float32 result is 1.14x (the bf16 computation itself rounds once: one float32 dot '
+      'over batch and k, scaled and added in float32)'),
     X('addr', 'autocast', 'mismatch',
       'by design: xla\'s autocast follows CUDA\'s cast lists, which compute addr in bf16 (CPU\'s autocast leaves it '
       'float32): on sample 2 the bf16-rounded inputs cancel, 1.1x bf16 tolerance from the float64 result of the '
@@ -53,15 +58,6 @@ EXPECTED = [
       '0 is a difference of two terms of order 1/|x|. Both sides compute torch\'s norm backward formula in bf16 ops '
       '(CPU is 3.1x bf16 tolerance off too); a one-ulp difference in an intermediate (|x|^-0.5) becomes ours -0.25, '
       '25x. The other samples pass'),
-    X('addbmm', 'autocast', 'mismatch',
-      'less accurate: the product (one dot over batch and k) is rounded to bf16 before the addend is added (CPU rounds '
-      'once): 1.44x bf16 tolerance from float64 where CPU is 1.14x, on sample 2. Fix: csrc/ops/linalg.cpp\'s dot '
-      'should give a f32 result for f16/bf16 operands where an addend follows (owned by another branch)'),
-    X('baddbmm', 'bf16', 'mismatch',
-      'less accurate: the product is rounded to bf16 before the addend is added in bf16 (two roundings; CPU adds in '
-      'float32 and rounds once): 1.6x bf16 tolerance from float64 where CPU is 0.22x, on a sample whose sum cancels. '
-      'Fix: csrc/ops/linalg.cpp\'s dot with an addend should compute a f32 dot_general result for f16/bf16 operands, '
-      'add there and convert once (owned by another branch)'),
 ]
 
 

@@ -7,14 +7,49 @@ op are declared once with mapping() (a table row; no handler to write).
 `aten` here is torch.ops.aten where an op this torch lacks is an Absent
 (_compat.AtenOps): @impl and mapping() skip it, so a handler written for an
 op some supported torch removed does not break the import."""
+import importlib
+
 import torch
 
 from .. import _C, _compat, _tensor, metrics
-from .._dtypes import UnsupportedDtype
-from .._tensor import HANDLERS, OP, XlaTensor
+from .._dtypes import UnsupportedDtype, code
+from .._tensor import OP, XlaTensor, _op
 from . import dtype_rules
 
 aten = _compat.AtenOps(torch.ops.aten)
+
+# --- the dispatch table ---------------------------------------------------------
+# XlaTensor.__torch_dispatch__ is C++ (csrc/py/dispatch.cpp): it asks _entry
+# once per overload for its handler and caches it.
+HANDLERS = {}  # aten OpOverload -> handler(*args, **kwargs): a _C.Mapping or a function
+
+
+def handler(func):
+    """The handler of an aten overload (resolving it on first use)."""
+    h = HANDLERS.get(func)
+    if h is None:
+        h = HANDLERS[func] = resolve(func)
+    return h
+
+
+def _entry(func):
+    """What the C++ dispatcher caches for func: its handler, and whether it
+    checks first that no other argument partly overlaps the tensor an
+    in-place op writes (check_each_input)."""
+    h = dtype_rules.guard(func, handler(func))  # the dtypes torch's kernels refuse (most ops: h itself)
+    return h, func in SELF_CHECKED
+
+
+def _check_writes(written, inputs):
+    """The dispatcher's overlap check of an in-place op, called from C++ once
+    its own pass found an input sharing written's storage."""
+    check_each_input(written, inputs)
+
+
+def install_dispatch() -> None:
+    """Hands the dispatch table to the C++ dispatcher (at import: _install.py)."""
+    _C.configure_dispatch(_entry, _check_writes)
+
 
 ANY, XLA = -1, -2  # operand kinds of a mapping: anything the core takes; an xla tensor of any rank
 
@@ -172,7 +207,7 @@ def impl_by_name(qualname):
 
 def call(func, *args, **kwargs):
     """Runs an aten overload on xla tensors without going back through the dispatcher."""
-    return _tensor.handler(func)(*args, **kwargs)
+    return handler(func)(*args, **kwargs)
 
 
 def _functional_of(func):
@@ -274,7 +309,7 @@ def route(func):
 def _derive(func):
     how, fn = route(func)
     if how == DERIVED:
-        base = _tensor.handler(fn)
+        base = handler(fn)
         if func._schema.name.endswith("_"):
             return _inplace(base)
         return _out(base, func)
@@ -472,7 +507,6 @@ def check_each_input(written, inputs) -> None:
 def convert(x: XlaTensor, dtype: torch.dtype) -> XlaTensor:
     if x.dtype == dtype:
         return x
-    from .._dtypes import code
     return _tensor.op("convert", x, attrs=(code(dtype),))
 
 
@@ -510,8 +544,30 @@ def _tname(dt):
             torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
+def sizes(shape):
+    """A factory's size argument as a list of ints, refused as torch does when negative."""
+    shape = [int(s) for s in shape]
+    for s in shape:
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {shape}")
+    return shape
+
+
+_complex = complex  # the builtin (this package's attribute `complex` is the op family, once loaded)
+
+
+def full(shape, value, dtype):
+    """A new value of `shape` filled with `value` (a factory's core)."""
+    if isinstance(value, _complex) or dtype.is_complex:  # the imaginary part rides as a 4th attribute
+        value = _complex(value)
+        if not dtype.is_complex:
+            raise RuntimeError(f"value cannot be converted to type {dtype} without overflow: a complex fill value "
+                               f"{value} for a real tensor")
+        return _op(OP.full, (), (value.real, code(dtype), sizes(shape), value.imag))
+    return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
+
+
 def full_like(x, value, dtype=None):
-    from .factory import full
     return full(list(x.shape), value, dtype or x.dtype)
 
 
@@ -595,12 +651,14 @@ def _fallback(func):
     return h
 
 
+# The op families: each module registers its handlers when imported.
+FAMILIES = ("elementwise", "reduce", "shape", "factory", "linalg", "nn", "index", "random", "conv", "rnn", "upsample",
+            "moe", "foreach", "einsum", "linalg_lapack", "special", "order", "misc", "nn_extra", "nn_grads",
+            "transformer", "complex", "fft", "quantize")
+
+
 def load_all():
-    """Imports every op family (each registers its handlers). An import error
+    """Imports every op family (at import: _install.py). An import error
     surfaces: a missing module would otherwise turn its ops into CPU fallbacks."""
-    from . import elementwise, reduce, shape, factory, linalg, nn, index, random, conv, rnn, upsample, moe  # noqa: F401
-    from . import foreach, einsum  # noqa: F401
-    from . import linalg_lapack  # noqa: F401
-    from . import special  # noqa: F401
-    from . import order, misc, nn_extra, nn_grads, transformer  # noqa: F401
-    from . import complex, fft, quantize  # noqa: F401
+    for name in FAMILIES:
+        importlib.import_module(f"{__name__}.{name}")

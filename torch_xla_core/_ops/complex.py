@@ -12,9 +12,11 @@ aten.real / aten.imag are torch composites (view_as_real + select), so
 `x.real.zero_()` writes through to x as on CPU."""
 import torch
 
-from .._dtypes import UnsupportedDtype, code
-from .._tensor import OP, _op, _view_op
+from .._dtypes import CODE, code, UnsupportedDtype
+from .._tensor import _op, _view, _view_op, OP
 from . import XLA, aten, impl, mapping
+from .. import runtime
+from ..kernels.call_jax import call_jax
 
 
 @impl(aten.view_as_real.default)
@@ -109,8 +111,6 @@ def _eig(op, a, vectors):
                            f"{a.shape[-2] if a.dim() > 1 else a.numel()} by {a.shape[-1] if a.dim() else 1} matrices")
     if a.dtype not in (torch.float32, torch.float64, torch.complex64, torch.complex128):
         raise RuntimeError(f"{op}: Expected a floating point or complex tensor as input. Got {a.dtype}")
-    from .. import runtime
-    from ..kernels.call_jax import call_jax
     try:
         return call_jax(_jax_eig, a, vectors, _differentiable=False)
     except NotImplementedError as e:
@@ -135,14 +135,12 @@ def root_as(lt, dtype):
     for as_strided over a view_as_real/view_as_complex view, whose strides
     count elements of the view's dtype, not of the storage's. Writes through
     the result reach the storage."""
-    from .._dtypes import CODE
     root = lt.root()
     have = root.dtype
     if have == CODE[dtype]:
         return root
     import math
     n = math.prod(root.shape)
-    from .._tensor import _view
     if dtype.is_complex:  # a real storage of 2n floats read as n complex numbers
         if n % 2:
             raise RuntimeError(f"as_strided: a {dtype} view of a storage of {n} real elements (an odd number)")

@@ -8,32 +8,14 @@ import torch
 from .. import _device, _tensor
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
-from . import _decomps, aten, impl
+from . import _decomps, aten, full, impl, sizes
+from .elementwise import copy_
 
 _lib = torch.library.Library("aten", "IMPL")
 
 
 def _dt(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
-
-
-def sizes(shape):
-    """A factory's size argument as a list of ints, refused as torch does when negative."""
-    shape = [int(s) for s in shape]
-    for s in shape:
-        if s < 0:
-            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {shape}")
-    return shape
-
-
-def full(shape, value, dtype):
-    if isinstance(value, complex) or dtype.is_complex:  # the imaginary part rides as a 4th attribute
-        value = complex(value)
-        if not dtype.is_complex:
-            raise RuntimeError(f"value cannot be converted to type {dtype} without overflow: a complex fill value "
-                               f"{value} for a real tensor")
-        return _op(OP.full, (), (value.real, code(dtype), sizes(shape), value.imag))
-    return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
 
 
 def _check_device(device):
@@ -214,7 +196,6 @@ def _like(r, x, device):
 def _copy_from(src, dst, non_blocking=False):
     # Reached with the Python key excluded (e.g. torch.tensor(..., device="xla")):
     # CPU's copy_ hands the copy to the destination's backend.
-    from .elementwise import copy_
     if isinstance(dst, _tensor.XlaTensor):
         return copy_(dst, src)
     dst.copy_(_tensor.to_cpu(src))

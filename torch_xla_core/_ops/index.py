@@ -19,6 +19,7 @@ from .. import _checks, _tensor, metrics
 from .._dtypes import code
 from .._tensor import OP, XlaTensor, _make, _view, wrap
 from . import aten, call, impl
+from .factory import full
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -205,7 +206,6 @@ def index_copy(x, dim, index, source):
 
 def _full_scalar(value, dtype):
     """A 0-d constant (complex values included) as a LazyTensor."""
-    from .factory import full
     return full([], value, dtype)._lt
 
 

@@ -20,11 +20,11 @@ function hangs too); a few per program, as a training step has, run fine."""
 import torch
 
 from .. import _checks, _tensor, runtime
-from .._tensor import OP, XlaTensor, _op
+from .._tensor import XlaTensor
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
-from .linalg import _integral_scalars
-from . import _functional_of, _out, aten, impl
+from .linalg import _integral_scalars, product_sum
+from . import _functional_of, _out, aten, handler, impl
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -333,11 +333,12 @@ def addbmm(c, b1, b2, *, beta=1, alpha=1):
     if b1.dtype.is_floating_point and b1.dtype == b2.dtype and b1.shape[0] == b2.shape[0] \
             and b1.shape[2] == b2.shape[1]:
         # one dot contracting batch and k: one rounding (bmm then a sum over
-        # the batch rounded each product to bf16 first, and was two programs)
-        p = _op(OP.dot, (b1._lt, b2._lt), ([], [], [0, 2], [0, 1]))
-    else:
-        p = torch.bmm(b1, b2)
-        p = p.sum(0, dtype=p.dtype)  # int32 stays int32, as torch's kernel (a plain sum of int32 is int64)
+        # the batch rounded each product to bf16 first, and was two programs);
+        # in half precision also the scaling and the sum, in float32 (CPU's
+        # kernel rounds once per batch: addmm_ into the result batch by batch)
+        return product_sum(c, b1, b2, ([], [], [0, 2], [0, 1]), beta, alpha)
+    p = torch.bmm(b1, b2)
+    p = p.sum(0, dtype=p.dtype)  # int32 stays int32, as torch's kernel (a plain sum of int32 is int64)
     beta, alpha = _integral_scalars(p.dtype, beta, alpha)
     if alpha != 1:
         p = p * alpha
@@ -390,7 +391,7 @@ def _matrix_rank_out_kernel(func):
     def kernel(*args, **kwargs):
         nonlocal h
         if h is None:
-            h = _out(_tensor.handler(_functional_of(func)), func)
+            h = _out(handler(_functional_of(func)), func)
         return h(*args, **kwargs)
     return kernel
 

@@ -11,9 +11,10 @@ index/index_put). index_reduce is scatter_reduce with the index spread along
 `dim`."""
 import torch
 
-from .. import _tensor
-from . import _tname, aten, impl
+from .. import _checks, _tensor
+from . import _fallback, _tname, aten, impl
 from .factory import register
+from .elementwise import copy_
 
 
 # ---- take / put ---------------------------------------------------------------
@@ -129,7 +130,6 @@ register("_efficientzerotensor", _zeros)
 def copy(x, src, non_blocking=False):
     """x's shape, dtype and device holding src's values (torch's decompositions
     emit it, e.g. linspace with tensor bounds)."""
-    from .elementwise import copy_
     if isinstance(x, _tensor.XlaTensor):
         return copy_(x.clone(), src)
     return x.clone().copy_(_tensor.to_cpu(src) if isinstance(src, _tensor.XlaTensor) else src)
@@ -149,12 +149,10 @@ def repeat_interleave(repeats, *, output_size=None):
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if output_size is None:  # the length is the repeats' sum: data-dependent
         if _repeat_fallback is None:
-            from . import _fallback
             _repeat_fallback = _fallback(aten.repeat_interleave.Tensor)
         return _repeat_fallback(repeats)
     if repeats.dtype not in (torch.int32, torch.int64):
         raise RuntimeError("repeats has to be Long or Int tensor")
-    from .. import _checks
     _checks.require((repeats < 0)._lt, "repeat_interleave: repeats can not be negative", RuntimeError)
     total = torch.cumsum(repeats.to(torch.int64), 0)
     if repeats.numel():

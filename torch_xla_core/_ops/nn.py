@@ -18,10 +18,11 @@ import math
 import torch
 
 from .._dtypes import code
-from .. import _checks
+from .. import _checks, metrics
 from .._tensor import OP, XlaTensor, _make, _op
 from . import aten, decomposed, impl
 from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
+from ..kernels import attention as kernels
 
 _F32 = torch.float32
 _HALF = (torch.float16, torch.bfloat16)
@@ -200,9 +201,7 @@ def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=
         raise RuntimeError("scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     if not enable_gqa:
         q, k, v = _sdpa_broadcast(q, k, v)
-    from ..kernels import attention as kernels
     if kernels.sdpa_route(q, k, v, attn_mask, dropout_p, enable_gqa):
-        from .. import metrics
         metrics.counter_add("sdpa_flash")
         return kernels.flash_attention(q, k, v, causal=is_causal, sm_scale=_scale(q, scale))
     if dropout_p > 0:

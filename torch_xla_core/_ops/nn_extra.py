@@ -10,7 +10,7 @@ match it elementwise: e.g. pdist's gradient per p, fractional pooling's
 window starts."""
 import torch
 
-from . import aten, impl
+from . import _fallback, assign, aten, impl
 from .dtype_rules import BOOL, INTEGRAL
 
 
@@ -157,7 +157,6 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
 
 @impl(aten.embedding_renorm_.default)
 def embedding_renorm_(weight, indices, max_norm, norm_type):
-    from . import assign
     assign(weight, embedding_renorm(weight, indices, max_norm, norm_type))
     return weight
 
@@ -316,7 +315,6 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
     if scale_grad_by_freq:
         # CPU eager's scaling here follows its own bag bookkeeping (sum mode is
         # scaled like mean): keep its exact values through the counted fallback
-        from . import _fallback
         return _fallback(aten._embedding_bag_backward.default)(
             grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
             sparse, per_sample_weights, padding_idx)

@@ -13,7 +13,7 @@ A handler runs below torch's autograd keys (they are excluded while it
 runs); vjp() lifts that exclusion for its own trace only."""
 import torch
 
-from ..scan import scan
+from .scan import scan
 from . import aten, impl
 from .dtype_rules import INTEGRAL
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .. import _random
+from .. import _checks, _random
 from .._dtypes import code
 from .._tensor import OP, _make, op, wrap
 from . import aten, assign, impl
@@ -333,7 +333,6 @@ def native_dropout_backward(grad, mask, scale):
 def multinomial(p, num_samples, replacement=False, *, generator=None):
     """Without replacement: the top num_samples of p / Exp(1) noise (CPU
     eager's algorithm); with replacement: inverse CDF of uniform draws."""
-    from .. import _checks
     if p.dim() not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not p.is_floating_point():

@@ -8,6 +8,7 @@ import torch
 from .. import _tensor
 from .._tensor import OP, XlaTensor, _op, _view, _view_op, wrap
 from . import XLA, Arg, aten, convert, impl, mapping
+from .complex import root_as
 
 
 def _dim(d, rank):
@@ -249,7 +250,6 @@ def as_strided(x, size, stride, storage_offset=None):
         raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: "
                            f"{list(stride)}")
     # Over the whole storage (x may be a view into it), as CPU's as_strided.
-    from .complex import root_as  # the storage in x's dtype (x may be a view_as_real/complex view)
     return wrap(_view(OP.as_strided, root_as(x._lt, x.dtype), (list(size), list(stride), off)))
 
 

@@ -28,6 +28,8 @@ from . import XLA, aten, assign, convert, impl, mapping
 from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
 from . import special_bessel as _bessel_fns
 from . import special_polynomials as _poly
+from .._dtypes import code
+from ..kernels.call_jax import call_jax
 
 prims = torch.ops.prims
 
@@ -106,7 +108,6 @@ def _jax(fn, *tensors, x64=None, complex_ok=False, **static):
     float32 (jax's series lose their accuracy in half precision). Complex
     tensors only where fn computes on them (complex_ok); else an error, as
     torch's real-only kernels raise (a cast would drop the imaginary part)."""
-    from ..kernels.call_jax import call_jax
     ts = [t for t in tensors]
     dtype = ts[0].dtype
     for t in ts[1:]:
@@ -265,7 +266,6 @@ def _scalar_tensor(value, like):
     if isinstance(value, torch.Tensor):
         value = value.item()
     dt = torch.result_type(like, value) if isinstance(value, (int, float)) else like.dtype
-    from .._dtypes import code
     return _op(OP.full, (), (float(value), code(dt), []))
 
 

@@ -76,7 +76,7 @@ import torch
 
 from .. import _checks, config, metrics, runtime
 from .. import sharding as xs
-from . import per_shard
+from . import paged_attention as pa, per_shard
 from .call_jax import call_jax
 from .reference import MASK_VALUE
 
@@ -317,7 +317,6 @@ def flash_attention(q, k, v, causal=False, q_segment_ids=None, kv_segment_ids=No
 
 
 def _mqpa_entry(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, *, impl, ppcb, bq, soft_cap):
-    from . import paged_attention as pa
     if impl == "xla":
         return pa.paged_attention_xla(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, soft_cap=soft_cap)
     return pa.paged_attention_kernel(q, k_pages, v_pages, kv_lens, page_indices, eff_q_lens, ppcb, bq, soft_cap,

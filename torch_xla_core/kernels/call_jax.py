@@ -35,9 +35,9 @@ import threading
 
 import torch
 
-from .. import _dtypes, metrics, scan
+from .. import _dtypes, _spmd, metrics, runtime
 from . import per_shard
-from .._tensor import OP, XlaTensor, _make, wrap
+from .._tensor import OP, XlaTensor, _make, note_op, wrap
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]
 
@@ -122,7 +122,6 @@ def _lower(fn, fname, args, static_kwargs, x64):
 
     shapes = [jax.ShapeDtypeStruct(args[i].shape, np.dtype(_TORCH_TO_JAX[args[i].dtype])
                                    if args[i].dtype != torch.bfloat16 else jax.numpy.bfloat16) for i in dyn]
-    from .. import _spmd, runtime
     # GSPMD's annotations (mhlo.sharding), not Shardy's: the partitioner our
     # compile runs; only functions that shard (PerShard) emit any.
     with jax.enable_x64(bool(x64)), _spmd.gspmd_lowering():
@@ -194,7 +193,6 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
 
 
 def _platform():
-    from .. import runtime
     return runtime.platform()
 
 
@@ -207,7 +205,7 @@ def _emit(low, tensors, annotate=None):
         lts = per_shard.annotate(annotate[0], lts, annotate[1])
     call = _make(OP.jax_call, lts, low.attrs)
     outs = [wrap(_make(OP.jax_result, (call,), (k,))) for k in range(len(low.out_specs))]
-    scan.note_op(tensors, outs)  # a scan body being traced sees what the call reads (captures)
+    note_op(tensors, outs)  # a scan body being traced sees what the call reads (captures)
     return outs
 
 

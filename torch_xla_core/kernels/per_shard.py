@@ -27,6 +27,7 @@ the rest of its dims whole)."""
 import math
 
 from .. import sharding as xs
+from .._tensor import index_of
 
 
 class PerShard:
@@ -96,7 +97,6 @@ def wrap(fn, fname, layout, tensors, mesh, in_specs, out_specs, check_vma=True) 
     if not isinstance(in_specs, (tuple, list)) or len(in_specs) != len(tensors):
         raise ValueError(f"call_jax({fname}): in_specs must hold one partition spec per tensor argument "
                          f"({len(tensors)}), got {in_specs!r}")
-    from .._tensor import index_of
     off = [k for k, t in enumerate(tensors) if index_of(t) != 0]
     if off:
         raise ValueError(f"call_jax({fname}): tensor arguments {off} are not on xla:0; sharded values live on "

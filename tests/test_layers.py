@@ -1,0 +1,100 @@
+"""The package's layers (ARCHITECTURE.md, "Layers"): pyproject.toml's
+import-linter contracts hold on the source, and they would catch a module
+importing upward or an import circle; modules import the root package only
+for the C++ extension and the version; no module imports one of the
+package's own modules inside a function (an import there hid circles)."""
+import ast
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("importlinter")
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "torch_xla_core"
+FROM_ROOT = {"_C", "_bench_core", "__version__"}  # what a module may import from the root package
+
+
+def _lint(where: pathlib.Path, config: pathlib.Path):
+    env = dict(os.environ, PYTHONPATH=str(where))
+    r = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
+                        "--no-cache", str(config)], cwd=where, env=env, capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _modules():
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        is_init = parts[-1] == "__init__"
+        # (a module's package is the folder it is in, for an __init__ too: relative imports start there)
+        yield p, ".".join(parts[:-1] if is_init else parts), parts[:-1], is_init
+
+
+def _target(package, is_init, node):
+    """The module an `from ... import` names (absolute)."""
+    if not node.level:
+        return node.module or ""
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def test_the_import_contracts_hold():
+    code, out = _lint(ROOT, ROOT / "pyproject.toml")
+    assert code == 0, out
+    assert "2 kept, 0 broken" in out, out
+
+
+PROBE = "txc_layers_probe"  # the copy's name: an installed torch_xla_core would be found before a copy of that name
+
+
+def _copy_package(tmp_path):
+    shutil.copytree(PKG, tmp_path / PROBE, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text().replace("torch_xla_core", PROBE))
+
+
+@pytest.mark.parametrize("module, line, broken", [
+    # the tracing layer reaching up to a feature
+    ("_tensor.py", "from . import replay", "torch_xla_core._tensor -> torch_xla_core.replay"),
+    # a circle inside one layer (executor imports compile_cache), hidden in a function as they used to be
+    ("compile_cache.py", "def _late():\n    from . import executor", ".executor -> .compile_cache"),
+])
+def test_the_contracts_catch_an_upward_import_and_a_circle(tmp_path, module, line, broken):
+    _copy_package(tmp_path)
+    with open(tmp_path / PROBE / module, "a") as f:
+        f.write("\n\n" + line + "\n")
+    code, out = _lint(tmp_path, tmp_path / "pyproject.toml")
+    assert code != 0 and "BROKEN" in out and broken.replace("torch_xla_core", PROBE) in out, out
+
+
+def test_modules_import_the_root_package_only_for_the_extension_and_version():
+    bad = []
+    for path, name, package, is_init in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and _target(package, is_init, node) == "torch_xla_core":
+                names = {a.name for a in node.names
+                         if not (PKG / f"{a.name}.py").exists() and not (PKG / a.name / "__init__.py").exists()}
+                if not names <= FROM_ROOT and name != "torch_xla_core":
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {sorted(names - FROM_ROOT)}")
+            elif isinstance(node, ast.Import) and any(a.name == "torch_xla_core" for a in node.names):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: import torch_xla_core")
+    assert not bad, "import what you need from its module, not through the root package:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_the_package_inside_a_function():
+    bad = []
+    for path, name, package, is_init in _modules():
+        def visit(node, infunc):
+            for ch in ast.iter_child_nodes(node):
+                if infunc and isinstance(ch, ast.ImportFrom) and _target(package, is_init, ch).startswith("torch_xla_core"):
+                    bad.append(f"{path.relative_to(ROOT)}:{ch.lineno}")
+                elif infunc and isinstance(ch, ast.Import) and any(a.name.startswith("torch_xla_core") for a in ch.names):
+                    bad.append(f"{path.relative_to(ROOT)}:{ch.lineno}")
+                visit(ch, infunc or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+        visit(ast.parse(path.read_text()), False)
+    assert not bad, ("imports of the package's own modules inside functions (they hide circles; import at module "
+                     "level, or invert the dependency as ARCHITECTURE.md's Layers shows):\n" + "\n".join(bad))

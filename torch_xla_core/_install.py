@@ -1,0 +1,49 @@
+"""Everything importing torch_xla_core installs into torch, in one place and
+in order (torch_xla_core/__init__.py calls install() once):
+
+  1. the device: PrivateUse1 renamed "xla", its device module, hooks and
+     guard (_device.py);
+  2. the tensor: XlaTensor as the wrapper the C++ core makes (_tensor.py);
+  3. the dispatch table: aten overload -> handler, handed to the C++
+     dispatcher (_ops), and every op family's handlers (_ops.load_all);
+  4. the autograd engine hook (_ops/engine.py), and autograd on the calling
+     thread (TXC_AUTOGRAD_THREADS);
+  5. autocast("xla") policies and GradScaler's kernels (amp.py);
+  6. torch.save/torch.load, pickling and copying of xla tensors
+     (serialization.py);
+  7. Module.to("xla") keeping tied parameters tied (_tying.py);
+  8. torch.compile(backend="torch_xla_core"): installed when torch._dynamo
+     is imported (dynamo.py; importing it eagerly costs 1-2 s).
+
+This module is the top of the layers (ARCHITECTURE.md): it may import any."""
+import torch
+
+from . import _device, _ops, _tensor, _tying, amp, config, dynamo, serialization
+from ._ops import engine
+
+_done = False
+
+
+def install() -> None:
+    global _done
+    if _done:
+        return
+    _device.register()
+    _tensor.configure(torch.device("xla", 0))
+    _ops.install_dispatch()
+    engine.install()
+    # Autograd would run the backward of xla tensors on a device thread of its
+    # own, and every op there re-enters Python from that thread; running it on
+    # the calling thread traced the 64-layer MLP's forward+backward ~20% faster
+    # (bench/trace_overhead.py). This is per thread (torch's TLS): it applies to
+    # the thread that imports torch_xla_core. TXC_AUTOGRAD_THREADS=1 keeps torch's
+    # default.
+    if not config.get("TXC_AUTOGRAD_THREADS"):
+        torch._C._set_multithreading_enabled(False)
+    _ops.load_all()
+    amp.register_handlers()
+    amp.install()
+    serialization.register()
+    _tying.install()
+    dynamo.install_hook()
+    _done = True
