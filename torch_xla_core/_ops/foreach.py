@@ -19,7 +19,7 @@ with .item() in torch's GradScaler)."""
 import torch
 
 from .._tensor import XlaTensor
-from . import assign, check_writes, impl
+from . import HANDLERS, _entry, assign, check_writes, impl
 
 aten = torch.ops.aten
 
@@ -85,7 +85,6 @@ def _direct(ov):
     """ov called as the dispatcher would call its handler, without the trip through torch's dispatcher
     (a foreach element whose self is an xla tensor: the handler, behind its dtype rule, that the C++
     dispatcher caches; re-resolved when the overload's handler changes)."""
-    from . import HANDLERS, _entry
     seen = [None, None]
 
     def call(*args, **kwargs):
