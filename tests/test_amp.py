@@ -245,7 +245,8 @@ def test_emitted_stablehlo_has_bf16_dots_and_f32_reductions():
     assert y.dtype == torch.float32
     text = txc.debug.stablehlo(y)
     dots = [ln for ln in text.splitlines() if "stablehlo.dot_general" in ln]
-    assert dots and all("xbf16>, tensor<" in d and d.rstrip().endswith("xbf16>") for d in dots), dots
+    # bf16 operands; the product in bf16, or (linear's bias added to it) in float32, rounded once after the add
+    assert dots and all(": (tensor<2x8xbf16>, tensor<8x4xbf16>) -> tensor<2x4x" in d for d in dots), dots
     reduces = [ln for ln in text.splitlines() if "stablehlo.reduce\"" in ln]
     assert len(reduces) == 2  # softmax's max and sum
     first = text.index("stablehlo.reduce\"")
@@ -290,8 +291,11 @@ def test_decoder_trains_five_steps_under_bf16_autocast_like_cpu():
     c, x = torch.tensor(losses["cpu"]), torch.tensor(losses["xla"])
     torch.testing.assert_close(x, c, rtol=2e-2, atol=0)
     assert x[-1] < x[0] and c[-1] < c[0]
-    for p, q in zip(xla.parameters(), cpu.parameters()):
+    for p, (name, q) in zip(xla.parameters(), cpu.named_parameters()):
         assert p.dtype == torch.float32
-        torch.testing.assert_close(p.cpu(), q, rtol=0, atol=2e-2)
+        # qkv's key bias has a zero gradient in exact arithmetic (softmax ignores it): both sides' AdamW
+        # steps follow rounding noise, up to lr a step either way
+        atol = 2 * 5 * 3e-3 if name.endswith("qkv.bias") else 2e-2
+        torch.testing.assert_close(p.cpu(), q, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
     assert metrics.fallbacks() == {}
     assert compiles == 2  # step 1, then step 2 (optimizer state appears) for every later step

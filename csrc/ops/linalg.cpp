@@ -1,6 +1,11 @@
 // Matrix products: dot(a, b[, c]; lhs_batch, rhs_batch, lhs_contract,
-// rhs_contract) is stablehlo.dot_general, plus c broadcast-added when given
-// (addmm/linear in one node); result dims are batch, then lhs free, then rhs free.
+// rhs_contract[, result dtype]) is stablehlo.dot_general, plus c
+// broadcast-added when given (addmm/linear in one node); result dims are
+// batch, then lhs free, then rhs free. The result has a's dtype unless
+// attribute 4 names another (bf16 operands, a float32 product: baddbmm's
+// handler scales and adds it in float32, rounding once, as torch's CPU
+// kernels do). With an addend, half-precision products are added in float32
+// and rounded once, too (addmm, linear with a bias).
 #include "lower/emitter.h"
 #include "ops/registry.h"
 
@@ -11,6 +16,8 @@ bool has(const Dims& d, int64_t v) {
   for (auto x : d) if (x == v) return true;
   return false;
 }
+
+bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 
 TXC_OP("dot", -1,
        [](Node& n) {
@@ -34,15 +41,15 @@ TXC_OP("dot", -1,
          if (is_bool(a.dtype))
            op_error(n, "matrix products of bool tensors are not supported (torch has no Bool kernel for them "
                        "either); cast the operands to an integer or floating dtype first");
-         n.dtype = a.dtype;
+         n.dtype = n.attrs.size() > 4 && n.attr_int(4) >= 0 ? DType(n.attr_int(4)) : a.dtype;
          n.dims.clear();
          for (auto d : lb) n.dims.push_back(a.dims[d]);
          for (int i = 0; i < a.rank(); ++i) if (!has(lb, i) && !has(lc, i)) n.dims.push_back(a.dims[i]);
          for (int i = 0; i < b.rank(); ++i) if (!has(rb, i) && !has(rc, i)) n.dims.push_back(b.dims[i]);
          if (n.operands.size() == 3) {
            const Node& c = *n.operands[2];
-           if (c.dtype != a.dtype)
-             op_error(n, std::string("expected the addend to have dtype ") + dtype_name(a.dtype) + ", got " +
+           if (c.dtype != n.dtype)
+             op_error(n, std::string("expected the addend to have dtype ") + dtype_name(n.dtype) + ", got " +
                              dtype_name(c.dtype));
            if (broadcast_dims(n, c.dims, n.dims) != n.dims)
              op_error(n, "the addend of shape " + dims_str(c.dims) + " does not broadcast to the product's shape " +
@@ -65,13 +72,13 @@ TXC_OP("dot", -1,
          parts.push_back("rhs_contracting_dimensions = " + list(n.attr_dims(3)));
          for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
          dn += ">" + precision_config(n.operands[0]->dtype);
+         // the product's dtype: float32 for a half-precision product plus an addend (one rounding, after the add)
+         DType t = n.operands.size() == 3 && is_half(n.dtype) ? DType::F32 : n.dtype;
          std::string r = cx.op("stablehlo.dot_general", {cx.in(n, 0), cx.in(n, 1)},
-                               {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])}, LowerCtx::type(n), dn);
-         if (n.operands.size() == 3) {
-           std::string c = cx.coerce(n, 2, n.dtype, n.dims), ty = LowerCtx::type(n);
-           r = cx.binary("stablehlo.add", r, c, n.dtype, n.dims);
-         }
-         return r;
+                               {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])},
+                               LowerCtx::type(t, n.dims), dn);
+         if (n.operands.size() == 3) r = cx.binary("stablehlo.add", r, cx.coerce(n, 2, t, n.dims), t, n.dims);
+         return cx.convert(r, t, n.dtype, n.dims);
        });
 
 }  // namespace

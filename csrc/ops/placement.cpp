@@ -15,8 +15,7 @@
 
 namespace txc {
 
-static const uint16_t kPlace = register_op(OpDef{
-    "place", 1,
+TXC_OP("place", 1,
     [](Node& n) {
       if (parse_memory_kind(n.attr_str(0)) < 0)
         op_error(n, "unknown memory kind '" + n.attr_str(0) + "'; use 'pinned_host' or 'device'");
@@ -24,10 +23,11 @@ static const uint16_t kPlace = register_op(OpDef{
       n.dims = n.operands[0]->dims;
     },
     [](LowerCtx& cx, const Node& n) {
+      static const uint16_t place = op_id("place");
       int kind = parse_memory_kind(n.attr_str(0));
       std::string v = cx.in(n, 0), type = LowerCtx::type(n);
       const Node& from = *n.operands[0];
-      if (kind == kDevice && from.op == kPlace && memory_kind_of(from) == kPinnedHost) {
+      if (kind == kDevice && from.op == place && memory_kind_of(from) == kPinnedHost) {
         // A round trip within one graph (an activation saved to the host and
         // brought back for the backward): XLA's host offloader makes the two
         // annotations a copy to host memory and a copy back, and XLA:GPU's
@@ -39,7 +39,7 @@ static const uint16_t kPlace = register_op(OpDef{
         v = cx.op("stablehlo.optimization_barrier", {v}, {type}, type);
       }
       return annotate_placement(cx, v, type, kind);
-    }});
+    });
 
 }  // namespace txc
 
