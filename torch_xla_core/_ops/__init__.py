@@ -140,10 +140,10 @@ def mapping(*overloads, op, operands=None, ranks=None, attrs=(), view=False, che
     dtype_rules.declare(overloads, refuses)
     for o in _compat.present(overloads):
         h = HANDLERS.get(o)
-        if isinstance(h, _C.Mapping):
-            raise ValueError(f"mapping of {o}: it is declared twice (onto core ops '{h.op}' and '{op}'): keep one")
         explicit = h is not None and not isinstance(h, _C.Mapping)
         m = _mapping(o, op, operands, ranks, attrs, view, check, h if explicit else _Rest(o))
+        if isinstance(h, _C.Mapping):
+            raise ValueError(f"mapping of {o}: it is declared twice (onto core ops '{h.op}' and '{op}'): keep one")
         HANDLERS[o] = m
         first = first or m
     _C.dispatch_clear()
