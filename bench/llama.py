@@ -40,7 +40,10 @@ the host spends per timed step until the step's sync returns (tracing and
 binding; ours' sync does not wait, so XLA's compute of the step is not in
 it unless the host waited on it), beside ms/step (wall, the device's
 compute included); for eager it is the whole step. The line under the table
-gives traced host ms / txc_compile host ms (issue 29's CPU target: >= 20x). CPU eager and
+gives traced host ms / txc_compile host ms (issue 29's CPU target: >= 20x).
+The JSON also has host_thread_cpu_ms_per_step: the CPU time of the
+stepping thread over the same span (less swayed by other processes on a
+shared machine; eager's intra-op worker threads are not in it). CPU eager and
 inductor on CPU run with torch.set_flush_denormal(True), as XLA:CPU flushes
 denormals (without it the bf16 eager step ran 10-20x slower here).
 
@@ -161,13 +164,14 @@ def run_one(spec, cfg, batch, seq, steps, warmup):
         sync()
     wait()
     c0 = counters()
-    host = 0.0
+    host = host_cpu = 0.0
     t0 = time.perf_counter()
     for _ in range(steps):
-        h0 = time.perf_counter()
+        h0, c0_ = time.perf_counter(), time.thread_time()
         loss = step(fwd, opt, ids)
         sync()
         host += time.perf_counter() - h0
+        host_cpu += time.thread_time() - c0_
     wait()
     wall = time.perf_counter() - t0
     c1 = counters()
@@ -175,6 +179,7 @@ def run_one(spec, cfg, batch, seq, steps, warmup):
     tokens = batch * seq * steps
     peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
     r = {"runtime": spec, "device": device_name, "ms_per_step": wall / steps * 1e3, "host_ms_per_step": host / steps * 1e3,
+         "host_thread_cpu_ms_per_step": host_cpu / steps * 1e3,
          "tokens_per_s": tokens / wall,
          "flops_per_token": fpt, "params_non_embedding": n_params, "peak_tflops": peak_tflops,
          "first_step_s": first, "loss": float(loss.float().cpu()), "steps": steps, "warmup": warmup,
