@@ -21,6 +21,8 @@ def rows():
 
 
 def test_doc_is_current():
+    if not os.path.exists(os.path.join(os.path.dirname(coverage.DOC), "..", "pyproject.toml")):
+        pytest.skip("an installed package, not a checkout: docs/ is not shipped")
     with open(coverage.DOC) as f:
         doc = f.read()
     made_for = re.search(r"Generated for torch (\S+) ", doc).group(1)
