@@ -73,6 +73,16 @@ def _half_result(*xs):
     return dt if dt in _HALF else None
 
 
+_OP_CONVERT, _F32 = OP.convert, code(torch.float32)
+
+
+def _in_f32(x):
+    """x as a float32 core operand: an xla tensor's convert node as a LazyTensor (no wrapper), else x.float()."""
+    if type(x) is XlaTensor:
+        return x if x.dtype == torch.float32 else _make(_OP_CONVERT, (x,), (_F32,))
+    return x.float()
+
+
 def _as(x, dt):
     """x in dtype dt: x.to(dt) without a trip through torch's dispatcher for an xla tensor (the same node)."""
     return convert(x, dt) if isinstance(x, XlaTensor) else x.to(dt)
@@ -194,30 +204,37 @@ def lerp(a, b, w):
     (exact at w = 0 and w = 1); half dtypes compute in float32 with the
     weight at full precision and round once."""
     dt = _half_result(a, b, w)
-    if dt is not None:
-        f32 = torch.float32
-        return convert(lerp(_as(a, f32), _as(b, f32), _as(w, f32) if isinstance(w, torch.Tensor) else w), dt)
-    d = _op(_OP_SUB, (b, a), ())
-    if not isinstance(w, torch.Tensor):
+    number = not isinstance(w, torch.Tensor)
+    if dt is None:
+        return _lerp(a, b, w, number, a.dtype, _op)
+    r = _lerp(_in_f32(a), _in_f32(b), w if number else _in_f32(w), number, torch.float32, _make)
+    return _op(_OP_CONVERT, (r,), (code(dt),))
+
+
+def _lerp(a, b, w, number, a_dtype, out):
+    """lerp of core operands (xla tensors, LazyTensors), a of dtype a_dtype; the last node made by
+    out (_op: an xla tensor, _make: a LazyTensor), the intermediate ones as LazyTensors."""
+    d = _make(_OP_SUB, (b, a), ())
+    if number:
         if abs(w) < 0.5:
-            return _op(_OP_ADD, (a, _make(_OP_MUL, (w, d._lt), ())), ())
+            return out(_OP_ADD, (a, _make(_OP_MUL, (w, d), ())), ())
         # 1 - w in the compute dtype, as ATen (the weight is cast first): 1 - 0.8 in float32 is not 0.2
-        one_minus = float(1 - torch.tensor(w, dtype=torch.promote_types(a.dtype, torch.float32)))
-        return _op(_OP_SUB, (b, _make(_OP_MUL, (d._lt, one_minus), ())), ())
-    low = _op(_OP_ADD, (a, _make(_OP_MUL, (w, d._lt), ())), ())
-    high = _op(_OP_SUB, (b, _make(_OP_MUL, (d._lt, _make(_OP_SUB, (1, w), ())), ())), ())
-    return _op(OP.where, (_make(OP.lt, (_make(OP.abs, (w,), ()), 0.5), ()), low, high), ())
+        one_minus = float(1 - torch.tensor(w, dtype=torch.promote_types(a_dtype, torch.float32)))
+        return out(_OP_SUB, (b, _make(_OP_MUL, (d, one_minus), ())), ())
+    low = _make(_OP_ADD, (a, _make(_OP_MUL, (w, d), ())), ())
+    high = _make(_OP_SUB, (b, _make(_OP_MUL, (d, _make(_OP_SUB, (1, w), ())), ())), ())
+    return out(OP.where, (_make(OP.lt, (_make(OP.abs, (w,), ()), 0.5), ()), low, high), ())
 
 
 def _addc(x, t1, t2, value, core):
     """x + value * t1 core t2, left to right as ATen's kernels ((value * t1) / t2 for addcdiv);
     half dtypes in float32 with value at full precision, rounded once."""
     dt = _half_result(x, t1, t2)
-    if dt is not None:
-        f32 = torch.float32
-        return convert(_addc(_as(x, f32), _as(t1, f32), _as(t2, f32), value, core), dt)
-    p = _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())
-    return _op(_OP_ADD, (x, p), ())
+    if dt is None:
+        return _op(_OP_ADD, (x, _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())), ())
+    x, t1, t2 = _in_f32(x), _in_f32(t1), _in_f32(t2)
+    r = _make(_OP_ADD, (x, _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())), ())
+    return _op(_OP_CONVERT, (r,), (code(dt),))
 
 
 @impl(aten.addcmul.default, refuses=BOOL)
