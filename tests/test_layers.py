@@ -98,3 +98,23 @@ def test_no_module_imports_the_package_inside_a_function():
         visit(ast.parse(path.read_text()), False)
     assert not bad, ("imports of the package's own modules inside functions (they hide circles; import at module "
                      "level, or invert the dependency as ARCHITECTURE.md's Layers shows):\n" + "\n".join(bad))
+
+
+def test_each_import_left_inside_a_function_says_why():
+    """An import inside a function is for a real optional or costly
+    dependency (torch._dynamo, transformers, a platform's Pallas kernels),
+    with its reason in a `# lazy: ...` comment on the line or the one above;
+    jax, numpy and the rest are loaded at import anyway."""
+    bad = []
+    for path, name, package, is_init in _modules():
+        lines = path.read_text().splitlines()
+
+        def visit(node, infunc):
+            for ch in ast.iter_child_nodes(node):
+                if infunc and isinstance(ch, (ast.Import, ast.ImportFrom)):
+                    here = lines[ch.lineno - 1] + (lines[ch.lineno - 2] if ch.lineno > 1 else "")
+                    if "# lazy: " not in here:
+                        bad.append(f"{path.relative_to(ROOT)}:{ch.lineno}: {lines[ch.lineno - 1].strip()}")
+                visit(ch, infunc or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+        visit(ast.parse(path.read_text()), False)
+    assert not bad, "imports inside functions without a `# lazy: <reason>` comment:\n" + "\n".join(bad)

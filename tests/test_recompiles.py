@@ -108,3 +108,19 @@ def test_env_var_prints_explanations():
     assert r.returncode == 0, r.stderr
     assert "recompile #1 at <string>:3 in <module>" in r.stderr, r.stderr
     assert "float32[2] -> float32[3]" in r.stderr, r.stderr
+
+
+def test_txc_debug_explain_recompiles_turns_explaining_on_and_lists_them(dev):
+    """txc.debug.explain_recompiles(): what TXC_DEBUG=recompiles does, from code."""
+    executor.clear_cache()
+    try:
+        assert txc.debug.explain_recompiles() == [] and recompiles.enabled()
+        w = torch.randn(3, 5).to(dev)
+        for batch in (2, 6):
+            _step(torch.randn(batch, 3).to(dev), w)
+        ex = txc.debug.explain_recompiles(enable=False)
+        assert len(ex) == 1 and "float32[2, 3] -> float32[6, 3]" in ex[0].differences[0], ex
+    finally:
+        recompiles.disable()
+        recompiles._forced = None
+        recompiles.clear()

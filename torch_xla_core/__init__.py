@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 import os
 
+import jax
 import torch
 
 from . import config  # txc.config: every TXC_* setting and its value (python -m torch_xla_core.config)
@@ -61,14 +62,12 @@ def device_count() -> int:
 
 def world_size() -> int:
     """The number of processes (torch_xla_core.launch; 1 when run alone)."""
-    import jax
     runtime.backend()
     return jax.process_count()
 
 
 def global_ordinal() -> int:
     """This process's rank among all processes (0 when run alone)."""
-    import jax
     runtime.backend()
     return jax.process_index()
 

@@ -36,6 +36,7 @@ import re
 import warnings
 
 import torch
+from jax._src.lib import xla_client as xc
 
 from . import __version__  # (set by the package before it imports this module)
 from . import config
@@ -144,7 +145,6 @@ def array_result_handler(aval, sharding, committed):
     jaxlib < 0.11 takes _skip_checks=True (skips its checks of each output);
     jaxlib >= 0.11 has no such argument (and does not check there): the first
     call finds out which jaxlib this is, later calls pass what it takes."""
-    from jax._src.lib import xla_client as xc
     try:
         return xc.array_result_handler(aval, sharding, committed=committed, **_SKIP_CHECKS[0])
     except TypeError:

@@ -53,7 +53,8 @@ def seed() -> int:
 
 def _upload(seed: int, counter: int = 0):
     s = _int64(seed & _MASK)
-    return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), _tensor.ANY_DEVICE)._lt  # joins graphs on any device
+    # joins graphs on any device
+    return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), _tensor.ANY_DEVICE)._lt
 
 
 _I64 = None  # dtype code of int64 (a stream is the scalar operand (stream(n), _I64))

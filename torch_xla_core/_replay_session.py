@@ -124,7 +124,8 @@ class Session:
                 lt = _tensor._make(_ALIAS, (lt,), ())  # a storage of its own holding the view's value
             # a value computed from constants alone (transformers' packed-sequence check of an arange's
             # positions) is the same on every replay of this graph: no guard, no wait for the device
-            constant = all(type(a) is tuple or id(a) in self.consts for a in _C.GraphCut([lt], _tensor.ALL_DEVICES).params())
+            cut = _C.GraphCut([lt], _tensor.ALL_DEVICES)
+            constant = all(type(a) is tuple or id(a) in self.consts for a in cut.params())
             # the user's read: everything pending is one segment (nothing computed twice); an op handler's read
             # (CTC's target lengths) syncs only its value, as a traced call does: the handler's half-built
             # values (a scan body's) are not ready to run

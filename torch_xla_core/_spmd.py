@@ -32,10 +32,16 @@ buffer on every device (the alias bytes of the compiled statistics are
 per device)."""
 import collections
 import re
+import time
 
+import jax
 import numpy as np
+from jax._src import config
+from jax._src import sharding_impls as si
+from jax._src.lib import xla_client as xc
+from jax.sharding import NamedSharding, PartitionSpec
 
-from . import metrics, peers, runtime
+from . import metrics, runtime
 
 active = False   # set by sharding.mark_sharding: only then are parameters inspected
 
@@ -65,7 +71,6 @@ def gspmd_lowering():
     """A context in which jax lowers shardings as GSPMD's mhlo.sharding
     annotations (not Shardy's sdy dialect): what compile() partitions.
     call_jax lowers under it (a shard_map'd kernel, kernels/per_shard.py)."""
-    from jax._src import config
     return config.use_shardy_partitioner(False)
 
 
@@ -132,7 +137,6 @@ def _same(ids, other):
 def _jmesh(spmd: Spmd):
     m = _meshes.get(spmd.device_ids)
     if m is None:  # a sharded value whose mesh we did not make (a positional sharding)
-        import jax
         m = jax.sharding.Mesh(np.array(_devices(spmd.device_ids), dtype=object), ("devices",))
         _meshes[spmd.device_ids] = m
     return m
@@ -147,7 +151,6 @@ def lay_out(buf, sharding):
     """A buffer (on one device, or laid out otherwise) laid out as `sharding`,
     which may span other processes' devices: each process then supplies its
     own devices' pieces of its copy of the value."""
-    import jax
     with jax.enable_x64(True):
         if sharding.is_fully_addressable:
             return jax.device_put(buf, sharding)
@@ -203,7 +206,6 @@ OPTIONS = ("spmd: GSPMD partitioning (not Shardy), 1 replica x N partitions over
 def _options(text: str, key):
     """The compile options of a partitioned graph and its text with donated
     results pinned (pin_aliased_outputs)."""
-    from jax._src.lib import xla_client as xc
     text, propagate = pin_aliased_outputs(text)
     ids = key.spmd.device_ids
     opts = xc.CompileOptions()
@@ -234,8 +236,6 @@ def deserialize(data: bytes, text: str, key):
 def bind(spmd: Spmd, params: list) -> list:
     """The parameters as global arrays on the mesh: a buffer on one device
     is replicated over the mesh (a Python number's copy is kept)."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
     rep = None
     out = []
     for p, s in zip(params, spmd.params):
@@ -265,7 +265,6 @@ def _out_shardings(exe, key) -> list:
     r = _out.get(key)
     if r is not None:
         return r
-    from jax._src import sharding_impls as si
     jmesh = _jmesh(key.spmd)
     devs = tuple(jmesh.devices.flat)
     r = []
@@ -284,9 +283,7 @@ def _out_shardings(exe, key) -> list:
 def launch(exe, key, params: list, specs: list):
     """Starts the partitioned executable of an executor Key: (its outputs as
     global arrays, the launch's start time for runtime.wait_ready)."""
-    import time
 
-    import jax
     t0 = time.perf_counter()
     res = exe.execute_sharded(params)
     parts = res.disassemble_into_single_device_arrays()

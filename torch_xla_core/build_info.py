@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata as _md
 import sys
+from pathlib import Path
 
 from torch_xla_core import _C
 
@@ -86,7 +87,6 @@ def get_cmake_dir() -> str:
 
 
 def _pkg_dir():
-    from pathlib import Path
 
     return Path(__file__).resolve().parent
 

@@ -58,6 +58,8 @@ import stat
 import tempfile
 import warnings
 
+import jax
+
 from . import __version__, _spmd, config, metrics, runtime
 from .build_info import flavor
 
@@ -86,7 +88,6 @@ def _partitioning(key) -> str:
     processes (with several, each process's executable is its own)."""
     if key.spmd is None:
         return ""
-    import jax
     return f"{_spmd.OPTIONS};processes={jax.process_count()};process={jax.process_index()}"
 
 

@@ -5,7 +5,7 @@ Set TXC_DUMP_DIR to also get every compiled graph written to a folder
 (torch_xla_core/executor.py)."""
 import torch
 
-from . import executor
+from . import executor, recompiles
 from ._tensor import XlaTensor
 
 __all__ = ["graph_text", "stablehlo", "cache_key", "explain_recompiles"]

@@ -41,14 +41,15 @@ without that process group is refused (DCP would let every process write
 a metadata file of its own pieces only)."""
 import dataclasses
 
+import jax
 import numpy as np
 import torch
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
                                                           create_default_local_load_plan)
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
                                                    TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import (LoadPlan, ReadItem, SavePlan, TensorWriteData, WriteItem,
-                                                  WriteItemType)
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from . import _C, _dtypes, _tensor, metrics, runtime
@@ -59,7 +60,6 @@ __all__ = ["SPMDSavePlanner", "SPMDLoadPlanner"]
 
 
 def _check_process_group(what: str) -> None:
-    import jax
     runtime.backend()
     n = jax.process_count()
     if n > 1 and not torch.distributed.is_initialized():
@@ -165,7 +165,6 @@ class _Target:
 
     def install(self) -> None:
         """Moves the filled pieces to their devices; the tensor takes the new value."""
-        import jax
         t, buf = self.t, self.buf
         code = _dtypes.code(t.dtype)
         if self.whole is None:  # a view of part of a storage: an ordinary (lazy) copy into it
@@ -248,7 +247,6 @@ class SPMDLoadPlanner(DefaultLoadPlanner):
 
         def apply():
             if self.flatten_state_dict:
-                from torch.distributed.checkpoint._traverse import set_element
                 set_element(self.original_state_dict, self.mappings[fqn], obj)
             else:
                 self.state_dict[fqn] = obj

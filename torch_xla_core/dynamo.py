@@ -79,6 +79,7 @@ def make_traceable() -> None:
     if _traceable:
         return
     _compat.add_missing_meta_kernels()  # torch 2.11: SDPA's backward had none (aot_autograd's fake backward)
+    # lazy: torch._dynamo costs 1-2 s to import: only once torch.compile is used (install_hook)
     from torch._dynamo.variables import builder
     vb = builder.VariableBuilder
 
@@ -94,7 +95,7 @@ def make_traceable() -> None:
     # Fake tensor mode: an XlaTensor met while tracing (torch.tensor(...,
     # device="xla") made inside the compiled region) is a real tensor to be
     # made fake, not a subclass to hand the op to.
-    from torch._subclasses import fake_tensor
+    from torch._subclasses import fake_tensor  # lazy: with dynamo, as above
     is_subclass = fake_tensor._check_for_subclass_arg
     if not getattr(is_subclass, "_txc", False):
         def _check_for_subclass_arg(x):
@@ -247,6 +248,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     graphs."""
     global _aot
     if _aot is None:
+        # lazy: torch._dynamo costs 1-2 s to import: only once torch.compile is used (install_hook)
         from torch._dynamo.backends.common import aot_autograd
         _aot = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
                             inference_compiler=_compiler("inference"), keep_inference_input_mutations=True)
@@ -260,7 +262,14 @@ def install() -> None:
     itself). Safe right after torch._dynamo's own import: it imports nothing
     that torch._dynamo has not. Idempotent."""
     make_traceable()
-    from torch._dynamo.backends import registry
+    # lazy: torch._dynamo costs 1-2 s to import: only once torch.compile is used (install_hook)
+    from torch._dynamo import trace_rules
+    from torch._dynamo.backends import registry  # lazy: as above
+    # Our own frames (op handlers, the executor) and jax's under them run under torch's dispatcher, also
+    # inside the code dynamo runs eagerly after a graph break: dynamo must not compile them (it traced into
+    # the data-dependent nonzero handler of wav2vec2's CTC loss, resumed it on fake values and recursed).
+    for package in (__package__, "jax", "jaxlib"):
+        trace_rules.add(package)
     names = [NAME]
     if importlib.util.find_spec("torch._dynamo.backends.torchxla") is None:  # torch's "openxla"
         names.append("openxla")

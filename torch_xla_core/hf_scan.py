@@ -64,7 +64,7 @@ def _collecting():
     """True while transformers' output capture (output_hidden_states /
     output_attentions) is collecting per-layer outputs."""
     try:
-        from transformers.utils.output_capturing import _active_collector
+        from transformers.utils.output_capturing import _active_collector  # lazy: optional dependency
     except ImportError:  # another transformers layout: be safe only by the flags
         return False
     try:

@@ -32,11 +32,17 @@ message, before jax's heartbeat (TXC_DISTRIBUTED_TIMEOUT, set past that
 bound here) would abort them; the launcher exits with the failed process's
 status."""
 import argparse
+import inspect
 import os
 import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
+
+import torch.distributed as dist
+from jax._src import distributed
+from jax._src.lib import _jax
 
 from . import config
 
@@ -50,8 +56,6 @@ def _free_port() -> int:
 def _store(timeout: float):
     """torch.distributed's TCPStore, hosted here on 127.0.0.1 (torch's own
     store in rank 0 would bind every interface): (store, port)."""
-    from datetime import timedelta
-    import torch.distributed as dist
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen(128)
@@ -67,7 +71,6 @@ def _coordination_service(nproc: int, heartbeat: int):
     so the others learn of it from this launcher and can raise, where jax's
     runtime in process 0's place would abort them all at once. (service,
     its address)."""
-    from jax._src.lib import _jax
     address = f"127.0.0.1:{_free_port()}"
     if nproc == 1 or not _can_host():
         return None, address
@@ -78,8 +81,6 @@ def _can_host() -> bool:
     """Whether this jax's initialize starts process 0's service through
     jax._src.distributed._jax, which peers.join can hide (else process 0
     hosts it, as jax does, and its death aborts the others)."""
-    import inspect
-    from jax._src import distributed
     try:
         src = inspect.getsource(distributed.State.initialize)
     except (OSError, TypeError, AttributeError):

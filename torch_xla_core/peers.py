@@ -42,10 +42,17 @@ Without the launcher (several machines), jax's heartbeat is what notices
 a dead peer, and it aborts."""
 import atexit
 import ipaddress
+import logging
 import os
 import sys
 import threading
 import time
+import warnings
+from functools import partial
+
+import jax
+from jax._src import distributed, xla_bridge
+from jax._src.lib import _jax
 
 from . import config
 
@@ -96,10 +103,6 @@ def bind_addresses(coordinator: str):
 def join(num_processes: int, process_id: int, coordinator: str, timeout: int) -> None:
     """jax.distributed.initialize with the listeners bound as the module
     docstring says, gloo CPU collectives, and the launcher's notices."""
-    import jax
-    from jax._src import xla_bridge
-    from jax._src.lib import _jax
-    from jax._src import distributed
     bind, gloo = bind_addresses(coordinator)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     hosted = config.get("TXC_COORDINATOR_HOSTED") and process_id == 0
@@ -117,14 +120,12 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
     _watch()  # a peer that dies before every process joined: PeerLostError here, not a wait for the timeout
     blocking(initialize, f"joining jax's distributed runtime as process {process_id} of {num_processes}")
     if gloo is not None:
-        from functools import partial
         try:
             coll = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
                                                   hostname=gloo)
             xla_bridge.register_backend_factory("cpu", partial(xla_bridge.make_cpu_client, collectives=coll),
                                                 priority=0, fail_quietly=False)
         except (RuntimeError, TypeError, AttributeError) as e:  # jax's CPU client started first, another jax
-            import warnings
             warnings.warn(f"torch_xla_core: jax's CPU client could not be given gloo collectives bound to {gloo} "
                           f"({type(e).__name__}: {e}), so they listen where gloo's default puts them (this machine's "
                           f"host name, resolved). Start torch_xla_core before using jax, or set TXC_GLOO_HOSTNAME",
@@ -285,7 +286,6 @@ def _end_if_lost():
     try:
         print(f"torch_xla_core: this process lost a peer ({_lost[0]}); it ends now (os._exit) with status "
               f"{_exit_status[0]}, without jax's own shutdown, which would wait for that peer", file=sys.stderr)
-        import logging
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

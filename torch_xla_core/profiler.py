@@ -40,8 +40,11 @@ import json
 import os
 import threading
 import time
+import warnings
 import zlib
 from contextlib import contextmanager
+
+import jax
 
 from . import executor, metrics
 
@@ -111,7 +114,6 @@ class Trace:
             self._graphs.append((p.key.graph, cut.num_nodes, top))
 
     def start_device(self):
-        import jax
         opts = jax.profiler.ProfileOptions()
         opts.python_tracer_level = 0
         self._runs_before = set(self._runs())
@@ -134,12 +136,11 @@ class Trace:
         return glob.glob(os.path.join(self.dir, "jax", "plugins", "profile", "*"))
 
     def stop_device(self):
-        import jax
         try:
             jax.profiler.stop_trace()
         except Exception as e:  # e.g. the disk filled up: our trace is still written
-            import warnings
             try:
+                # lazy: jax's private profiler state, on this error path only (absent: the except)
                 from jax._src import profiler as jax_profiler
                 with jax_profiler._profile_state.lock:
                     jax_profiler._profile_state.reset()  # (stop_trace resets it only when the export succeeded)
@@ -172,7 +173,6 @@ class Trace:
             with gzip.open(os.path.join(self.device_dir, "perfetto_trace.json.gz"), "wt") as f:
                 json.dump(doc, f)
         except (OSError, EOFError, ValueError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-            import warnings
             warnings.warn(f"txc.profiler: JAX's device trace {files[0]} could not be read ({type(e).__name__}: "
                           f"{e}); {self.path} holds torch_xla_core's spans only (JAX's files are left as they are)",
                           RuntimeWarning, stacklevel=4)
@@ -252,7 +252,6 @@ def step(n):
     start = time.perf_counter()
     annotation = None
     if t is not None and t.device:
-        import jax
         annotation = jax.profiler.StepTraceAnnotation("train", step_num=n)
         annotation.__enter__()
     try:

@@ -109,7 +109,7 @@ import warnings
 
 import torch
 
-from . import _C, _checks, _dtypes, _random, _tensor, config, executor, metrics, runtime
+from . import _C, _dtypes, _random, _tensor, config, executor, metrics
 from . import _replay_session as _S
 from ._ops.engine import Engine as _Engine
 from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
@@ -641,6 +641,8 @@ class Compiled:
             del launch
             if s != last:
                 outs.extend(o)
+        if not rec.segments:  # nothing to run on the device (a dynamo graph returning inputs' views)
+            write([])
         return ret[0]
 
 

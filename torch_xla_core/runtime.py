@@ -10,9 +10,15 @@ import collections
 import os
 import struct
 import time
+import zlib
 
+import jax
+import jaxlib
 import numpy as np
 import torch
+from jax._src import distributed
+from jax._src.lib import xla_client as xc
+from jax.extend.backend import get_backend
 
 from . import _dtypes, config, metrics, peers
 from ._compat import array_result_handler
@@ -33,7 +39,6 @@ def _cpu_device_count():
     n = config.get("TXC_NUM_CPU_DEVICES")
     if n is None:
         return
-    import jax
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError as e:  # jax's backends already started (jax was used before torch_xla_core)
@@ -56,8 +61,6 @@ def _distributed():
 
 
 def _select_backend():
-    import jax
-    from jax.extend.backend import get_backend
 
     _cpu_device_count()
     _distributed()
@@ -142,7 +145,6 @@ def compile_on(text: str, devices, options):
     """Compiles StableHLO text onto `devices` with jaxlib CompileOptions: the
     one call of jaxlib's compile API (a partitioned graph's options and
     devices come from _spmd.py)."""
-    from jax._src.lib import xla_client as xc
 
     return backend().compile_and_load(text, xc.DeviceList(tuple(devices)), options)
 
@@ -151,13 +153,11 @@ def deserialize_on(data: bytes, devices, options):
     """The executable serialize() wrote, loaded onto `devices` with the
     options it was compiled with. Only for bytes this program wrote: PJRT
     does not validate them."""
-    from jax._src.lib import xla_client as xc
 
     return backend().deserialize_executable(data, xc.DeviceList(tuple(devices)), options)
 
 
 def _options(device_index: int):
-    from jax._src.lib import xla_client as xc
 
     opts = xc.CompileOptions()
     if device_index:  # the executable's one replica runs there (the default assignment is device 0)
@@ -182,7 +182,6 @@ def fingerprint(device_index: int = 0) -> str:
     jaxlib's version, the platform and its version, the device kind, the
     compile options and the compiler flags (compiler_flags(); the
     persistent compile cache keys on it)."""
-    import jaxlib
 
     be = backend()
     d = devices()[device_index]
@@ -264,7 +263,6 @@ def _put(a: np.ndarray, device):
     # Callers pass memory that is theirs alone (to_device's private copy):
     # on the CPU jax shares the host memory of a torch-owned array (even with
     # may_alias=False) instead of copying it.
-    import jax
     with jax.enable_x64(True):
         return jax.device_put(a, device)
 
@@ -297,7 +295,6 @@ def device_index(buf) -> int:
 def move(buf, device_index: int):
     """The buffer's data on device `device_index` (a device-to-device copy;
     a sharded buffer is gathered there)."""
-    import jax
     with metrics.timed("transfer_between_devices"), jax.enable_x64(True):
         r = jax.device_put(buf, devices()[device_index])
     metrics.counter_add("transfer_between_devices")
@@ -317,14 +314,11 @@ def collective_barrier(what: str) -> None:
     barrier's id is this process's count of such steps and a hash of
     `what`, so processes that gather different values also stop. One
     process: nothing to wait for."""
-    import jax
     backend()
     n = jax.process_count()
     if n == 1:
         return
     global _collectives
-    import zlib
-    from jax._src import distributed
     _collectives += 1
     timeout = config.get("TXC_COLLECTIVE_TIMEOUT")  # default: TXC_DISTRIBUTED_TIMEOUT, 60
     key = f"txc_collective_{_collectives}_{zlib.crc32(what.encode()):08x}"
@@ -349,7 +343,7 @@ def to_host(buf, what: str = "copying an xla tensor to the CPU") -> torch.Tensor
     other processes is gathered, a collective (collective_barrier(what))."""
     with metrics.timed("transfer_to_host"):
         if not buf.is_fully_addressable and not buf.is_fully_replicated:  # pieces in other processes
-            from jax.experimental import multihost_utils
+            from jax.experimental import multihost_utils  # lazy: multi-process only (jax's multihost helpers)
             spec = getattr(buf.sharding, "spec", None)
             collective_barrier(f"{what} (a {buf.dtype}{list(buf.shape)} tensor sharded "
                                f"{tuple(spec) if spec is not None else buf.sharding})")

@@ -34,9 +34,11 @@ _set_from_file writes the data in then).
 """
 import collections
 import copy
+import io
 import math
 import weakref
 
+import jax
 import torch
 
 from . import _ops, _tensor, config, executor, runtime
@@ -210,9 +212,7 @@ def save(obj, f, master_only: bool = True, global_master: bool = True) -> None:
     (master_only; global_master=False: the first process of each machine,
     local rank 0; master_only=False: every process writes its own `f`).
     With one process it is torch.save."""
-    import io
 
-    import jax
     runtime.backend()
     if master_only:
         rank = jax.process_index() if global_master else config.get("TXC_LOCAL_RANK")

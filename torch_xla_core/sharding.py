@@ -25,8 +25,10 @@ Devices: TXC_NUM_CPU_DEVICES=N gives the CPU platform N devices."""
 import collections
 import math
 
+import jax
 import numpy as np
 import torch
+from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _C, _dtypes, _spmd, _tensor, runtime
 from ._tensor import XlaTensor
@@ -61,7 +63,6 @@ class Mesh:
         names = tuple(axis_names) if axis_names is not None else tuple(f"axis{i}" for i in range(len(shape)))
         if len(names) != len(shape) or len(set(names)) != len(names) or not all(isinstance(a, str) for a in names):
             raise ValueError(f"Mesh: axis_names {names} must be {len(shape)} distinct strings, one per mesh axis")
-        import jax
         self.device_ids = tuple(ids)
         self.mesh_shape = shape
         self.axis_names = names
@@ -154,7 +155,6 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
     """Lays t out over mesh as partition_spec says (in place; returns t).
     Device data is resharded now; a pending value is annotated in the graph.
     A tensor already sharded is resharded (the new spec wins)."""
-    from jax.sharding import NamedSharding, PartitionSpec
     if not isinstance(t, XlaTensor):
         raise ValueError(f"mark_sharding: expected an xla tensor, got a tensor on {t.device}; move it with "
                          f".to('xla') first")
@@ -181,7 +181,6 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
 def _annotate(lt, mesh: Mesh, names: tuple):
     """A new LazyTensor: lt's value with a sharding annotation (checked
     spec in axis names); remembered for known_spec."""
-    from jax.sharding import NamedSharding, PartitionSpec
     _spmd.activate(mesh._jax)
     hlo = _spmd.hlo_sharding(NamedSharding(mesh._jax, PartitionSpec(*names)), len(names))
     attrs = (hlo, list(mesh.device_ids), list(mesh.mesh_shape), ",".join(mesh.axis_names))

@@ -10,6 +10,7 @@ op some supported torch removed does not break the import."""
 import importlib
 
 import torch
+from torch._decomp import decomposition_table
 
 from .. import _C, _compat, _tensor, metrics
 from .._dtypes import UnsupportedDtype, code
@@ -334,15 +335,10 @@ def _composite(func):
     return h
 
 
-_DECOMPS = None
 
 
 def _decomps():
-    global _DECOMPS
-    if _DECOMPS is None:
-        from torch._decomp import decomposition_table
-        _DECOMPS = decomposition_table
-    return _DECOMPS
+    return decomposition_table
 
 
 def _decomposed(func):

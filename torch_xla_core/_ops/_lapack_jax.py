@@ -12,6 +12,7 @@ from jax import lax
 
 _LA = lax.linalg
 from jax._src.lax import linalg as _LAX  # geqrf is not re-exported by jax.lax.linalg
+from jax.scipy.linalg import expm
 
 
 def _mT(x):
@@ -33,7 +34,7 @@ def _potrf(a, upper, platform):
     col_major = tuple(range(nb)) + (a.ndim - 1, a.ndim - 2)
     outs = (jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(a.shape[:-2], jnp.int32))
     if platform == "cpu":
-        from jax._src.lib import lapack
+        from jax._src.lib import lapack  # lazy: CPU only (jaxlib's LAPACK kernels)
         target, attrs = lapack.prepare_lapack_call("potrf_ffi", a.dtype), {"uplo": np.uint8(ord("U" if upper else "L"))}
     else:
         target, attrs = f"{'hip' if platform == 'rocm' else 'cu'}solver_potrf_ffi", {"lower": not upper}
@@ -269,7 +270,6 @@ def eigh(a, *, lower, compute_v):
 
 def matrix_exp(a):
     """torch.linalg.matrix_exp (jax.scipy's scaling-and-squaring Pade)."""
-    from jax.scipy.linalg import expm
     if a.size == 0:
         return a
     if a.ndim == 2:

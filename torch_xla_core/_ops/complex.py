@@ -10,13 +10,16 @@ identity, with the same values as torch's.
 
 aten.real / aten.imag are torch composites (view_as_real + select), so
 `x.real.zero_()` writes through to x as on CPU."""
-import torch
+import math
 
-from .._dtypes import CODE, code, UnsupportedDtype
-from .._tensor import _op, _view, _view_op, OP
-from . import XLA, aten, impl, mapping
+import torch
+from jax import lax
+
 from .. import runtime
+from .._dtypes import CODE, UnsupportedDtype, code
+from .._tensor import OP, _op, _view, _view_op
 from ..kernels.call_jax import call_jax
+from . import XLA, aten, impl, mapping
 
 
 @impl(aten.view_as_real.default)
@@ -98,7 +101,6 @@ def sgn(x):
 
 
 def _jax_eig(a, vectors):
-    from jax import lax
     w, *rest = lax.linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=vectors)
     return (w, rest[0]) if vectors else w
 
@@ -139,7 +141,6 @@ def root_as(lt, dtype):
     have = root.dtype
     if have == CODE[dtype]:
         return root
-    import math
     n = math.prod(root.shape)
     if dtype.is_complex:  # a real storage of 2n floats read as n complex numbers
         if n % 2:

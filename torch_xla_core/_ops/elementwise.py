@@ -3,10 +3,10 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
 from .._dtypes import UnsupportedDtype, code
-from .._tensor import _make, _op, device_error, OP, v, wrap, XlaTensor
-from . import Arg, assign, aten, call, check_no_partial_overlap, convert, decomposed, full_like, impl, mapping, XLA
-from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED
 from .. import _device, _tensor
+from .._tensor import OP, XlaTensor, _make, _op, device_error
+from . import XLA, Arg, assign, aten, check_no_partial_overlap, convert, decomposed, full_like, impl, mapping
+from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED
 
 
 # Overloads that are one core op: mapping() rows (the C++ fast path and the

@@ -2,13 +2,14 @@
 the PrivateUse1 ("xla") kernels registered here; *_like and new_* reach
 __torch_dispatch__ like any op."""
 import functools
+import math
 
 import torch
 
 from .. import _device, _tensor
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
-from . import _decomps, aten, full, impl, sizes
+from . import _decomps, aten, full, impl
 from .elementwise import copy_
 
 _lib = torch.library.Library("aten", "IMPL")
@@ -67,7 +68,6 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
         start, end, step = int(start), int(end), int(step)
     if step == 0:
         raise RuntimeError("arange: step must be nonzero")
-    import math
     n = max(int(math.ceil((end - start) / step)), 0)
     if dtype.is_floating_point:
         i = _make(OP.iota, (), (code(dtype), [n], 0))

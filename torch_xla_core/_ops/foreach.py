@@ -16,7 +16,11 @@ CPU kernel does); with `found_inf` every write is a select on found_inf, so
 GradScaler.step never reads a value on the host: `torch.amp.GradScaler("xla")`
 with a fused optimizer is a sync-free step (the non-fused path reads found_inf
 with .item() in torch's GradScaler)."""
+from itertools import repeat
+
 import torch
+from torch.optim import optimizer
+from torch.utils import _foreach_utils
 
 from .._tensor import XlaTensor
 from . import HANDLERS, _entry, assign, check_writes, impl
@@ -45,8 +49,9 @@ def _per_tensor(func, name):
             if len(args[i]) != n:
                 raise RuntimeError(f"{func._schema.name}: tensor lists must have the same number of tensors, "
                                    f"got {n} and {len(args[i])}")
-        for j in range(n):
-            yield [a[j] if i in lists else (a[j] if i in per_value else a) for i, a in enumerate(args)]
+        # one tuple of arguments per element: the lists' j-th items, the other arguments as they are
+        return zip(*[a if i in lists else [a[j] for j in range(n)] if i in per_value else repeat(a, n)
+                     for i, a in enumerate(args)])
 
     return base, elements
 
@@ -124,9 +129,9 @@ def _register(func):
             return aten.linalg_vector_norm(x, ord, dtype=dtype)
     if inplace:
         def h(*args, **kwargs):
-            for j, a in enumerate(elements(args)):
+            for a in elements(args):
                 check_writes(a[0], a[1:])
-                assign(args[0][j], base(*a, **kwargs))
+                assign(a[0], base(*a, **kwargs))
     else:
         def h(*args, **kwargs):
             return [base(*a, **kwargs) for a in elements(args)]
@@ -245,8 +250,6 @@ for _ov in ("default", "tensor_lr"):
 # few list ops on the host, as on CUDA. capturable=True (replay lifts Adam to it)
 # takes the same path.
 def _foreach_by_default():
-    from torch.optim import optimizer
-    from torch.utils import _foreach_utils
     for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
         if XlaTensor not in types:
             types.append(XlaTensor)

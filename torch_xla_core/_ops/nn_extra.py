@@ -9,10 +9,10 @@ The formulas follow CPU eager's kernels (aten/src/ATen/native), so results
 match it elementwise: e.g. pdist's gradient per p, fractional pooling's
 window starts."""
 import torch
+from torch._decomp import decomposition_table
 
 from . import _fallback, assign, aten, impl
 from .dtype_rules import BOOL, INTEGRAL
-
 
 # ---- shrink ---------------------------------------------------------------------
 
@@ -369,7 +369,7 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 
 def _register_linear_cross_entropy():
     try:
-        from torch.nn.modules import linear_cross_entropy as lce
+        from torch.nn.modules import linear_cross_entropy as lce  # lazy: in newer torch only
     except ImportError:  # torch before 2.13 has no such module (and no such ops to register)
         return
     for opdef in (lce._linear_cross_entropy_batch_chunked, lce._linear_cross_entropy_batch_chunked_no_reduction):
@@ -384,6 +384,5 @@ _register_linear_cross_entropy()
 def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     """torch._decomp's version, with CPU eager's 0-d result for one sample
     without reduction (the decomposition returns [1])."""
-    from torch._decomp import decomposition_table
     r = decomposition_table[aten.multi_margin_loss.default](x, target, p, margin, weight, reduction)
     return r.reshape(()) if reduction == 0 and x.dim() <= 1 else r

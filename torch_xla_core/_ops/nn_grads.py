@@ -12,10 +12,11 @@ adjoint.
 A handler runs below torch's autograd keys (they are excluded while it
 runs); vjp() lifts that exclusion for its own trace only."""
 import torch
+from torch._decomp import decomposition_table
 
-from .scan import scan
 from . import aten, impl
 from .dtype_rules import INTEGRAL
+from .scan import scan
 
 _C = torch._C
 _AD_KEYS = _C.DispatchKeySet(_C.DispatchKey.AutogradPrivateUse1) | _C.DispatchKeySet(_C.DispatchKey.ADInplaceOrView)
@@ -52,7 +53,6 @@ def _wide(x, grid):
 
 
 def _decomposed_grid_sampler_2d(x, grid, interp, padding, align_corners):
-    from torch._decomp import decomposition_table
     xw, gw = _wide(x, grid)
     return decomposition_table[aten.grid_sampler_2d.default](xw, gw, interp, padding, align_corners).to(x.dtype)
 
@@ -270,7 +270,6 @@ def ctc_loss_backward(grad, lp, targets, input_lengths, target_lengths, nll, log
 
 @impl(aten._weight_norm_interface_backward.default)
 def weight_norm_backward(grad_w, v, g, norms, dim):
-    from torch._decomp import decomposition_table
     fwd = decomposition_table[aten._weight_norm_interface.default]
     gv, gg = vjp(lambda v_, g_: fwd(v_, g_, dim)[0], (v, g), grad_w)
     return gv, gg

@@ -13,8 +13,8 @@ import torch
 from .. import _checks, _random
 from .._dtypes import code
 from .._tensor import OP, _make, op, wrap
-from . import aten, assign, impl
-from .factory import _like, register, sizes
+from . import assign, aten, impl, sizes
+from .factory import _like, register
 
 _key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm

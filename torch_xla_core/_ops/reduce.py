@@ -2,7 +2,7 @@
 import torch
 
 from .._dtypes import code
-from .._tensor import OP, _make, _op, wrap
+from .._tensor import OP, _op
 from . import XLA, Arg, aten, impl, mapping
 
 

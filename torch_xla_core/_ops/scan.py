@@ -71,7 +71,7 @@ from .._tensor import OP, XlaTensor
 from . import scan_policy as _scan_policy
 from .engine import Engine as _Engine
 
-__all__ = ["scan", "scan_layers", "clear_cache"]
+__all__ = ["scan", "clear_cache"]
 
 aten = torch.ops.aten
 _CACHE = collections.OrderedDict()  # key -> _Plan

@@ -21,15 +21,18 @@ kaiser_window, logaddexp2, ...) lower too. Gradients come from torch's
 autograd formulas, which call these same ops (digamma's is polygamma)."""
 import math
 
+import jax.numpy as jnp
+import jax.scipy.special as jss
 import torch
+from jax import lax
 
+from .._dtypes import code
 from .._tensor import OP, XlaTensor, _make, _op
-from . import XLA, aten, assign, convert, impl, mapping
-from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
+from ..kernels.call_jax import call_jax
+from . import XLA, assign, aten, convert, impl, mapping
 from . import special_bessel as _bessel_fns
 from . import special_polynomials as _poly
-from .._dtypes import code
-from ..kernels.call_jax import call_jax
+from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
 
 prims = torch.ops.prims
 
@@ -130,8 +133,6 @@ def _j_zeta(s, q):
     summed directly until q + k > 9, the rest by lax.zeta (chlo.zeta), whose
     Euler-Maclaurin tail is inaccurate for small or negative q. NaN for s < 1,
     inf at s = 1 and at the poles q = 0, -1, -2, ..."""
-    import jax.numpy as jnp
-    from jax import lax
     m = jnp.where(jnp.isfinite(q), jnp.clip(jnp.ceil(9 - q), 0, None), 0)
     top = jnp.max(m, initial=0).astype(jnp.int32)
 
@@ -148,7 +149,6 @@ def _j_trigamma(x):
     """psi^(1)(x) as ATen's CPU kernel computes it (its own trigamma, not
     zeta): reflection below 1/2, six recurrence steps, then the asymptotic
     series; in x's dtype, so it agrees with torch near the poles too."""
-    import jax.numpy as jnp
     pi = jnp.asarray(jnp.pi, x.dtype)
     reflect = x < 0.5
     s = jnp.sin(pi * x)
@@ -165,7 +165,6 @@ def _j_trigamma(x):
 def _j_polygamma(x, *, n):
     """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 2, as ATen; n = 1 by
     ATen's trigamma."""
-    import jax.numpy as jnp
     if n == 1:
         return _j_trigamma(x)
     sign = 1.0 if n % 2 else -1.0
@@ -174,51 +173,39 @@ def _j_polygamma(x, *, n):
 
 
 def _j_i0e(x):
-    from jax import lax
     return lax.bessel_i0e(x)
 
 
 def _j_i0(x):
-    import jax.numpy as jnp
-    from jax import lax
     # i0(x) = exp(|x|) i0e(x) (NaN at +-inf, as ATen's)
     return jnp.exp(jnp.abs(x)) * lax.bessel_i0e(x)
 
 
 def _j_igamma(a, x):
-    import jax.numpy as jnp
-    from jax import lax
     return jnp.where(jnp.isinf(a) & jnp.isinf(x), jnp.nan, lax.igamma(a, x))  # ATen: NaN at (inf, inf)
 
 
 def _j_igammac(a, x):
-    import jax.numpy as jnp
-    from jax import lax
     return jnp.where(jnp.isinf(a) & jnp.isinf(x), jnp.nan, lax.igammac(a, x))
 
 
 def _j_ndtri(p):
-    import jax.scipy.special as jss
     return jss.ndtri(p)
 
 
 def _j_log_ndtr(x):
-    import jax.scipy.special as jss
     return jss.log_ndtr(x)
 
 
 def _j_erfcx(x):
-    import jax.scipy.special as jss
     return jss.erfcx(x)
 
 
 def _j_frexp(x):
-    import jax.numpy as jnp
     return jnp.frexp(x)
 
 
 def _j_logcumsumexp(x, *, axis):
-    from jax import lax
     return lax.cumlogsumexp(x, axis=axis)
 
 

@@ -20,6 +20,7 @@ bessel_jn that returns NaN for some arguments). They compute in float64
                    x < -8 (DLMF 9.7.9).
 Edge values follow torch: J, Y, Ai at +-inf are NaN, Y(0) = -inf, Y(x < 0) = NaN,
 K(0) = inf, K(x < 0) = NaN."""
+import jax.numpy as jnp
 
 _EULER = 0.57721566490153286061
 _SERIES_TERMS = 40
@@ -29,14 +30,12 @@ _H, _NODES = 0.5, 240  # trapezoidal step and nodes (t up to 120: x down to ~1e-
 
 
 def _f64(x):
-    import jax.numpy as jnp
     return x.astype(jnp.float64)
 
 
 def _j_series(x, nu):
     """J_nu(x) (nu = 0, 1) by its power series, and the terms' running sums
     of harmonic numbers needed by Y_nu."""
-    import jax.numpy as jnp
     half = x / 2
     y = half * half
     term = half if nu == 1 else jnp.ones_like(x)
@@ -54,7 +53,6 @@ def _j_series(x, nu):
 
 def _hankel(x, nu):
     """(P, Q, omega) of Hankel's expansion of order nu at x > 0."""
-    import jax.numpy as jnp
     mu = 4.0 * nu * nu
     p, q = jnp.ones_like(x), jnp.zeros_like(x)
     a = 1.0
@@ -75,7 +73,6 @@ def _hankel(x, nu):
 
 def _jy(x, nu):
     """(J_nu(|x|), Y_nu(|x|)) for x != 0."""
-    import jax.numpy as jnp
     ax = jnp.abs(x)
     small = ax < _SWITCH
     xs = jnp.where(small, ax, 1.0)
@@ -95,7 +92,6 @@ def _jy(x, nu):
 
 
 def bessel_j0(x):
-    import jax.numpy as jnp
     v = _f64(x)
     j, _ = _jy(v, 0)
     j = jnp.where(jnp.isinf(v), jnp.nan, jnp.where(v == 0, 1.0, j))
@@ -103,7 +99,6 @@ def bessel_j0(x):
 
 
 def bessel_j1(x):
-    import jax.numpy as jnp
     v = _f64(x)
     j, _ = _jy(v, 1)
     j = jnp.where(jnp.isinf(v), jnp.nan, jnp.where(v == 0, 0.0, jnp.sign(v) * j))
@@ -111,7 +106,6 @@ def bessel_j1(x):
 
 
 def _bessel_y(x, nu):
-    import jax.numpy as jnp
     v = _f64(x)
     _, y = _jy(jnp.where(v > 0, v, 1.0), nu)
     y = jnp.where(v == 0, -jnp.inf, jnp.where((v < 0) | jnp.isnan(v) | jnp.isinf(v), jnp.nan, y))
@@ -131,7 +125,6 @@ def _k_scaled(v, order, fine=False):
     large v the integrand is a narrow peak at t = 0 (about exp(-v t^2 / 2)):
     the step shrinks to 1/sqrt(v) there. fine: half the step (and twice
     the nodes) for float64 results: error about exp(-40) instead of exp(-20)."""
-    import jax.numpy as jnp
     h0, nodes, c = (_H / 2, 2 * _NODES, 0.7) if fine else (_H, _NODES, 1.0)
     h = jnp.minimum(h0, c / jnp.sqrt(v))[..., None]
     t = jnp.arange(nodes, dtype=jnp.float64) * h
@@ -142,7 +135,6 @@ def _k_scaled(v, order, fine=False):
 
 
 def _bessel_k(x, order, scaled):
-    import jax.numpy as jnp
     v = _f64(x)
     pos = jnp.where(v > 0, v, 1.0)
     k = _k_scaled(pos, order, fine=x.dtype == jnp.float64)
@@ -174,7 +166,6 @@ _DAI0 = 0.25881940379280679840   # -Ai'(0)
 
 
 def airy_ai(x):
-    import jax.numpy as jnp
     v = _f64(x)
     # Maclaurin series, -8 <= x <= 2: Ai = Ai(0) f(x) + Ai'(0) g(x)
     xs = jnp.clip(v, -8.0, 2.0)

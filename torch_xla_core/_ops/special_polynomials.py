@@ -11,13 +11,13 @@ P_{k+1} = f(k, x, P_{k-1}, P_k). The recurrence is one while loop (jax's
 fori_loop with a bound computed on the device) running to the largest n
 among the elements that need it; each element keeps its value once k
 reaches its own n."""
+import jax.numpy as jnp
+from jax import lax
 
 
 def _recurrence(x, n, p0, p1, step, needs):
     """P_n(x) elementwise from P_0 = p0, P_1 = p1, P_{k+1} = step(k, P_{k-1}, P_k),
     for the elements where `needs` holds (others: any value)."""
-    import jax.numpy as jnp
-    from jax import lax
     top = jnp.max(jnp.where(needs, n, 1), initial=1)
 
     def body(k, pq):
@@ -34,7 +34,6 @@ def _recurrence(x, n, p0, p1, step, needs):
 
 def _degree(n):
     """torch's static_cast<int64_t>(n) of a float degree (truncation); NaN -> -1 (gives 0)."""
-    import jax.numpy as jnp
     if jnp.issubdtype(n.dtype, jnp.floating):
         n = jnp.where(jnp.isnan(n), -1, jnp.clip(jnp.trunc(n), -1, jnp.iinfo(jnp.int32).max))
     return n.astype(jnp.int32)
@@ -45,7 +44,6 @@ def _odd(n):
 
 
 def chebyshev_t(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     one = jnp.ones_like(x)
     edge = jnp.abs(x) == 1
@@ -57,7 +55,6 @@ def chebyshev_t(x, n):
 
 
 def chebyshev_u(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     edge = jnp.abs(x) == 1
     trig = (n > 8) & (jnp.abs(x) < 1)
@@ -71,7 +68,6 @@ def chebyshev_u(x, n):
 
 
 def chebyshev_v(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     edge = jnp.abs(x) == 1
     trig = (n > 8) & (jnp.abs(x) < 1)
@@ -85,7 +81,6 @@ def chebyshev_v(x, n):
 
 
 def chebyshev_w(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     edge = jnp.abs(x) == 1
     trig = (n > 8) & (jnp.abs(x) < 1)
@@ -107,7 +102,6 @@ def _shifted(f):
 
 
 def hermite_h(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     # H_{k+1} = 2x H_k - 2k H_{k-1}
     r = _recurrence(x, n, jnp.ones_like(x), x + x, lambda k, p, q: (x + x) * q - (k + k) * p, n > 1)
@@ -115,7 +109,6 @@ def hermite_h(x, n):
 
 
 def hermite_he(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     # He_{k+1} = x He_k - k He_{k-1}
     r = _recurrence(x, n, jnp.ones_like(x), x, lambda k, p, q: x * q - k * p, n > 1)
@@ -123,7 +116,6 @@ def hermite_he(x, n):
 
 
 def laguerre_l(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     # L_{k+1} = ((2k + 1 - x) L_k - k L_{k-1}) / (k + 1); L_n(0) = 1
     r = _recurrence(x, n, jnp.ones_like(x), 1 - x, lambda k, p, q: (((k + k) + (1 - x)) * q - k * p) / (k + 1),
@@ -133,7 +125,6 @@ def laguerre_l(x, n):
 
 
 def legendre_p(x, n):
-    import jax.numpy as jnp
     n = _degree(n)
     edge = jnp.abs(x) == 1
     # P_{k+1} = ((2k + 1) x P_k - k P_{k-1}) / (k + 1)

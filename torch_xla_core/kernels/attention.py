@@ -72,11 +72,16 @@ gathered), counted as "kernel_per_shard" when it runs per shard.
 Bad input raises before anything compiles (shapes, dtypes, head ratios,
 block sizes); page indices out of range raise at the sync that computes
 them (a deferred check, as the index ops do)."""
+import warnings
+
+import jax
+import jax.numpy as jnp
 import torch
 
 from .. import _checks, config, metrics, runtime
 from .. import sharding as xs
-from . import paged_attention as pa, per_shard
+from . import paged_attention as pa
+from . import per_shard
 from .call_jax import call_jax
 from .reference import MASK_VALUE
 
@@ -84,8 +89,6 @@ __all__ = ["flash_attention", "multi_queries_paged_attention", "set_sdpa_kernel"
 
 
 def _jax():
-    import jax
-    import jax.numpy as jnp
     return jax, jnp
 
 
@@ -112,7 +115,7 @@ def _mha_jax(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
 
 
 def _flash_tpu(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
-    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa  # lazy: TPU only (Pallas' Mosaic kernels)
     _, jnp = _jax()
     h = q.shape[1]
     k, v = _repeat(jnp, k, h), _repeat(jnp, v, h)
@@ -128,11 +131,10 @@ def _flash_tpu(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
 def _flash_gpu(q, k, v, seg, *, causal, sm_scale, interpret):
     """jax's Pallas GPU (Triton) flash attention: q [B, H, S, D], k/v
     [B, Hkv, S, D], seg [B, S] or None (one array for q and kv)."""
-    import warnings
     _, jnp = _jax()
     with warnings.catch_warnings():  # jax >= 0.11 points at tokamax; the kernel is the same
         warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention as ga
+        from jax.experimental.pallas.ops.gpu import attention as ga  # lazy: CUDA only (Pallas' Triton kernels)
     h, s = q.shape[1], q.shape[2]
     k, v = _repeat(jnp, k, h), _repeat(jnp, v, h)
     fwd, bwd = min(128, s), min(32, s)

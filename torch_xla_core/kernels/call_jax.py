@@ -33,11 +33,13 @@ import hashlib
 import re
 import threading
 
+import jax
+import numpy as np
 import torch
 
 from .. import _dtypes, _spmd, metrics, runtime
-from . import per_shard
 from .._tensor import OP, XlaTensor, _make, note_op, wrap
+from . import per_shard
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]
 
@@ -109,8 +111,6 @@ def _module_functions(text, fname):
 def _lower(fn, fname, args, static_kwargs, x64):
     """jax.jit(fn).lower on shape-only arguments; `args` has torch tensors
     (as (dtype, shape) specs) or static values; returns a _Lowered."""
-    import jax
-    import numpy as np
 
     dyn = [i for i, a in enumerate(args) if isinstance(a, _Spec)]
 
@@ -181,7 +181,6 @@ def _lowering(fn, args, static_kwargs, x64=None, key_extra=()):
             _CACHE.move_to_end(key)
             metrics.counter_add("call_jax_cache_hit")
             return hit
-    import jax
     prec = {"highest": "highest", "high": "tensorfloat32", "medium": "bfloat16"}.get(precision, "highest")
     with jax.default_matmul_precision(prec):
         low = _lower(fn, fname, specs, static_kwargs, use_x64)
@@ -221,8 +220,6 @@ def _check_tensors(fname, tensors):
 def _vjp_fn(*arrays, fn, args_layout, static_kwargs, diff, out_float, n_primals):
     """JAX: the cotangents of fn's float arguments (positions `diff` among the
     tensor arguments) given the primals and the float results' cotangents."""
-    import jax
-    import numpy as np
     primals, cts = arrays[:n_primals], arrays[n_primals:]
 
     def f(*d):
@@ -300,7 +297,6 @@ def call_jax(fn, /, *args, x64=None, mesh=None, in_specs=None, out_specs=None, c
     jax.shard_map(fn, mesh, in_specs, out_specs, check_vma) does
     (kernels/per_shard.py). mesh, in_specs, out_specs and check_vma are
     therefore not passed to fn."""
-    import jax
     fname = _name(fn)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     _check_tensors(fname, tensors)

@@ -19,7 +19,10 @@ Two implementations, chosen by impl= or TXC_GROUPED_MATMUL_IMPL:
 Sizes that do not sum to M raise at the sync (a deferred check); negative
 sizes too."""
 import functools
+import importlib
 
+import jax
+import jax.numpy as jnp
 import torch
 
 from .. import _checks, config, runtime
@@ -32,7 +35,6 @@ _IMPLS = config.SETTINGS["TXC_GROUPED_MATMUL_IMPL"].choices  # ("megablox", "rag
 
 
 def _megablox():
-    import importlib
     # the package's __init__ exports the function gmm under the module's name
     return importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
@@ -46,7 +48,6 @@ def _tiling(m, k, n):
 
 
 def _pad_rows(a, rows):
-    import jax.numpy as jnp
     return a if a.shape[0] == rows else jnp.pad(a, ((0, rows - a.shape[0]), (0, 0)))
 
 
@@ -78,7 +79,6 @@ def _gmm_vjp_bwd(interpret, res, dy):
 
 @functools.lru_cache(maxsize=None)
 def _gmm_with_vjp():
-    import jax
     f = jax.custom_vjp(_gmm_fwd_only, nondiff_argnums=(3,))
     f.defvjp(_gmm_vjp_fwd, _gmm_vjp_bwd)
     return f
@@ -86,7 +86,6 @@ def _gmm_with_vjp():
 
 def _grouped_entry(x, w, group_sizes, *, impl):
     if impl == "ragged_dot":
-        import jax
         return jax.lax.ragged_dot(x, w, group_sizes)
     return _gmm_with_vjp()(x, w, group_sizes, impl == "megablox_interpret")
 

@@ -26,6 +26,9 @@ per result in flattened order (a spec shorter than a result's rank leaves
 the rest of its dims whole)."""
 import math
 
+import jax
+from jax.sharding import PartitionSpec as P
+
 from .. import sharding as xs
 from .._tensor import index_of
 
@@ -57,8 +60,6 @@ class PerShard:
         return tuple(s) + (None,) * (ndim - len(s))
 
     def __call__(self, *full, **static):
-        import jax
-        from jax.sharding import PartitionSpec as P
         pos = [i for i, dyn in enumerate(self.layout) if dyn]
         tree = []
 
