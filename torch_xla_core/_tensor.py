@@ -48,9 +48,9 @@ _mws = torch.Tensor._make_wrapper_subclass
 _TENSOR_DATA = torch._C.TensorBase.data
 _TORCH = _dtypes.TORCH
 
-# The core's device numbers besides a device's index (csrc/ir/node.h, csrc/trace/graph.h):
-ANY_DEVICE = -1   # a value that joins a graph on any device: Python numbers, constants, the RNG state
-ALL_DEVICES = -2  # a GraphCut over every device's values (a sync of all live tensors)
+# The core's device numbers besides a device's index (csrc/ir/node.h):
+ANY_DEVICE = _C.ANY_DEVICE    # a value that joins a graph on any device: Python numbers, constants, the RNG state
+ALL_DEVICES = _C.ALL_DEVICES  # a GraphCut over every device's values (a sync of all live tensors)
 
 
 class XlaTensor(torch.Tensor):

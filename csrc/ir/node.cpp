@@ -74,10 +74,10 @@ bool is_error(const Node& n) {
 
 
 // A value that failed to compute cannot feed a new op: say why, once, here.
-// Returns the operands' device (-1: none has one); two devices are refused
+// Returns the operands' device (kAnyDevice: none has one); two devices are refused
 // with torch's own message.
 static int16_t check_operands(const std::vector<NodePtr>& operands) {
-  int16_t device = -1;
+  int16_t device = kAnyDevice;
   for (const auto& o : operands) {
     if (is_error(*o)) throw std::runtime_error(o->attr_str(0));
     if (o->device >= 0 && o->device != device) {

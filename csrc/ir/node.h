@@ -22,6 +22,10 @@ using Dims = std::vector<int64_t>;
 using Attr = std::variant<int64_t, double, std::string, Dims>;
 using Attrs = std::vector<Attr>;
 
+// Device numbers besides a device's index (Python: _C.ANY_DEVICE, _C.ALL_DEVICES).
+constexpr int16_t kAnyDevice = -1;  // a value that joins a graph on any device (numbers, constants, the RNG state)
+constexpr int kAllDevices = -2;     // a GraphCut over every device's values (a sync of all live tensors)
+
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
 struct Body;
@@ -52,13 +56,13 @@ struct Node {
   // ir/memory.h). Not hashed: the executor's cache key carries the
   // graph's input and output memory kinds.
   uint8_t memory = 0;
-  // The xla device index the value lives on, or -1 for "any" (Python
+  // The xla device index the value lives on, or kAnyDevice (Python
   // numbers, constants and factories without a device, the RNG state): taken
   // from the operands when built; operands on two different devices are
   // refused with torch's device-mismatch error. A sharded value (SPMD) is on
   // device 0, the mesh's virtual device, as in torch_xla. Not hashed: the
   // executor's cache key carries the graph's device.
-  int16_t device = -1;
+  int16_t device = kAnyDevice;
   // Where the node came from: the aten overload being dispatched when it was
   // built (an index into origin_names(); 0 = none). Not hashed: it only names
   // ops in errors (a failed compile, an out-of-memory).

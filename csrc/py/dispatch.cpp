@@ -33,7 +33,7 @@ auto& g_check_writes = *new py::object();  // Python: check_each_input(written, 
 // null). torch's Python device guard runs Python while autograd unwinds from
 // a failed backward op and loses the pending exception on the way (the
 // engine then reports "returned NULL without setting an exception");
-// XlaTensor.backward re-raises this one instead.
+// the autograd engine hook (torch_xla_core/_ops/engine.py) re-raises this one instead.
 thread_local PyObject* t_last_error = nullptr;
 
 // A handler that read `_lt` of a CPU tensor (nn.Linear's CPU weight with an

@@ -36,6 +36,8 @@ py::tuple kinds(const std::vector<std::pair<int, int>>& v) {
 }  // namespace
 
 void bind_graph(py::module_& m) {
+  m.attr("ANY_DEVICE") = int(kAnyDevice);
+  m.attr("ALL_DEVICES") = kAllDevices;
   py::class_<GraphCut>(m, "GraphCut")
       .def(py::init([](py::object tensors, int device) {
              if (tensors.is_none()) return GraphCut({}, true, device);
@@ -43,7 +45,7 @@ void bind_graph(py::module_& m) {
              for (auto h : tensors) roots.push_back(lazy_arg(h).storage());
              return GraphCut(std::move(roots), false, device);
            }),
-           py::arg("tensors") = py::none(), py::arg("device") = -2,
+           py::arg("tensors") = py::none(), py::arg("device") = kAllDevices,
            "Cuts the pending graph of `tensors` (default: every live tensor); with device >= 0, only the "
            "values on that device (a value without one counts as 0).")
       .def_property_readonly("device", &GraphCut::device)

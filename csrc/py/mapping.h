@@ -65,7 +65,7 @@ extern uint64_t g_mapping_runs, g_mapping_declines;
 // handler(*args, **kwargs) as the dispatcher calls handlers (dispatch.cpp).
 PyObject* call_handler(PyObject* handler, PyObject* args, PyObject* kwargs);
 // Records the pending Python error as the last handler error of this thread
-// (see dispatch.cpp: XlaTensor.backward re-raises it).
+// (see dispatch.cpp: the autograd engine hook, _ops/engine.py, re-raises it).
 void note_handler_error();
 void bind_mapping(py::module_& m);
 }  // namespace txc

@@ -22,7 +22,7 @@ struct Wrapper {
   std::vector<PyObject*> dtypes; // dtype code -> torch.dtype
 } g_wrap;
 
-// The torch.device of a value on core device d (-1, "any": xla:0).
+// The torch.device of a value on core device d (kAnyDevice: xla:0).
 PyObject* device_object(int d) {
   if (d <= 0) return g_wrap.device;
   if (size_t(d) >= g_wrap.devices.size()) g_wrap.devices.resize(size_t(d) + 1, nullptr);

@@ -43,9 +43,9 @@ GraphCut::GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, i
   static const uint16_t data = op_id("data");
   if (all_live) {
     for (Storage* s = live_storages_head(); s; s = s->next)
-      if (s->value->op != data && (device < -1 || std::max<int>(s->value->device, 0) == device))
+      if (s->value->op != data && (device == kAllDevices || std::max<int>(s->value->device, 0) == device))
         roots.push_back(s->shared_from_this());
-  } else if (device >= -1) {
+  } else if (device != kAllDevices) {
     roots.erase(std::remove_if(roots.begin(), roots.end(),
                                [&](const auto& r) { return std::max<int>(r->value->device, 0) != device; }),
                 roots.end());

@@ -23,9 +23,9 @@ class GraphCut {
   // value is not device data (roots empty: an empty cut). Storages holding
   // device data or a failed value are skipped (a failed root raises its
   // error unless all_live).
-  // device >= 0: only the roots whose value is on that device (-1, "any",
-  // counts as 0); -2: all.
-  explicit GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, int device = -2);
+  // device >= 0: only the roots whose value is on that device (kAnyDevice
+  // counts as 0); kAllDevices: all.
+  explicit GraphCut(std::vector<std::shared_ptr<Storage>> roots, bool all_live, int device = kAllDevices);
 
   uint64_t hash() const { return hash_; }
   size_t num_outputs() const { return outputs_.size(); }
@@ -35,7 +35,7 @@ class GraphCut {
   // device-mismatch error when they are on several (a partial sync of
   // tensors on different devices: sync them one device at a time).
   int device() const;
-  // Each parameter's device (-1: any, e.g. the RNG state; the executor moves
+  // Each parameter's device (kAnyDevice, e.g. the RNG state; the executor moves
   // such a buffer to the graph's device when it lies elsewhere).
   std::vector<int> param_devices() const;
   // The SPMD sharding annotations in the cut, scan bodies included (nodes of

@@ -104,7 +104,7 @@ void LazyTensor::assign(NodePtr v) {
     NodePtr parent = i == 0 ? st_->value : chain_[i - 1];
     v = def.scatter(view, parent, v);
   }
-  if (v->device < 0 && st_->value->device >= (g_multi_device ? 0 : 1)) {
+  if (v->device == kAnyDevice && st_->value->device >= (g_multi_device ? 0 : 1)) {
     // A value of no device (a constant, fill_) written into a tensor on
     // xla:N keeps the tensor there: an alias node on that device.
     static const uint16_t alias = op_id("alias");
