@@ -118,3 +118,25 @@ def test_each_import_left_inside_a_function_says_why():
                 visit(ch, infunc or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
         visit(ast.parse(path.read_text()), False)
     assert not bad, "imports inside functions without a `# lazy: <reason>` comment:\n" + "\n".join(bad)
+
+
+def _contract_layers():
+    import tomllib
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return [sorted(m.strip() for m in layer.split(":")) for layer in layers]
+
+
+def test_architecture_md_draws_the_layers_the_contract_enforces():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = text[text.index("## Layers of the package"):].split("```")[1].strip("\n").splitlines()[1:]
+    drawn = []
+    for line in block:
+        if line.startswith(" (_C)"):
+            break
+        name, mods = line[:13].strip(), line[13:].split()
+        if name:
+            drawn.append(mods)
+        else:  # a continued row
+            drawn[-1] += mods
+    assert [sorted(m) for m in drawn] == _contract_layers()
