@@ -45,6 +45,9 @@ def test_llama_bench_tiny_smoke(tmp_path):
                   "peak_bytes"):
             assert k in r, (name, k)
         assert r["steps"] == 2 and r["ms_per_step"] > 0 and r["first_step_s"] > 0
+        # the host's share: no more than the wall time (traced: until the step's sync returns; eager: all of it)
+        assert 0 < r["host_ms_per_step"] <= r["ms_per_step"] * 1.001, r
+        assert 0 < r["host_thread_cpu_ms_per_step"], r
         assert r["tokens_per_s"] == pytest.approx(2 * 32 / (r["ms_per_step"] / 1e3), rel=1e-6)
         assert r["params_non_embedding"] == n and r["flops_per_token"] == 6 * n + 12 * 2 * 64 * 32
         assert r["mfu"] is None  # no peak FLOP/s known for a CPU
