@@ -1,4 +1,6 @@
-"""aten -> core op mapping. Each module here registers handlers for a family
+"""aten -> core op mapping: the ops layer (ARCHITECTURE.md, "Layers"). This
+module holds the dispatch table (HANDLERS, and _entry, what the C++
+dispatcher asks per overload). Each module here registers handlers for a family
 of aten overloads with @impl; resolve() derives what is not registered:
 in-place and out= variants from the functional handler, the long tail from
 torch._decomp decompositions, and finally a CPU fallback that is counted in
