@@ -283,7 +283,6 @@ def _out_shardings(exe, key) -> list:
 def launch(exe, key, params: list, specs: list):
     """Starts the partitioned executable of an executor Key: (its outputs as
     global arrays, the launch's start time for runtime.wait_ready)."""
-
     t0 = time.perf_counter()
     res = exe.execute_sharded(params)
     parts = res.disassemble_into_single_device_arrays()

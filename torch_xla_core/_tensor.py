@@ -261,8 +261,13 @@ def note_op(inputs, outputs) -> None:
     weights become captures with gradients)."""
     trace = _trace_context.current()
     if trace is not None:  # the innermost trace (an enclosing one sees the whole loop as one op)
-        trace.mode.see_inputs([t for t in pytree.tree_leaves(inputs) if isinstance(t, XlaTensor)])
-        trace.mode.see_outputs([t for t in pytree.tree_leaves(outputs) if isinstance(t, XlaTensor)])
+        trace.mode.see_inputs(xla_leaves(inputs))
+        trace.mode.see_outputs(xla_leaves(outputs))
+
+
+def xla_leaves(tree) -> list:
+    """The xla tensors among a pytree's leaves."""
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, XlaTensor)]
 
 
 _warned = set()

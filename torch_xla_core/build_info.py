@@ -87,7 +87,6 @@ def get_cmake_dir() -> str:
 
 
 def _pkg_dir():
-
     return Path(__file__).resolve().parent
 
 

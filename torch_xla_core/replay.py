@@ -614,7 +614,7 @@ class Compiled:
             for sched in rec.schedulers:  # as in the recorded call, after the step's graph
                 _S._step_of_scheduler(sched)
 
-        def checks(o):
+        def checks(_):  # (after write: outs holds every segment's outputs)
             return [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
 
         for s, seg in enumerate(rec.segments):

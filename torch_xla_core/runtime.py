@@ -61,7 +61,6 @@ def _distributed():
 
 
 def _select_backend():
-
     _cpu_device_count()
     _distributed()
 
@@ -145,7 +144,6 @@ def compile_on(text: str, devices, options):
     """Compiles StableHLO text onto `devices` with jaxlib CompileOptions: the
     one call of jaxlib's compile API (a partitioned graph's options and
     devices come from _spmd.py)."""
-
     return backend().compile_and_load(text, xc.DeviceList(tuple(devices)), options)
 
 
@@ -153,12 +151,10 @@ def deserialize_on(data: bytes, devices, options):
     """The executable serialize() wrote, loaded onto `devices` with the
     options it was compiled with. Only for bytes this program wrote: PJRT
     does not validate them."""
-
     return backend().deserialize_executable(data, xc.DeviceList(tuple(devices)), options)
 
 
 def _options(device_index: int):
-
     opts = xc.CompileOptions()
     if device_index:  # the executable's one replica runs there (the default assignment is device 0)
         opts.device_assignment = xc.DeviceAssignment.create(np.array([[_devices[device_index].id]]))
@@ -182,7 +178,6 @@ def fingerprint(device_index: int = 0) -> str:
     jaxlib's version, the platform and its version, the device kind, the
     compile options and the compiler flags (compiler_flags(); the
     persistent compile cache keys on it)."""
-
     be = backend()
     d = devices()[device_index]
     return (f"jaxlib={jaxlib.__version__};platform={platform()};platform_version={be.platform_version};"

@@ -212,7 +212,6 @@ def save(obj, f, master_only: bool = True, global_master: bool = True) -> None:
     (master_only; global_master=False: the first process of each machine,
     local rank 0; master_only=False: every process writes its own `f`).
     With one process it is torch.save."""
-
     runtime.backend()
     if master_only:
         rank = jax.process_index() if global_master else config.get("TXC_LOCAL_RANK")

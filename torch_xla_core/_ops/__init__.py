@@ -296,13 +296,13 @@ def route(func):
     (torch's CompositeImplicitAutograd kernel), DECOMPOSITION (torch._decomp),
     BY_NAME_HANDLER (impl_by_name), FALLBACK (the CPU)."""
     fn = _functional_of(func)
-    if fn is not None and fn is not func and (declared(fn) or fn in _decomps() or not _is_view(fn)):
+    if fn is not None and fn is not func and (declared(fn) or fn in decomposition_table or not _is_view(fn)):
         # in-place and out= variants: the functional overload's handler (whichever way it resolves), then
         # the write; a view's (detach_) only where it has a handler of its own
         return DERIVED, fn
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         return COMPOSITE, None
-    if func in _decomps():
+    if func in decomposition_table:
         return DECOMPOSITION, None
     if func._schema.name in BY_NAME and func._overloadname == "default":
         return BY_NAME_HANDLER, None
@@ -337,14 +337,8 @@ def _composite(func):
     return h
 
 
-
-
-def _decomps():
-    return decomposition_table
-
-
 def _decomposed(func):
-    d = _decomps()[func]
+    d = decomposition_table[func]
     name = "decomposed::" + func._schema.name.split("::")[1]
     fallback = None
 

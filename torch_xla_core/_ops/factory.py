@@ -5,11 +5,12 @@ import functools
 import math
 
 import torch
+from torch._decomp import decomposition_table
 
 from .. import _device, _tensor
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
-from . import _decomps, aten, full, impl
+from . import aten, full, impl
 from .elementwise import copy_
 
 _lib = torch.library.Library("aten", "IMPL")
@@ -118,7 +119,7 @@ def linspace(start, end, steps, **kwargs):
     dtype = kwargs.get("dtype")
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
         start, end = int(start), int(end)
-    return _decomps()[aten.linspace.default](start, end, steps, **{k: v for k, v in kwargs.items() if v is not None})
+    return decomposition_table[aten.linspace.default](start, end, steps, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def _tri_indices(fn):

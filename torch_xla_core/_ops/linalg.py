@@ -1,9 +1,10 @@
 """Matrix products -> the core `dot` op (stablehlo.dot_general)."""
 import torch
+from torch._decomp import decomposition_table
 
 from .._dtypes import code
 from .._tensor import XlaTensor, OP, _make, _op, wrap
-from . import XLA, _decomps, aten, convert, impl, mapping
+from . import XLA, aten, convert, impl, mapping
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
 _MM = ([], [], [1], [0])
@@ -89,7 +90,7 @@ def addr(c, v1, v2, *, beta=1, alpha=1):
     precision computes it in float32 and rounds once, as CPU (rounding the
     product, then the sum, was 1.1x bf16 tolerance from float64 on an
     OpInfo sample where CPU is 0.16x)."""
-    d = _decomps()[aten.addr.default]
+    d = decomposition_table[aten.addr.default]
     if c.dtype in (torch.float16, torch.bfloat16) and v1.dtype == v2.dtype == c.dtype:
         return d(c.float(), v1.float(), v2.float(), beta=beta, alpha=alpha).to(c.dtype)
     return d(c, v1, v2, beta=beta, alpha=alpha)

@@ -67,7 +67,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from .. import _C, _checks, _random, _tensor, _trace_context, metrics
 from .._dtypes import code
-from .._tensor import OP, XlaTensor
+from .._tensor import OP, XlaTensor, xla_leaves
 from . import scan_policy as _scan_policy
 from .engine import Engine as _Engine
 
@@ -126,10 +126,6 @@ def _paths(tree):
     return [(pytree.keystr(p), t) for p, t in pytree.tree_flatten_with_path(tree)[0] if t is not None]
 
 
-def _xla_leaves(tree):
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, XlaTensor)]
-
-
 class _BodyMode(TorchDispatchMode):
     """Watches every aten op while fn is traced: records the tensors fn reads
     from outside (the captures), rejects in-place writes to them and host
@@ -164,7 +160,7 @@ class _BodyMode(TorchDispatchMode):
         what = _HOST_OPS.get(func)
         if what is not None:
             raise _host_error(what)
-        self.see_inputs(_xla_leaves((args, kwargs)))
+        self.see_inputs(xla_leaves((args, kwargs)))
         for i, name in _mutated_args(func):
             t = args[i] if i < len(args) else kwargs.get(name)
             if isinstance(t, XlaTensor) and t._lt.storage_id in self.outer:
@@ -173,7 +169,7 @@ class _BodyMode(TorchDispatchMode):
                     f"({_desc(t)}). fn must not mutate tensors it closes over: it runs once per iteration inside "
                     f"one compiled loop. Return the new value as part of the carry instead.")
         out = func(*args, **kwargs)
-        self.see_outputs(_xla_leaves(out))
+        self.see_outputs(xla_leaves(out))
         return out
 
 

@@ -111,7 +111,6 @@ def _module_functions(text, fname):
 def _lower(fn, fname, args, static_kwargs, x64):
     """jax.jit(fn).lower on shape-only arguments; `args` has torch tensors
     (as (dtype, shape) specs) or static values; returns a _Lowered."""
-
     dyn = [i for i, a in enumerate(args) if isinstance(a, _Spec)]
 
     def flat_fn(*arrays):
