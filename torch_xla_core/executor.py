@@ -49,6 +49,7 @@ on while a sync compiles or executes; what they write after the cut stays
 pending for the next sync."""
 import collections
 import concurrent.futures
+import contextlib
 import os
 import re
 import sys
@@ -335,6 +336,23 @@ class Launch(collections.namedtuple("Launch", "exe params write checks spmd cut"
     op at fault and marks its tensors failed when the graph fails."""
 
 
+@contextlib.contextmanager
+def _naming_failures(cut):
+    """An error compiling, binding or launching cut's graph becomes the
+    GraphError naming the op at fault (its tensors marked failed: _failure);
+    errors that say something of their own pass (a recompile limit, an
+    unpartitioned annotation, a lost peer), as does any error of a run
+    without a cut (a replay's recorded executable)."""
+    try:
+        yield
+    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
+        raise
+    except Exception as e:
+        if cut is None:
+            raise
+        raise _failure(cut, e) from None
+
+
 def execute(launch: Launch, wait: bool = False):
     """The one pipeline every graph run takes, a sync's and a replay's:
     launch, write the outputs, note the checks, count it, and with wait=True
@@ -342,17 +360,11 @@ def execute(launch: Launch, wait: bool = False):
     device's work). Returns (outputs, launch time)."""
     global _last
     cut = launch.cut
-    try:
+    with _naming_failures(cut):
         if launch.spmd is not None:
             outs, t0 = _spmd.launch(launch.exe, launch.spmd, launch.params, cut.output_specs())
         else:
             outs, t0 = runtime.launch(launch.exe, launch.params)
-    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
-        raise
-    except Exception as e:
-        if cut is None:
-            raise
-        raise _failure(cut, e) from None
     _last = launch.exe
     if launch.write is not None:
         launch.write(outs)
@@ -386,13 +398,9 @@ def _run(p: Plan, wait: bool) -> None:
         return
     for listen in _sync_listeners:
         listen(p)
-    try:
+    with _naming_failures(cut):
         exe = executable(p)
         params = _bind(p)
-    except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
-        raise
-    except Exception as e:
-        raise _failure(cut, e) from None
     # with several devices, a check made on another device waits for that device's graph
     checks = [c for c in p.checks if c[0].is_data] if _multi else p.checks
     outs, _ = execute(Launch(exe, params, cut.assign, lambda outs: checks, p.key.spmd and p.key, cut), wait)
