@@ -57,8 +57,7 @@ def _upload(seed: int, counter: int = 0):
     return _tensor.from_cpu(torch.tensor([s, counter], dtype=torch.int64), _tensor.ANY_DEVICE)._lt
 
 
-_I64 = None  # dtype code of int64 (a stream is the scalar operand (stream(n), _I64))
-_adv = None  # (_tensor._make, OP.rng_advance)
+_I64 = _dtypes.code(torch.int64)  # a stream is the scalar operand (stream(n), _I64)
 _GOLDEN = 11400714819323198485  # G of csrc/ops/random.cpp
 
 
@@ -74,10 +73,9 @@ def _int64(u: int) -> int:
     return u - (1 << 64) if u >= 1 << 63 else u
 
 
-def _init():
-    global _I64, _adv
-    _I64 = _dtypes.code(torch.int64)
-    _adv = (_tensor._make, _tensor.OP.rng_advance)
+def _advance(state, n: int):
+    """The state n draws on from `state` (a LazyTensor)."""
+    return _tensor._make(_tensor.OP.rng_advance, (state, (n, _I64)), ())
 
 
 def draw(generator=None):
@@ -91,15 +89,13 @@ def draw(generator=None):
 def _next(generator):
     """(the state of the next draw, its offset from that state)."""
     global _state, _base, _n, _last
-    if _adv is None:
-        _init()
     if generator is not None:
         s = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
         return _upload(s), 0
     trace = _trace_context.current()
     if trace is not None:  # in a scan body: chain from the body's state
         s = trace.rng_state
-        trace.rng_state = _adv[0](_adv[1], (s, (1, _I64)), ())
+        trace.rng_state = _advance(s, 1)
         return s, 0
     s = _state
     if s is None or s is not _last or s.is_data:
@@ -110,17 +106,17 @@ def _next(generator):
         _base, _n = s, 0
     n = _n
     _n = n + 1
-    _state = _last = _adv[0](_adv[1], (_base, (_n, _I64)), ())
+    _state = _last = _advance(_base, _n)
     return _base, n
 
 
 def state(generator=None):
     """The state for one draw as a tensor (a LazyTensor): a draw from it at
     offset 0 is the draw draw() would give; the device state moves on."""
-    base, n = _next(generator)  # (initializes _adv)
+    base, n = _next(generator)
     if n == 0:
         return base
-    return _adv[0](_adv[1], (base, (n, _I64)), ())
+    return _advance(base, n)
 
 
 def set_state(lt) -> None:
