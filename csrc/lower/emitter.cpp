@@ -304,7 +304,7 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   std::string funcs;
   for (const auto& f : cx.funcs_) funcs += f.second;
   return "module @txc attributes {mhlo.num_partitions = " + std::to_string(options.num_partitions) +
-         " : i32, mhlo.num_replicas = 1 : i32} {\n"
+         " : i32, mhlo.num_replicas = " + std::to_string(options.num_replicas) + " : i32} {\n"
          "  func.func public @main(" + sig + ") -> (" + rsig + ") {\n" + cx.body_ +
          "    \"func.return\"(" + rets + ") : (" + rtypes + ") -> ()\n  }\n" + funcs + "}\n";
 }

@@ -133,12 +133,14 @@ class LowerCtx {
 // the mesh) and each parameter's sharding as XLA's HloSharding text
 // ("{devices=[4,1,2]<=[8] last_tile_dim_replicate}", "{replicated}"),
 // written as mhlo.sharding on @main's arguments; results carry none, so
-// XLA's SPMD partitioner chooses them (propagation).
+// XLA's SPMD partitioner chooses them (propagation). For a graph with
+// collectives across processes, the number of replicas.
 struct LowerOptions {
   std::string precision = "highest";
   std::vector<std::pair<int, int>> aliases;
   int num_partitions = 1;
   std::vector<std::string> param_shardings;  // empty: no SPMD
+  int num_replicas = 1;  // a graph with collectives: one replica per process (ops/collective.cpp)
 };
 
 // line_node, when given, receives for each line of the text (index = line

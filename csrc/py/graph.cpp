@@ -59,18 +59,28 @@ void bind_graph(py::module_& m) {
            },
            "The SPMD sharding annotations, scan bodies included: (hlo sharding, mesh device ids, mesh shape, "
            "axis names) each.")
+      .def("collectives",
+           [](const GraphCut& c) {
+             static const std::vector<uint16_t> ops = {op_id("all_reduce"), op_id("all_gather"),
+                                                       op_id("reduce_scatter"), op_id("all_to_all"),
+                                                       op_id("collective_permute")};
+             return c.nodes_of(ops).size();
+           },
+           "How many collectives across replicas (ops/collective.cpp) the cut holds, scan bodies included.")
       .def_property_readonly("hash", &GraphCut::hash)
       .def_property_readonly("num_outputs", &GraphCut::num_outputs)
       .def_property_readonly("num_nodes", &GraphCut::num_nodes)
       .def("lower",
            [](const GraphCut& c, const std::string& precision, const std::vector<std::pair<int, int>>& aliases,
-              int num_partitions, const std::vector<std::string>& param_shardings) {
-             return c.lower(LowerOptions{precision, aliases, num_partitions, param_shardings});
+              int num_partitions, const std::vector<std::string>& param_shardings, int num_replicas) {
+             return c.lower(LowerOptions{precision, aliases, num_partitions, param_shardings, num_replicas});
            },
            py::arg("precision") = "highest", py::arg("aliases") = std::vector<std::pair<int, int>>{},
            py::arg("num_partitions") = 1, py::arg("param_shardings") = std::vector<std::string>{},
+           py::arg("num_replicas") = 1,
            "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs, "
-           "and for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_spmd.py).")
+           "for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_spmd.py), and for "
+           "collectives across processes the replica count.")
       .def("text", &GraphCut::text, "The graph, one node per line, for people.")
       .def("donations", &GraphCut::donations)
       .def("params",

@@ -175,15 +175,19 @@ std::vector<int> GraphCut::param_devices() const {
 }
 
 std::vector<const Node*> GraphCut::annotations() const {
-  // The top-level nodes, then the nodes of each distinct sub-graph (scan
-  // bodies, and bodies nested in them): an annotation inside a loop body
-  // decides the graph's mesh as one outside does.
   static const uint16_t sharding = op_id("sharding");
+  return nodes_of({sharding});
+}
+
+std::vector<const Node*> GraphCut::nodes_of(const std::vector<uint16_t>& ops) const {
+  // The top-level nodes, then the nodes of each distinct sub-graph (scan
+  // bodies, and bodies nested in them): an annotation (or a collective)
+  // inside a loop body decides how the graph runs as one outside does.
   std::vector<const Node*> r;
   std::vector<const Body*> bodies;
   auto visit = [&](const std::vector<const Node*>& nodes) {
     for (const Node* n : nodes) {
-      if (n->op == sharding) r.push_back(n);
+      if (std::find(ops.begin(), ops.end(), n->op) != ops.end()) r.push_back(n);
       if (n->body && std::find(bodies.begin(), bodies.end(), n->body.get()) == bodies.end())
         bodies.push_back(n->body.get());
     }

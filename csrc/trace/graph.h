@@ -42,6 +42,9 @@ class GraphCut {
   // core op "sharding"; attributes: hlo sharding text, mesh device ids, mesh
   // shape, axis names).
   std::vector<const Node*> annotations() const;
+  // The nodes of the cut, scan bodies included, whose op is one of `ops`
+  // (annotations() is those of "sharding"; the executor asks for collectives).
+  std::vector<const Node*> nodes_of(const std::vector<uint16_t>& ops) const;
   // StableHLO text of the cut (see LowerOptions: precision, donation).
   std::string lower(const LowerOptions& options) const;
   // One line per node ("%3 = add(%1, %2) : float32[2, 3]  # aten.add.Tensor"):
