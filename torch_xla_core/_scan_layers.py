@@ -41,19 +41,27 @@ def _fmt(e):
     return s
 
 
+def _as_args(x):
+    """A tuple input is the layer's positional arguments (layer(*x)), as
+    torch.func.functional_call and torch_xla's scan_layers take it."""
+    return tuple(x) if isinstance(x, tuple) else (x,)
+
+
 _TENSOR = object()  # marks where the tensors go among scan_layers' extra arguments
 _LAYER_FNS = weakref.WeakKeyDictionary()  # template module -> {static key: fn}
 
 
 def scan_layers(layers, x, *args, policy="recompute", **kwargs):
-    """x = layer(x, *args, **kwargs) for each layer, as one loop: the layers
+    """x = layer(x, *args, **kwargs) for each layer, as one loop (a tuple x
+    is unpacked: x = layer(*x, *args, **kwargs), and each layer returns a
+    tuple of the same structure, shapes and dtypes). The layers
     (all of the same structure: submodule types, parameter and buffer names,
     shapes, dtypes) are run through one body, traced once on layer 0 with
     torch.func.functional_call over parameters stacked once per step
     (torch.stack, in the graph). args/kwargs are passed to every layer
     unchanged (attention masks, position ids); their tensors are loop
-    invariants, the rest is part of the trace key. Each layer must return a
-    tensor of x's shape and dtype. Gradients reach every layer's parameters.
+    invariants, the rest is part of the trace key. Each layer must return
+    what it was given: x's structure, shapes and dtypes. Gradients reach every layer's parameters.
     policy: as for scan() ("recompute", "save", "offload"; keyword only, not
     passed to the layers)."""
     _scan_policy.check_policy(policy, "scan_layers")
@@ -92,7 +100,7 @@ def scan_layers(layers, x, *args, policy="recompute", **kwargs):
             it = iter(ks)
             vals = [next(it) if s is _TENSOR else s for s in _static]
             a, kw = pytree.tree_unflatten(vals, _spec)
-            return torch.func.functional_call(_t0(), p, (c, *a), kw), None
+            return torch.func.functional_call(_t0(), p, (*_as_args(c), *a), kw), None
         fn.key = ((id(fn),), [_Ref(fn)], [fn])
         if skey is not None:
             fns[skey] = fn

@@ -250,14 +250,40 @@ def _trace(plan):
         mode.add_local(t)
     # An enclosing trace's mode must not see this body's ops: a nested
     # scan reports its operands and results to it as one op (see _scan).
-    with _trace_context.body(mode, rng_ph) as trace, torch.no_grad(), _disable_current_modes(), mode, \
-            _checks.suspended(), _no_backward_listener():
-        c = _unflat(carry, plan.c_spec)
-        x = _unflat(xs, plan.x_spec)
-        if plan.with_consts:
-            out = plan.fn(c, x, _unflat(ks, plan.k_spec))
-        else:
-            out = plan.fn(c, x)
+    try:
+        with _trace_context.body(mode, rng_ph) as trace, torch.no_grad(), _disable_current_modes(), mode, \
+                _checks.suspended(), _no_backward_listener():
+            c = _unflat(carry, plan.c_spec)
+            x = _unflat(xs, plan.x_spec)
+            if plan.with_consts:
+                out = plan.fn(c, x, _unflat(ks, plan.k_spec))
+            else:
+                out = plan.fn(c, x)
+        _finish_trace(plan, mode, trace, rng_ph, P, out)
+    except BaseException as e:
+        _discard_body_values(mode, P, e)
+        raise
+
+
+def _discard_body_values(mode, P, exc):
+    """After a failed trace: the placeholders and every tensor fn made from
+    them now hold a failed value (raising, when used, what went wrong), so the
+    pending graph keeps no trace of the body, whoever still holds those
+    tensors (the exception's traceback holds fn's frames and their locals).
+    Views of tensors from outside fn are left alone."""
+    lts = [t._lt for t in mode.keep if t._lt.storage_id not in mode.outer]
+    try:
+        body = list(P) + [lt for lt, d in zip(lts, _C.depends_on(lts, P)) if d]
+        if body:
+            cut = _C.GraphCut(body)
+            cut.poison(list(range(cut.num_roots)), f"scan: this tensor was computed inside a scan body whose "
+                       f"trace raised {type(exc).__name__}: {exc}; it has no value")
+    except RuntimeError:  # a value already failed: it raises its own error when used
+        pass
+
+
+def _finish_trace(plan, mode, trace, rng_ph, P, out):
+    """Checks fn's results and builds the plan's bodies from them."""
     rng_out = trace.rng_state
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"scan: fn must return a pair (carry, y), got {type(out).__name__}")

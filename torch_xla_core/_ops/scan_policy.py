@@ -91,6 +91,9 @@ def forward_body(scan, plan, fn, pattern, policy, caps) -> Residuals:
             x = scan._unflat(xs, plan.x_spec)
             out = fn(c, x, scan._unflat(ks, plan.k_spec)) if plan.with_consts else fn(c, x)
         rng_out = trace.rng_state
+    except BaseException as e:
+        scan._discard_body_values(mode, P, e)
+        raise
     finally:
         # autograd's saved variables hold the hooks (C++ references that Python's gc cannot see through):
         # empty the list pack() closes over, so the trace's tensors are freed with it
