@@ -5,9 +5,11 @@
     y = model.to(dev)(x.to(dev))       # traced, not run
     txc.sync()                         # compiled once per graph, then cached
 
-Training helpers in torch_xla's names: mark_step (= sync), optimizer_step,
-wait_device_ops; txc.amp (autocast("xla")), txc.data.DeviceLoader,
-txc.profiler.trace, txc.metrics.short_report().
+Training helpers in torch_xla's names: mark_step (= sync), optimizer_step
+(gradients averaged across processes, then step), wait_device_ops,
+collectives (all_reduce, all_gather, ...: torch_xla_core.distributed);
+txc.amp (autocast("xla")), txc.data.DeviceLoader, txc.profiler.trace,
+txc.metrics.short_report().
 """
 __version__ = "0.1.0"
 
@@ -94,16 +96,11 @@ def wait_device_ops() -> None:
     runtime.wait_all()
 
 
-def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None):
-    """optimizer.step(**optimizer_args), as torch_xla's xm.optimizer_step.
-    With barrier=True it then syncs (the step's graph compiles and runs now).
-    As in torch_xla the default is no barrier: a loop over
-    txc.data.DeviceLoader syncs at each batch, so the step's updates are run
-    there; in a loop of your own, pass barrier=True (or call mark_step())."""
-    r = optimizer.step(**(optimizer_args or {}))
-    if barrier:
-        sync()
-    return r
+# torch_xla's collectives and process helpers (xm.all_reduce, xm.optimizer_step, xm.rendezvous,
+# xmp.spawn, ...): torch_xla_core/distributed. optimizer_step reduces the gradients across processes
+# (their mean) before stepping; with one process it is optimizer.step().
+from .distributed import (all_gather, all_reduce, all_to_all, collective_permute, mesh_reduce,  # noqa: E402,F401
+                          optimizer_step, reduce_gradients, reduce_scatter, rendezvous, spawn)
 from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
 from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
 from .peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)

@@ -13,12 +13,14 @@ in order (torch_xla_core/__init__.py calls install() once):
      (serialization.py);
   7. Module.to("xla") keeping tied parameters tied (_tying.py);
   8. torch.compile(backend="torch_xla_core"): installed when torch._dynamo
-     is imported (dynamo.py; importing it eagerly costs 1-2 s).
+     is imported (dynamo.py; importing it eagerly costs 1-2 s);
+  9. torch.distributed's "xla" backend and xla:// init method, and
+     handlers for torch's functional collectives (distributed/).
 
 This module is the top of the layers (ARCHITECTURE.md): it may import any."""
 import torch
 
-from . import _device, _ops, _tensor, _tying, amp, config, dynamo, serialization
+from . import _device, _ops, _tensor, _tying, amp, config, distributed, dynamo, serialization
 from ._ops import engine
 
 _done = False
@@ -46,4 +48,5 @@ def install() -> None:
     serialization.register()
     _tying.install()
     dynamo.install_hook()
+    distributed.install()
     _done = True

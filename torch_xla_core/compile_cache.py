@@ -84,9 +84,9 @@ def _ours() -> str:
 
 
 def _partitioning(key) -> str:
-    """For a graph partitioned over a mesh: the SPMD compile options and the
-    processes (with several, each process's executable is its own)."""
-    if key.spmd is None:
+    """For a graph partitioned over a mesh or run as replicas (collectives):
+    the processes (with several, each process's executable is its own)."""
+    if key.spmd is None and key.replicas is None:
         return ""
     return f"{_spmd.OPTIONS};processes={jax.process_count()};process={jax.process_index()}"
 
@@ -227,6 +227,7 @@ def load(key, text: str):
             return None
         try:
             exe = (_spmd.deserialize(payload, text, key) if key.spmd is not None else
+                   runtime.deserialize_on(payload, *runtime.replicated(key.replicas)) if key.replicas else
                    runtime.deserialize(payload, key.device))
         except Exception as e:  # PJRT refused it (another build wrote the same name?)
             _corrupt(path, f"PJRT could not load it: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")

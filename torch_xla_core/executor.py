@@ -60,14 +60,17 @@ import torch
 
 from . import _C, _checks, _random, _spmd, _tensor, compile_cache, config, metrics, peers, recompiles, runtime
 
-class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd", defaults=(None,))):
+class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas",
+                                 defaults=(None, None))):
     """What identifies a compiled executable: the graph's hash, the float32
     matmul precision, the device index, the platform, the donated
     (parameter, output) pairs, the memory kinds of the parameters and
     outputs that live outside device memory (GraphCut.memory_kinds(): () when
     all are on the device; see torch_xla_core/offload.py), and for a graph
     partitioned over a mesh its device assignment and parameter shardings
-    (_spmd.Spmd; None for one device)."""
+    (_spmd.Spmd; None for one device), and for a graph with collectives
+    across processes the device of each replica, one per process
+    (runtime.replica_devices; None otherwise)."""
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
@@ -77,7 +80,7 @@ class Plan(collections.namedtuple("Plan", "cut key checks")):
         k = self.key
         if k.spmd is not None:
             return self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
-        return self.cut.lower(k.precision, list(k.aliases))
+        return self.cut.lower(k.precision, list(k.aliases), num_replicas=len(k.replicas) if k.replicas else 1)
 
 
 _lock = threading.RLock()     # one sync at a time
@@ -89,6 +92,7 @@ _sync_listeners = []                 # called with each sync's Plan (the profile
 _last = None                         # the executable that ran last (memory statistics)
 _recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay.py records)
 _multi = False                       # a device other than xla:0 has been used: syncs go device by device
+_collectives = False                 # a collective was traced (torch_xla_core/distributed): cuts are asked
 
 
 def use_devices() -> None:
@@ -146,7 +150,12 @@ def _compile(key, text):
         exe = compile_cache.load(key, text)  # the persistent cache (TXC_COMPILE_CACHE)
         if exe is None:
             with metrics.timed("compile"):
-                exe = _spmd.compile(text, key) if key.spmd is not None else runtime.compile_text(text, key.device)
+                if key.spmd is not None:
+                    exe = _spmd.compile(text, key)
+                elif key.replicas is not None:
+                    exe = runtime.compile_on(text, *runtime.replicated(key.replicas))
+                else:
+                    exe = runtime.compile_text(text, key.device)
             metrics.counter_add("compile")
             compile_cache.store(key, text, exe)
         with _cache_lock:
@@ -198,8 +207,29 @@ def plan(lts=None, device=_tensor.ALL_DEVICES) -> Plan:
     spmd = _spmd.key_field(cut) if _spmd.active and cut.num_outputs else None
     aliases = tuple(cut.donations()) if _donating() and cut.num_outputs else ()
     key = Key(cut.hash, torch.get_float32_matmul_precision(), cut.device, runtime.platform(), aliases,
-              cut.memory_kinds(), spmd)
+              cut.memory_kinds(), spmd, _replicas(cut, spmd) if _collectives else None)
     return Plan(cut, key, checks)
+
+
+def use_collectives() -> None:
+    """Notes that collectives across processes have been traced: from now on
+    each cut is asked whether it holds one (GraphCut.collectives)."""
+    global _collectives
+    _collectives = True
+
+
+def _replicas(cut, spmd):
+    """Key.replicas: a graph holding collectives, with several processes,
+    runs as one replica per process (runtime.replica_devices); None
+    otherwise (one process: the collectives span one replica)."""
+    if runtime.process_count() == 1 or not cut.num_outputs or not cut.collectives():
+        return None
+    if spmd is not None:
+        raise RuntimeError("this graph holds both collectives across processes (all_reduce, all_gather, ... of "
+                           "torch_xla_core.distributed or the 'xla' torch.distributed backend) and tensors "
+                           "sharded over a mesh (mark_sharding): the two do not mix in one graph. Under SPMD, "
+                           "let the mesh do the communication, and use a 'gloo' process group for host values.")
+    return runtime.replica_devices(cut.device)
 
 
 def _bind(p: Plan) -> list:

@@ -135,6 +135,35 @@ def global_devices():
     return backend().devices()
 
 
+def process_count() -> int:
+    """The number of processes joined by jax's distributed runtime (1 alone)."""
+    backend()
+    return jax.process_count()
+
+
+def replica_devices(device_index: int) -> tuple:
+    """The device ids of a graph with collectives across processes
+    (executor Key.replicas): one replica per process, in rank order, each on
+    that process's device `device_index` (devices ordered by id: PJRT's ids
+    are not dense, 0 and 2048 for two CPU processes). Replica ids are then
+    process ranks, as torch.distributed's and torch_xla's are."""
+    by_process = {}
+    for d in sorted(global_devices(), key=lambda d: d.id):
+        by_process.setdefault(d.process_index, []).append(d)
+    return tuple(ds[device_index].id for _, ds in sorted(by_process.items()))
+
+
+def replicated(device_ids):
+    """(devices, CompileOptions) for an executable run as len(device_ids)
+    replicas, one per process: each process launches it on its own device
+    with its own inputs, and the collectives in it meet across them."""
+    by_id = {d.id: d for d in global_devices()}
+    opts = xc.CompileOptions()
+    opts.num_replicas, opts.num_partitions = len(device_ids), 1
+    opts.device_assignment = xc.DeviceAssignment.create(np.array([[i] for i in device_ids]))
+    return [by_id[i] for i in device_ids], opts
+
+
 def compile_text(text: str, device_index: int = 0):
     """Compiles StableHLO text for device `device_index` (one replica)."""
     return compile_on(text, (_devices[device_index],), _options(device_index))

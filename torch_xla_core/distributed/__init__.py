@@ -1,0 +1,18 @@
+"""Data parallelism across processes, as PyTorch and torch_xla users write
+it: torch_xla's collectives (all_reduce, all_gather, reduce_scatter,
+all_to_all, collective_permute, reduce_gradients, optimizer_step: in the
+step's graph, collectives.py), its host meeting points (rendezvous,
+mesh_reduce) and xmp.spawn (processes.py), torch.distributed's "xla"
+backend (backend.py: DDP, dist.all_reduce & co.) and torch's functional
+collectives on xla tensors (funcol.py: DTensor, FSDP2). Importing
+torch_xla_core installs the backend and the handlers (install())."""
+from . import backend, funcol  # noqa: F401  (funcol: its handlers register at import)
+from .collectives import (REDUCE_AND, REDUCE_MAX, REDUCE_MIN, REDUCE_MUL, REDUCE_OR, REDUCE_SUM,  # noqa: F401
+                          all_gather, all_reduce, all_to_all, collective_permute, optimizer_step,
+                          reduce_gradients, reduce_scatter, world_size)
+from .processes import barrier, mesh_reduce, rendezvous, spawn  # noqa: F401
+
+
+def install() -> None:
+    """torch.distributed's "xla" backend and xla:// init method."""
+    backend.install()

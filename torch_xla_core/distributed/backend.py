@@ -1,0 +1,215 @@
+"""torch.distributed's "xla" backend: dist.init_process_group("xla",
+init_method="xla://") gives a ProcessGroupXla, whose collectives on xla
+tensors are the core collectives of collectives.py, traced into the step's
+graph. Each returns a Work already completed with its (lazy) outputs: the
+data moves when the graph runs, so wait() has nothing to wait for (as
+torch_xla's backend). DistributedDataParallel runs over it: its parameter
+check (allgather), initial broadcast and bucketed gradient all-reduces all
+land in the step's graph.
+
+Ranks are the processes of the xla runtime (jax's distributed runtime),
+one per process; a group must hold every process (torch_xla infers meshes
+for sub-groups; here a sub-group raises, naming why). broadcast is an
+all_gather of every process's tensor and a pick of the root's: exact for
+every value (torch_xla multiplies by 0/1, which turns a non-root's inf into
+NaN), at world-size times the bytes. barrier() waits on the host for every
+process (processes.barrier); pending tensors stay pending. reduce, gather,
+scatter, send and recv raise NotImplementedError (they need a rank-dependent
+graph)."""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from .. import runtime
+from . import collectives as cc
+from . import processes
+
+_OPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "mul"), (dist.ReduceOp.MIN, "min"),
+        (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.BAND, "and"), (dist.ReduceOp.BOR, "or"))
+
+
+def _done(result):
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+class ProcessGroupXla(dist.ProcessGroup):
+    """A torch.distributed process group over the xla runtime's processes
+    (see the module's comment)."""
+
+    def __init__(self, store, rank: int, size: int, timeout=timedelta(minutes=30)):
+        super().__init__(rank, size)
+        self.store, self.timeout = store, timeout
+        self.ranks = list(range(size))  # the global rank of each of the group's ranks
+
+    def getBackendName(self):  # noqa: N802 (torch's name)
+        return "xla"
+
+    # The group's name, which functional collectives pass and resolve (the
+    # C++ base keeps it in a backend this Python group does not have).
+    _name = None
+
+    def _set_group_name(self, name):
+        self._name = name
+
+    @property
+    def group_name(self):
+        if self._name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._name
+
+    # --- helpers
+    def _groups(self, who):
+        ranks = self.ranks
+        if ranks != list(range(runtime.process_count())):
+            raise NotImplementedError(
+                f"'xla' process group {who}: this group holds ranks {ranks}, not every process of the job; the xla "
+                f"backend runs collectives over all processes only. Call it on the default group, or pass "
+                f"groups=[[...], ...] covering every rank to torch_xla_core.distributed's collectives")
+        return None
+
+    def _reduce(self, op, who):
+        if op == dist.ReduceOp.AVG:
+            return "sum", 1.0 / self.size()
+        for known, name in _OPS:  # a ReduceOp compares equal to its RedOpType but does not hash as one
+            if op == known:
+                return name, 1.0
+        raise NotImplementedError(f"'xla' process group {who}: reduce op {getattr(op, 'op', op)} is not supported "
+                                  f"(SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR are)")
+
+    # --- collectives
+    def allreduce(self, tensors, opts=None):
+        op, scale = self._reduce(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
+        cc.all_reduce(op, tensors, scale=scale, groups=self._groups("allreduce"))
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        groups = self._groups("allgather")
+        with torch.no_grad():
+            for outs, t in zip(output_lists, inputs):
+                g = cc.all_gather(t.unsqueeze(0), 0, groups)
+                for i, o in enumerate(outs):
+                    o.copy_(g[i].reshape(o.shape))
+        return _done(output_lists)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002
+        with torch.no_grad():
+            output.copy_(cc.all_gather(input, 0, self._groups("all_gather_into_tensor")).reshape(output.shape))
+        return _done([output])
+
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op, scale = self._reduce(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
+        groups, n = self._groups("reduce_scatter"), self.size()
+        with torch.no_grad():
+            for o, ins in zip(outputs, input_lists):
+                o.copy_(cc.reduce_scatter(op, torch.stack(list(ins)), scale, 0, n, groups)[0].reshape(o.shape))
+        return _done(outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        op, scale = self._reduce(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter_tensor")
+        groups, n = self._groups("reduce_scatter_tensor"), self.size()
+        with torch.no_grad():
+            flat = input.reshape(n, -1)
+            output.copy_(cc.reduce_scatter(op, flat, scale, 0, n, groups).reshape(output.shape))
+        return _done([output])
+
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
+        return self._reduce_scatter_base(output, input, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        groups = self._groups("broadcast")
+        with torch.no_grad():
+            for t in tensors:
+                t.copy_(cc.all_gather(t.unsqueeze(0), 0, groups)[root])
+        return _done(tensors)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        n = self.size()
+        with torch.no_grad():
+            r = cc.all_to_all(torch.stack(list(inputs)), 0, 0, n, self._groups("alltoall"))
+            for i, o in enumerate(outputs):
+                o.copy_(r[i].reshape(o.shape))
+        return _done(outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        n = self.size()
+        for sizes in (output_split_sizes, input_split_sizes):
+            if sizes and len(set(sizes)) > 1:
+                raise NotImplementedError(f"'xla' process group all_to_all_single: uneven split sizes {list(sizes)} "
+                                          f"(XLA's all_to_all splits evenly); pad to equal splits")
+        with torch.no_grad():
+            r = cc.all_to_all(input.reshape(n, -1), 0, 0, n, self._groups("all_to_all_single"))
+            output.copy_(r.reshape(output.shape))
+        return _done([output])
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def barrier(self, opts=None):
+        processes.barrier("torch.distributed.barrier")
+        return _done([])
+
+    def _rank_dependent(self, what):
+        raise NotImplementedError(f"'xla' process group {what}: not supported (it needs a graph that differs "
+                                  f"between ranks); use all_reduce/all_gather, or a 'gloo' group for CPU tensors")
+
+    def reduce(self, *a, **k):
+        self._rank_dependent("reduce")
+
+    def gather(self, *a, **k):
+        self._rank_dependent("gather")
+
+    def scatter(self, *a, **k):
+        self._rank_dependent("scatter")
+
+    def send(self, *a, **k):
+        self._rank_dependent("send")
+
+    def recv(self, *a, **k):
+        self._rank_dependent("recv")
+
+
+def _create(opts, backend_options=None):
+    """The backend's creator (extended_api: torch's _DistributedBackendOptions):
+    a ProcessGroupXla named as torch names the group (funcol resolves
+    groups by name; torch does not name a group a creator returns)."""
+    n, me = runtime.process_count(), processes._rank()  # noqa: SLF001
+    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    if opts.group_size > n:
+        raise RuntimeError(f"init_process_group('xla'): world_size={opts.group_size} but the xla runtime has {n} "
+                           f"process(es); start one process per rank (torchrun, torch_xla_core.launch)")
+    if ranks[opts.group_rank] != me:
+        raise RuntimeError(f"init_process_group('xla'): torch.distributed rank {ranks[opts.group_rank]} is process "
+                           f"{me} of the xla runtime; the ranks must agree (init_method='xla://' takes them from it)")
+    pg = ProcessGroupXla(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    pg.ranks = ranks
+    pg._set_group_name(opts.group_id)
+    return pg
+
+
+def _xla_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
+    """init_method='xla://': rank and world size from the xla runtime; the
+    store is torch's env:// one (MASTER_ADDR/MASTER_PORT, set by torchrun
+    and torch_xla_core.launch), or a private one when run alone."""
+    n, rank = runtime.process_count(), processes._rank()  # noqa: SLF001
+    if n == 1:
+        yield dist.HashStore(), 0, 1
+        return
+    yield from dist.rendezvous("env://", rank, n, timeout=timeout)
+
+
+def install() -> None:
+    """Registers the "xla" backend and the xla:// init method with torch.distributed."""
+    if "xla" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("xla", _create, extended_api=True, devices=["xla"])
+    dist.register_rendezvous_handler("xla", _xla_rendezvous)

@@ -1,0 +1,184 @@
+"""Collectives across processes on xla tensors, in torch_xla's names and
+signatures (xm.all_reduce, all_gather, reduce_scatter, all_to_all,
+collective_permute, reduce_gradients, optimizer_step). Each is one core op
+(csrc/ops/collective.cpp) traced into the step's graph: no host round trip
+and no sync of its own. A graph holding one runs as one replica per process
+(executor Key.replicas), so replica ids are process ranks; `groups` is a
+list of rank lists of equal size (None or []: every process).
+
+pin_layout is accepted for torch_xla's signatures and has no effect: every
+process compiles the same program, so layouts agree. Unlike torch_xla,
+all_gather is a native all-gather (no all-reduce emulation)."""
+import torch
+
+from .. import _tensor, executor, runtime
+
+REDUCE_SUM = "sum"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
+REDUCE_MIN = "min"
+REDUCE_MAX = "max"
+_REDUCE_TYPES = (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN, REDUCE_MAX)
+
+
+def world_size() -> int:
+    """The number of processes (replicas): 1 when run alone."""
+    return runtime.process_count()
+
+
+def groups_of(groups, who: str):
+    """(the replica groups flattened, the group size) for `groups` (None or
+    []: one group of every process); bad groups raise naming `who`."""
+    n = world_size()
+    if not groups:
+        return tuple(range(n)), n
+    groups = [list(g) for g in groups]
+    size = len(groups[0])
+    flat = [int(r) for g in groups for r in g]
+    if size == 0 or any(len(g) != size for g in groups):
+        raise ValueError(f"{who}: groups {groups} must be non-empty lists of equal size (torch_xla's rule)")
+    if sorted(flat) != list(range(n)):
+        raise ValueError(f"{who}: groups {groups} must hold each of the {n} process ranks 0..{n - 1} exactly once")
+    return tuple(flat), size
+
+
+def _xla(t, who: str):
+    if not isinstance(t, _tensor.XlaTensor):
+        raise TypeError(f"{who}: expected an xla tensor, got a {type(t).__name__} on "
+                        f"{getattr(t, 'device', 'no device')}; move it with .to('xla') first")
+    return t
+
+
+def _reduce_type(reduce_type, who: str) -> str:
+    if reduce_type not in _REDUCE_TYPES:
+        raise ValueError(f"{who}: unknown reduce type {reduce_type!r}; use one of {_REDUCE_TYPES}")
+    return reduce_type
+
+
+def collective(op: str, t, attrs, who: str):
+    """The core collective `op` of xla tensor t (a new tensor, no autograd)."""
+    _xla(t, who)
+    executor.use_collectives()
+    return _tensor._op(getattr(_tensor.OP, op), (t._lt,), tuple(attrs))
+
+
+def _reduced(reduce_type, t, scale, flat, size, who):
+    r = collective("all_reduce", t, (reduce_type, flat, size), who)
+    return r if scale == 1.0 else r * scale
+
+
+def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
+    """Reduces across the processes of each group, then multiplies by
+    `scale`. A tensor gives a new tensor; a list is reduced in place (one
+    collective per dtype: the tensors are flattened into one buffer) and
+    returned."""
+    who = "all_reduce"
+    reduce_type = _reduce_type(reduce_type, who)
+    flat, size = groups_of(groups, who)
+    if isinstance(inputs, torch.Tensor):
+        return _reduced(reduce_type, inputs, scale, flat, size, who)
+    by_dtype = {}
+    for t in inputs:
+        by_dtype.setdefault(_xla(t, who).dtype, []).append(t)
+    with torch.no_grad():
+        for ts in by_dtype.values():
+            if len(ts) == 1:
+                ts[0].copy_(_reduced(reduce_type, ts[0], scale, flat, size, who))
+                continue
+            joined = _reduced(reduce_type, torch.cat([t.reshape(-1) for t in ts]), scale, flat, size, who)
+            for t, part in zip(ts, joined.split([t.numel() for t in ts])):
+                t.copy_(part.view(t.shape))
+    return inputs
+
+
+def all_gather(value, dim=0, groups=None, output=None, pin_layout=True):
+    """The values of the group's processes concatenated along `dim` (a 0-d
+    value: stacked); into `output` when given."""
+    who = "all_gather"
+    flat, size = groups_of(groups, who)
+    if _xla(value, who).dim() == 0:
+        value = value.reshape(1)
+    r = collective("all_gather", value, (dim, flat, size), who)
+    if output is not None:
+        with torch.no_grad():
+            output.copy_(r)
+        return output
+    return r
+
+
+def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=None, output=None,  # noqa: A002
+                   pin_layout=True):
+    """Reduces across the group, then each process keeps its shard (its rank
+    within the group) of `scatter_dim`, times `scale`. A list of inputs is
+    reduced tensor by tensor (a list back; into `output`'s tensors when
+    given)."""
+    who = "reduce_scatter"
+    reduce_type = _reduce_type(reduce_type, who)
+    flat, size = groups_of(groups, who)
+    if shard_count != size:
+        raise ValueError(f"{who}: shard_count={shard_count} but the groups have {size} processes each")
+    if isinstance(input, (list, tuple)):
+        outs = [reduce_scatter(reduce_type, t, scale, scatter_dim, shard_count, groups) for t in input]
+        if output is None:
+            return outs
+        with torch.no_grad():
+            for o, r in zip(output, outs):
+                o.copy_(r)
+        return output
+    r = collective("reduce_scatter", input, (reduce_type, scatter_dim, flat, size), who)
+    if scale != 1.0:
+        r = r * scale
+    if output is not None:
+        with torch.no_grad():
+            output.copy_(r)
+        return output
+    return r
+
+
+def all_to_all(value, split_dimension, concat_dimension, split_count, groups=None, pin_layout=True):
+    """Splits `split_dimension` into split_count chunks, sends chunk i to the
+    group's i-th process and concatenates what arrives along
+    `concat_dimension`."""
+    who = "all_to_all"
+    flat, size = groups_of(groups, who)
+    if split_count != size:
+        raise ValueError(f"{who}: split_count={split_count} but the groups have {size} processes each")
+    return collective("all_to_all", value, (split_dimension, concat_dimension, flat, size), who)
+
+
+def collective_permute(value, pairs):
+    """Sends `value` from each pair's source rank to its target rank; a rank
+    no pair targets receives zeros."""
+    who = "collective_permute"
+    n = world_size()
+    flat = tuple(int(r) for p in pairs for r in p)
+    if any(len(p) != 2 for p in pairs) or any(not 0 <= r < n for r in flat):
+        raise ValueError(f"{who}: pairs {pairs} must be [source, target] rank pairs within 0..{n - 1}")
+    return collective("collective_permute", value, (flat,), who)
+
+
+def reduce_gradients(optimizer, groups=None, pin_layout=True):
+    """The mean of each gradient across the processes of its group, in
+    place (one all-reduce per dtype). With one process: nothing to do.
+    torch_xla scales by the world size even with groups; here the mean is
+    over the group."""
+    size = groups_of(groups, "reduce_gradients")[1]
+    if size == 1:
+        return
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if grads:
+        all_reduce(REDUCE_SUM, grads, scale=1.0 / size, groups=groups)
+
+
+def optimizer_step(optimizer, barrier=False, optimizer_args=None, groups=None, pin_layout=True):
+    """torch_xla's xm.optimizer_step: reduce_gradients (the mean across
+    processes), then optimizer.step(**optimizer_args); with barrier=True
+    the step's graph then runs (sync). Returns step's value. As in
+    torch_xla the default is no barrier: txc.data.DeviceLoader syncs at
+    each batch; in a loop of your own pass barrier=True (or call sync())."""
+    reduce_gradients(optimizer, groups=groups)
+    r = optimizer.step(**(optimizer_args or {}))
+    if barrier:
+        _tensor.sync_lazy(None)
+    return r

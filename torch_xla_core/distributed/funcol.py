@@ -1,0 +1,159 @@
+"""torch's functional collectives on xla tensors: handlers in our dispatch
+table for the _c10d_functional ops (all_reduce, all_gather_into_tensor,
+reduce_scatter_tensor, all_to_all_single, broadcast, their in-place, out=
+and coalesced variants, wait_tensor) and _dtensor::shard_dim_alltoall.
+torch.distributed._functional_collectives, DTensor's redistribute and
+FSDP2 call these; an xla tensor reaches them through __torch_dispatch__
+(the Python key comes before any backend kernel), so each becomes a core
+collective in the step's graph, and wait_tensor is the identity (the data
+moves when the graph runs). Schemas differ across torch versions (the
+group and the reduce op are str in 2.11, Any later): both a group name and
+a ProcessGroup, both a str and a ReduceOp are taken."""
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from .._ops import impl, impl_by_name
+from . import collectives as cc
+
+_F = torch.ops._c10d_functional
+_REDUCE = {"sum": ("sum", False), "avg": ("sum", True), "product": ("mul", False), "min": ("min", False),
+           "max": ("max", False), "band": ("and", False), "bor": ("or", False)}
+
+
+def _group(group, who):
+    """The process group's size, after checking it spans every process."""
+    pg = group if isinstance(group, dist.ProcessGroup) else c10d._resolve_process_group(group)
+    ranks = dist.get_process_group_ranks(pg)
+    if ranks != list(range(cc.world_size())):
+        raise NotImplementedError(f"{who} on xla tensors: group {getattr(pg, 'group_name', group)!r} holds ranks "
+                                  f"{ranks}, not every process; xla collectives run over all processes only")
+    return len(ranks)
+
+
+def _reduce(op, who):
+    name = (op if isinstance(op, str) else getattr(op, "name", str(op))).lower().rsplit(".", 1)[-1]
+    if name not in _REDUCE:
+        raise NotImplementedError(f"{who} on xla tensors: reduce op {op!r} is not supported ({sorted(_REDUCE)})")
+    return _REDUCE[name]
+
+
+def _all_reduce(t, op, group, who="all_reduce"):
+    n = _group(group, who)
+    kind, mean = _reduce(op, who)
+    return cc.all_reduce(kind, t, scale=1.0 / n if mean else 1.0)
+
+
+def _gather(t, group_size, group, who="all_gather_into_tensor"):
+    n = _group(group, who)
+    if group_size != n:
+        raise ValueError(f"{who}: group_size={group_size} but the group has {n} processes")
+    return cc.all_gather(t, 0)
+
+
+def _scatter(t, op, group_size, group, who="reduce_scatter_tensor"):
+    n = _group(group, who)
+    if group_size != n:
+        raise ValueError(f"{who}: group_size={group_size} but the group has {n} processes")
+    kind, mean = _reduce(op, who)
+    return cc.reduce_scatter(kind, t, 1.0 / n if mean else 1.0, 0, n)
+
+
+@impl(_F.all_reduce.default)
+def all_reduce(t, reduce_op, group_name):
+    return _all_reduce(t, reduce_op, group_name)
+
+
+@impl(_F.all_reduce_.default)
+def all_reduce_(t, reduce_op, group_name):
+    with torch.no_grad():
+        return t.copy_(_all_reduce(t, reduce_op, group_name))
+
+
+@impl(_F.all_reduce_coalesced.default)
+def all_reduce_coalesced(ts, reduce_op, group_name):
+    return [_all_reduce(t, reduce_op, group_name) for t in ts]
+
+
+@impl(_F.all_reduce_coalesced_.default)
+def all_reduce_coalesced_(ts, reduce_op, group_name):
+    return [all_reduce_(t, reduce_op, group_name) for t in ts]
+
+
+@impl(_F.all_gather_into_tensor.default)
+def all_gather_into_tensor(t, group_size, group_name):
+    return _gather(t, group_size, group_name)
+
+
+@impl(_F.all_gather_into_tensor_out.default)
+def all_gather_into_tensor_out(t, group_size, group_name, *, out):
+    with torch.no_grad():
+        return out.copy_(_gather(t, group_size, group_name))
+
+
+@impl(_F.all_gather_into_tensor_coalesced.default)
+def all_gather_into_tensor_coalesced(ts, group_size, group_name):
+    return [_gather(t, group_size, group_name) for t in ts]
+
+
+@impl(_F.reduce_scatter_tensor.default)
+def reduce_scatter_tensor(t, reduce_op, group_size, group_name):
+    return _scatter(t, reduce_op, group_size, group_name)
+
+
+@impl(_F.reduce_scatter_tensor_out.default)
+def reduce_scatter_tensor_out(t, reduce_op, group_size, group_name, *, out):
+    with torch.no_grad():
+        return out.copy_(_scatter(t, reduce_op, group_size, group_name))
+
+
+@impl(_F.reduce_scatter_tensor_coalesced.default)
+def reduce_scatter_tensor_coalesced(ts, reduce_op, group_size, group_name):
+    return [_scatter(t, reduce_op, group_size, group_name) for t in ts]
+
+
+@impl(_F.all_to_all_single.default)
+def all_to_all_single(t, output_split_sizes, input_split_sizes, group_name):
+    n = _group(group_name, "all_to_all_single")
+    for sizes in (output_split_sizes, input_split_sizes):
+        if sizes and len(set(int(s) for s in sizes)) > 1:
+            raise NotImplementedError(f"all_to_all_single on xla tensors: uneven split sizes {list(sizes)} "
+                                      f"(XLA's all_to_all splits evenly)")
+    return cc.all_to_all(t, 0, 0, n)
+
+
+def _broadcast(t, src, group):
+    _group(group, "broadcast")
+    return cc.all_gather(t.unsqueeze(0), 0)[src]
+
+
+@impl(_F.broadcast.default)
+def broadcast(t, src, group_name):
+    return _broadcast(t, src, group_name)
+
+
+@impl(_F.broadcast_.default)
+def broadcast_(t, src, group_name):
+    with torch.no_grad():
+        return t.copy_(_broadcast(t, src, group_name))
+
+
+@impl(_F.wait_tensor.default)
+def wait_tensor(t):
+    return t  # the collective is in the graph: nothing to wait for
+
+
+@impl_by_name("_c10d_functional::_wrap_tensor_autograd")
+def wrap_tensor_autograd(t):
+    """funcol's wrapper of a result in an AsyncCollectiveTensor (a Python
+    custom op, made when torch.distributed._functional_collectives loads):
+    nothing is asynchronous here, so a copy (a custom op may not return its
+    input; XLA elides the copy)."""
+    return t.clone()
+
+
+@impl(torch.ops._dtensor.shard_dim_alltoall.default)
+def shard_dim_alltoall(t, gather_dim, shard_dim, group_name):
+    """DTensor's Shard(gather_dim) -> Shard(shard_dim): one all_to_all."""
+    n = _group(group_name, "shard_dim_alltoall")
+    return cc.all_to_all(t, shard_dim, gather_dim, n)
