@@ -1,36 +1,24 @@
 // Scaled dot-product attention, forward (output and logsumexp, one node per
 // output chosen by a `which` attribute) and backward (one node per gradient),
 // with grouped-query heads and causal or explicit (bool or additive) masks,
-// as dot_general products. Half-precision (bf16/f16) inputs keep their
-// products in the input dtype (bf16 operands and result: XLA accumulates in
-// f32 inside the product, as cuBLAS and jax's plain bf16 dot do), so the
-// scores and probabilities tensors are bf16 as in torch's math SDPA on CUDA;
-// the softmax (max, exp, sum, normalisation) and the backward's elementwise
-// algebra compute in f32 between the products, which XLA fuses.
+// as dot_general products (ops/dot.h). Half-precision (bf16/f16) inputs
+// compute as the fused kernels do (FlashAttention-2, cuDNN, torch's CPU flash
+// kernel, jax's dot_product_attention): every product takes operands in the
+// input dtype and returns float32 (preferred element type), the scores stay
+// float32 through the scale, mask and softmax, and only what feeds a product
+// is rounded to the input dtype: the unnormalised probabilities for p.v
+// (normalised after it, in float32), dS for the dQ/dK products. Rounding
+// the scores themselves would cost e^(score's ulp) on a weight: 2 at 600.
 #include <cmath>
 #include "lower/emitter.h"
 #include "ops/arith.h"
+#include "ops/dot.h"
 #include "ops/registry.h"
 
 namespace txc {
 namespace {
 
 using namespace arith;
-
-std::string dot(LowerCtx& cx, DType t, const std::string& a, const Dims& ad, const std::string& b, const Dims& bd,
-                const Dims& lb, const Dims& rb, const Dims& lc, const Dims& rc, const Dims& out) {
-  auto list = [](const Dims& d) {
-    std::string s = "[";
-    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-    return s + "]";
-  };
-  std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
-  if (!lb.empty()) dn += "lhs_batching_dimensions = " + list(lb) + ", rhs_batching_dimensions = " + list(rb) + ", ";
-  dn += "lhs_contracting_dimensions = " + list(lc) + ", rhs_contracting_dimensions = " + list(rc) + ">" +
-        precision_config(t);
-  return cx.op("stablehlo.dot_general", {a, b}, {LowerCtx::type(t, ad), LowerCtx::type(t, bd)},
-               LowerCtx::type(t, out), dn);
-}
 
 // ---- scaled dot-product attention -------------------------------------------
 // q (B..., Hq, L, E), k (B..., Hk, S, E), v (B..., Hk, S, Ev); Hq = G * Hk
@@ -98,16 +86,17 @@ void check_mask(const Node& n, const Attn& a, const Node& m) {
     op_error(n, std::string("expected attn_mask of dtype bool or float, got ") + dtype_name(m.dtype));
 }
 
-// Masked, scaled scores (a.s5) in compute type ct; q5 (in q's dtype) . k^T is
-// one product in q's dtype, converted to ct for the softmax.
+// Masked, scaled scores (a.s5) in compute type ct: q5 (in q's dtype) . k^T,
+// one product with a ct result.
 std::string attn_scores(Arith& k, const Node& n, const Attn& a, const std::string& q5, int64_t mi) {
   LowerCtx& cx = k.cx;
   DType ct = k.t, io = n.operands[0]->dtype;
   Dims kd = a.kb;
   kd.insert(kd.end(), {a.S, a.E});
   int64_t nb = a.nb;
-  std::string s = dot(cx, io, q5, a.q5, cx.in(n, 1), kd, range(0, nb), range(0, nb), {nb + 2}, {nb + 1}, a.s5);
-  s = k.mul(cx.convert(s, io, ct, a.s5), k.c(n.attr_float(0), a.s5), a.s5);
+  Dims B = range(0, nb);
+  std::string s = dot_general(cx, io, q5, a.q5, cx.in(n, 1), kd, {B, B, {nb + 2}, {nb + 1}}, ct, a.s5);
+  s = k.mul(s, k.c(n.attr_float(0), a.s5), a.s5);
   if (mi >= 0) {
     const Node& m = *n.operands[mi];
     std::string mv = cx.broadcast(cx.in(n, mi), m.dtype, m.dims, a.full_s);
@@ -124,7 +113,7 @@ std::string attn_scores(Arith& k, const Node& n, const Attn& a, const std::strin
   return s;
 }
 
-// q viewed as (B..., Hk, G, L, E), in its own dtype (the products' dtype).
+// q viewed as (B..., Hk, G, L, E), in its own dtype (the products' operand dtype).
 std::string attn_q5(LowerCtx& cx, const Node& n, const Attn& a) {
   const Node& q = *n.operands[0];
   return cx.reshape(cx.in(n, 0), q.dtype, q.dims, a.q5);
@@ -163,11 +152,14 @@ TXC_OP("sdpa", -1,
          }
          Dims vd = a.kb;
          vd.insert(vd.end(), {a.S, a.Ev});
-         // probabilities normalised in ct, then one product in the input dtype (a fully masked row: l = 0, e = 0)
+         // the unnormalised probabilities (at most 1) in the input dtype . v, a ct result normalised there
+         // (a fully masked row: l = 0, e = 0, a zero output)
          std::string l1 = k.sel(k.eq(l, k.c(0, a.lse5), a.lse5), k.c(1, a.lse5), l, a.lse5);
-         std::string p = cx.convert(k.div(e, k.back(l1, a.s5, {last}), a.s5), ct, io, a.s5);
-         std::string o = dot(cx, io, p, a.s5, cx.in(n, 2), vd, range(0, nb), range(0, nb), {last}, {nb}, a.o5);
-         return cx.reshape(o, io, a.o5, n.dims);
+         Dims B = range(0, nb);
+         std::string o = dot_general(cx, io, cx.convert(e, ct, io, a.s5), a.s5, cx.in(n, 2), vd,
+                                     {B, B, {last}, {nb}}, ct, a.o5);
+         o = k.div(o, k.back(l1, a.o5, {last}), a.o5);
+         return cx.convert(cx.reshape(o, ct, a.o5, n.dims), ct, io, n.dims);
        });
 
 // sdpa_backward(q, k, v, grad, out, lse, [mask]; scale, causal, which, has_mask)
@@ -208,12 +200,11 @@ TXC_OP("sdpa_backward", -1,
          Dims vd = a.kb;
          vd.insert(vd.end(), {a.S, a.Ev});
          if (which == 2) {
-           std::string pi = cx.convert(p, ct, io, a.s5);
-           std::string dv = dot(cx, io, pi, a.s5, gi, a.o5, B, B, {nb, nb + 1}, {nb, nb + 1}, vd);
-           return cx.convert(dv, io, n.dtype, n.dims);
+           std::string dv = dot_general(cx, io, cx.convert(p, ct, io, a.s5), a.s5, gi, a.o5,
+                                        {B, B, {nb, nb + 1}, {nb, nb + 1}}, ct, vd);
+           return cx.convert(dv, ct, n.dtype, n.dims);
          }
-         std::string dp = dot(cx, io, gi, a.o5, cx.in(n, 2), vd, B, B, {last}, {nb + 1}, a.s5);
-         dp = cx.convert(dp, io, ct, a.s5);
+         std::string dp = dot_general(cx, io, gi, a.o5, cx.in(n, 2), vd, {B, B, {last}, {nb + 1}}, ct, a.s5);
          std::string g5 = cx.convert(gi, io, ct, a.o5);
          const Node& out = *n.operands[4];
          std::string o5 = cx.reshape(cx.convert(cx.in(n, 4), out.dtype, ct, out.dims), ct, out.dims, a.o5);
@@ -230,15 +221,16 @@ TXC_OP("sdpa_backward", -1,
            r = k.sum(r, f, axes);
            return cx.convert(cx.reshape(r, ct, drop(f, axes), m.dims), ct, n.dtype, n.dims);
          }
+         // dS (f32) rounded to the input dtype for the dQ/dK products, as FlashAttention-2 does
          ds = cx.convert(k.mul(ds, k.c(n.attr_float(0), a.s5), a.s5), ct, io, a.s5);
          Dims kd = a.kb;
          kd.insert(kd.end(), {a.S, a.E});
          if (which == 0) {
-           std::string dq = dot(cx, io, ds, a.s5, cx.in(n, 1), kd, B, B, {last}, {nb}, a.q5);
-           return cx.convert(cx.reshape(dq, io, a.q5, q.dims), io, n.dtype, n.dims);
+           std::string dq = dot_general(cx, io, ds, a.s5, cx.in(n, 1), kd, {B, B, {last}, {nb}}, ct, a.q5);
+           return cx.convert(cx.reshape(dq, ct, a.q5, q.dims), ct, n.dtype, n.dims);
          }
-         std::string dk = dot(cx, io, ds, a.s5, q5, a.q5, B, B, {nb, nb + 1}, {nb, nb + 1}, kd);
-         return cx.convert(dk, io, n.dtype, n.dims);
+         std::string dk = dot_general(cx, io, ds, a.s5, q5, a.q5, {B, B, {nb, nb + 1}, {nb, nb + 1}}, ct, kd);
+         return cx.convert(dk, ct, n.dtype, n.dims);
        });
 
 }  // namespace

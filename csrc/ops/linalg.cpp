@@ -5,11 +5,31 @@
 // attribute 4 names another (bf16 operands, a float32 product: baddbmm's
 // handler scales and adds it in float32, rounding once, as torch's CPU
 // kernels do). With an addend, half-precision products are added in float32
-// and rounded once, too (addmm, linear with a bias).
+// and rounded once, too (addmm, linear with a bias). dot_general (ops/dot.h)
+// is the one emitter of stablehlo.dot_general, which attention also uses.
 #include "lower/emitter.h"
+#include "ops/dot.h"
 #include "ops/registry.h"
 
 namespace txc {
+
+std::string dot_general(LowerCtx& cx, DType t, const std::string& a, const Dims& ad, const std::string& b,
+                        const Dims& bd, const DotDims& dd, DType result, const Dims& out) {
+  auto list = [](const Dims& d) {
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  };
+  std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
+  if (!dd.lhs_batch.empty())
+    dn += "lhs_batching_dimensions = " + list(dd.lhs_batch) + ", rhs_batching_dimensions = " + list(dd.rhs_batch) +
+          ", ";
+  dn += "lhs_contracting_dimensions = " + list(dd.lhs_contract) + ", rhs_contracting_dimensions = " +
+        list(dd.rhs_contract) + ">" + precision_config(t);
+  return cx.op("stablehlo.dot_general", {a, b}, {LowerCtx::type(t, ad), LowerCtx::type(t, bd)},
+               LowerCtx::type(result, out), dn);
+}
+
 namespace {
 
 bool has(const Dims& d, int64_t v) {
@@ -57,26 +77,11 @@ TXC_OP("dot", -1,
          }
        },
        [](LowerCtx& cx, const Node& n) {
-         auto list = [](const Dims& d) {
-           std::string s = "[";
-           for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-           return s + "]";
-         };
-         std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
-         std::vector<std::string> parts;
-         if (!n.attr_dims(0).empty()) {
-           parts.push_back("lhs_batching_dimensions = " + list(n.attr_dims(0)));
-           parts.push_back("rhs_batching_dimensions = " + list(n.attr_dims(1)));
-         }
-         parts.push_back("lhs_contracting_dimensions = " + list(n.attr_dims(2)));
-         parts.push_back("rhs_contracting_dimensions = " + list(n.attr_dims(3)));
-         for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
-         dn += ">" + precision_config(n.operands[0]->dtype);
+         const Node &a = *n.operands[0], &b = *n.operands[1];
          // the product's dtype: float32 for a half-precision product plus an addend (one rounding, after the add)
          DType t = n.operands.size() == 3 && is_half(n.dtype) ? DType::F32 : n.dtype;
-         std::string r = cx.op("stablehlo.dot_general", {cx.in(n, 0), cx.in(n, 1)},
-                               {LowerCtx::type(*n.operands[0]), LowerCtx::type(*n.operands[1])},
-                               LowerCtx::type(t, n.dims), dn);
+         std::string r = dot_general(cx, a.dtype, cx.in(n, 0), a.dims, cx.in(n, 1), b.dims,
+                                     {n.attr_dims(0), n.attr_dims(1), n.attr_dims(2), n.attr_dims(3)}, t, n.dims);
          if (n.operands.size() == 3) r = cx.binary("stablehlo.add", r, cx.coerce(n, 2, t, n.dims), t, n.dims);
          return cx.convert(r, t, n.dtype, n.dims);
        });
