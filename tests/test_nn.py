@@ -206,6 +206,38 @@ def test_sdpa_3d_and_bf16():
                        rg(2, 2, 5, 8, dtype=bf), atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_flash_attention_op_matches_eager(dt, dev):
+    """aten._scaled_dot_product_flash_attention_for_cpu called directly (OpInfo does; torch 2.14's
+    decomposition returns the attention weights as its logsumexp): output [B, H, L, E], logsumexp
+    [B, H, L] in float32, GQA, causal with L != S, a float mask, and its backward op, against
+    CPU eager; no fallback; eager's refusals."""
+    op, back = aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention_for_cpu_backward
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, L, 8, generator=g).to(dt) for h, L in ((4, 5), (2, 7), (2, 7)))
+    mask = torch.randn(5, 7, generator=g)
+    tol = dict(atol=1e-4, rtol=1e-4) if dt == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    before = dict(txc.metrics.fallbacks())
+    for kw in (dict(is_causal=True), dict(attn_mask=mask, scale=0.4)):
+        o, lse = op(q, k, v, **kw)
+        xo, xlse = op(q.to(dev), k.to(dev), v.to(dev), **{a: b.to(dev) if a == "attn_mask" else b for a, b in kw.items()})
+        assert (xo.dtype, xlse.dtype, xlse.shape) == (dt, torch.float32, (2, 4, 5))
+        torch.testing.assert_close(xo.cpu(), o, **tol)
+        torch.testing.assert_close(xlse.cpu(), lse, **tol)
+        go = torch.randn(o.shape, generator=g).to(dt)
+        want = back(go, q, k, v, o, lse, 0.0, kw.get("is_causal", False), attn_mask=kw.get("attn_mask"),
+                    scale=kw.get("scale"))
+        got = back(go.to(dev), q.to(dev), k.to(dev), v.to(dev), xo, xlse, 0.0, kw.get("is_causal", False),
+                   attn_mask=None if "attn_mask" not in kw else mask.to(dev), scale=kw.get("scale"))
+        for w, x in zip(want, got):
+            torch.testing.assert_close(x.cpu(), w, **tol)
+    assert dict(txc.metrics.fallbacks()) == before
+    for bad, msg in (((q, k, v, 0.5), "dropout"), ((q[0], k[0], v[0]), "4 dims"),
+                     ((q, k, v[..., :4]), "same head size")):
+        with pytest.raises(RuntimeError, match=msg):
+            op(*(t.to(dev) if isinstance(t, torch.Tensor) else t for t in bad))
+
+
 def test_sdpa_dropout_uses_math_path(dev):
     q = torch.randn(2, 2, 5, 4).to(dev).requires_grad_()
     before = dict(txc.metrics.fallbacks())

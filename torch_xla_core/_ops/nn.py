@@ -259,6 +259,42 @@ def sdpa_fused_backward(grad, q, k, v, attn_bias, grad_input_mask, out, lse, cum
     return tuple(r)
 
 
+# torch's CPU flash-attention op, called directly (F.scaled_dot_product_attention on
+# xla never reaches it): output [B, H, L, E] and logsumexp [B, H, L] (float32 for
+# half inputs) on every torch in range, the same core op. On torch 2.14 torch's
+# decomposition of it returns the attention weights [B, H, L, S] as the logsumexp,
+# which fed its CPU-fallback backward (grads 1e16 off; bf16: a dtype error).
+_FOR_CPU = "scaled_dot_product_attention_flash_attention"
+
+
+def _for_cpu_args(q, k, v, dropout_p, attn_mask):
+    """The CPU kernel's refusals, with its messages."""
+    if dropout_p > 0:
+        raise RuntimeError(f"{_FOR_CPU}: Currently do not support dropout > 0")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise RuntimeError(f"{_FOR_CPU}: Accept only 4 dims inputs shape of {{B, H, T, K}}")
+    if not q.shape[3] == k.shape[3] == v.shape[3]:
+        raise RuntimeError(f"{_FOR_CPU}: Q/K/V should have the same head size")
+    if attn_mask is not None and attn_mask.dtype not in (_F32, q.dtype):
+        raise RuntimeError(f"{_FOR_CPU}: Attention mask is the same data type as query")
+    return (q, k, v) + ((attn_mask,) if attn_mask is not None else ())
+
+
+@impl(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def sdpa_for_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    ops = _for_cpu_args(q, k, v, dropout_p, attn_mask)
+    a = (_scale(q, scale), bool(is_causal))
+    return _op(_SDPA, ops, a + (0, attn_mask is not None)), _op(_SDPA, ops, a + (1, attn_mask is not None))
+
+
+@impl(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def sdpa_for_cpu_backward(grad, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    q, k, v, *m = _for_cpu_args(q, k, v, dropout_p, attn_mask)
+    ops = (q, k, v, grad, out, lse, *m)
+    a = (_scale(q, scale), bool(is_causal))
+    return tuple(_op(_SDPAB, ops, a + (i, attn_mask is not None)) for i in range(3))
+
+
 # ---- embedding, losses -------------------------------------------------------------
 _EMB = OP.embedding
 
