@@ -239,7 +239,7 @@ def test_generate_strategies_match_cpu(name, extra, dev):
 @pytest.mark.parametrize("name", ["llama", "t5", "vit"])
 def test_bf16_autocast_step_tracks_cpu_autocast(name, dev):
     """torch.autocast("xla", bfloat16) on a model as users write it tracks CPU's bf16 autocast: float32
-    loss within bf16 rounding, gradients within 3% (measured: 0.3-1.1%; T5 4%, see below), no fallback."""
+    loss within bf16 rounding, gradients within 3% (measured: Llama 0.25%, T5 1.1%, ViT 0.5%), no fallback."""
     torch.manual_seed(0)
     model, kind = _model(name)
     cpu = _deterministic(model)
@@ -257,7 +257,5 @@ def test_bf16_autocast_step_tracks_cpu_autocast(name, dev):
     assert abs(got.item() - want.item()) < 1e-2 * abs(want.item())
     gc = torch.cat([p.grad.flatten() for p in cpu.parameters() if p.grad is not None])
     gx = torch.cat([p.grad.cpu().flatten() for p in xla.parameters() if p.grad is not None])
-    # T5's attention logits are not scaled (large scores): our SDPA keeps scores in bf16, as CUDA's math SDPA
-    # does (csrc/ops/attention.cpp), where CPU's kernel holds them in f32: 3.2% here, the others 0.3-1.1%
-    assert ((gc - gx).norm() / gc.norm()).item() < (4e-2 if name == "t5" else 3e-2)
+    assert ((gc - gx).norm() / gc.norm()).item() < 3e-2
     assert dict(txc.metrics.fallbacks()) == before
