@@ -1,8 +1,7 @@
 """torch_xla_core/peers.py without processes: where a job's listeners bind
 for a coordinator address and the settings, and how a wait turns a peer's
-death (the launcher's notice) into PeerLostError. The processes
+death (a ring link closing without a goodbye) into PeerLostError. The processes
 themselves: tests/test_multiprocess.py."""
-import os
 import threading
 import time
 
@@ -43,33 +42,76 @@ class _Pending:
         raise AssertionError("blocked for good")
 
 
-def test_a_notice_from_the_launcher_raises_in_the_waiting_call(monkeypatch):
-    r, w = os.pipe()
+class _KV:
+    """jax's key-value store as _Ring uses it (the coordination service's)."""
+
+    def __init__(self):
+        self.d, self.cv = {}, threading.Condition()
+
+    def key_value_set(self, k, v):
+        with self.cv:
+            self.d[k] = v
+            self.cv.notify_all()
+
+    def blocking_key_value_get(self, k, timeout_ms):
+        with self.cv:
+            assert self.cv.wait_for(lambda: k in self.d, timeout_ms / 1000)
+            return self.d[k]
+
+
+def _ring_of_two():
+    kv, rings = _KV(), {}
+    ths = [threading.Thread(target=lambda r=r: rings.__setitem__(r, peers._Ring(kv, r, 2, "127.0.0.1", 10)))
+           for r in (0, 1)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    return rings
+
+
+def _close(ring):
+    ring.close()  # as the process's death would: the kernel ends its connections
+
+
+def test_a_peer_whose_link_closes_raises_in_the_waiting_call(monkeypatch):
     monkeypatch.setattr(peers, "_watching", True)
     monkeypatch.setattr(peers, "_lost", None)
-    monkeypatch.setenv("TXC_COLLECTIVE_TIMEOUT", "7")
-    threading.Thread(target=peers._read_notices, args=(r,), daemon=True).start()
-    threading.Timer(0.2, lambda: os.write(w, b"lost 1 3 process 1 of 2 exited with status 3\n")).start()
+    rings = _ring_of_two()
+    monkeypatch.setattr(peers, "_ring", rings[0])
+    threading.Timer(0.2, lambda: _close(rings[1])).start()  # process 1 dies: its links close, no goodbye
     t0 = time.monotonic()
     with pytest.raises(peers.PeerLostError) as e:
         peers.wait([_Pending()], "copying an xla tensor to the CPU")
     assert time.monotonic() - t0 < 5
-    assert (e.value.peer, e.value.status) == (1, 3)
-    assert str(e.value).startswith("copying an xla tensor to the CPU: process 1 of 2 exited with status 3, and "
-                                   "this value waits on it")
-    assert "7 s (TXC_COLLECTIVE_TIMEOUT)" in str(e.value) and isinstance(e.value, RuntimeError)
-    assert peers.lost() == "process 1 of 2 exited with status 3"
-    os.close(w)
-    os.close(r)
+    assert (e.value.peer, e.value.status) == (1, None)
+    assert str(e.value).startswith("copying an xla tensor to the CPU: process 1 of 2 died (its link to process 0 "
+                                   "closed without a goodbye: killed, or crashed), and this value waits on it")
+    assert isinstance(e.value, RuntimeError) and "Save what you need from the host now" in str(e.value)
+    _close(rings[0])
 
 
-def test_the_launcher_gone_is_a_lost_peer(monkeypatch):
-    r, w = os.pipe()
+def test_a_goodbye_is_no_loss_and_a_notice_is_passed_on(monkeypatch):
     monkeypatch.setattr(peers, "_lost", None)
-    os.close(w)  # the launcher's end closed: it exited (or was killed)
-    peers._read_notices(r)
-    assert peers.lost().startswith("the launcher (torch_xla_core.launch, pid ")
-    os.close(r)
+    rings = _ring_of_two()
+    monkeypatch.setattr(peers, "_ring", rings[0])
+    rings[1].send("bye")
+    _close(rings[1])
+    time.sleep(0.3)
+    assert peers.lost() is None  # a clean exit
+    rings = _ring_of_two()
+    got = []
+    monkeypatch.setattr(peers._Ring, "send", lambda self, line: got.append(line))  # what is passed on
+    for s in rings[1].links:  # process 1 passes on a notice about process 2
+        s.sendall(b"lost 2 7 process 2 of 3 exited with status 7\n")
+    for _ in range(100):
+        if peers.lost() is not None:
+            break
+        time.sleep(0.01)
+    assert peers._lost == ("process 2 of 3 exited with status 7", 2, 7)
+    assert got == ["lost 2 7 process 2 of 3 exited with status 7"]
+    for r in rings.values():
+        _close(r)
 
 
 def test_one_process_waits_as_before(dev):

@@ -63,7 +63,7 @@ def device_count() -> int:
 
 
 def world_size() -> int:
-    """The number of processes (torch_xla_core.launch; 1 when run alone)."""
+    """The number of processes (torchrun, torch_xla_core.launch, srun; 1 when run alone)."""
     runtime.backend()
     return jax.process_count()
 
@@ -76,7 +76,7 @@ def global_ordinal() -> int:
 
 def local_ordinal() -> int:
     """This process's rank among the processes on this machine."""
-    return config.get("TXC_LOCAL_RANK")
+    return runtime.local_ordinal()
 
 
 def sync(wait: bool = False) -> None:

@@ -19,7 +19,7 @@ takes, at the read that meets it (never a silent fall back to the default).
 
 README.md's settings table is markdown_table() (tests/test_config.py keeps
 them equal). The launcher (launch.py) writes TXC_* variables for its
-workers with os.environ; reading goes through here. This module imports
+workers into os.environ; reading goes through here. This module imports
 only the standard library, so every module of the package may import it."""
 import dataclasses
 import os
@@ -167,26 +167,24 @@ _DECLARED = [
             "impl= is not given", choices=("pallas", "xla"), default_doc="pallas on TPU, else xla"),
     Setting("TXC_GROUPED_MATMUL_IMPL", "choice", None, "grouped_matmul's implementation when impl= is not given",
             choices=("megablox", "ragged_dot"), default_doc="megablox on TPU, else ragged_dot"),
-    # processes (torch_xla_core.launch)
-    Setting("TXC_DISTRIBUTED_TIMEOUT", "float", 60.0, "seconds: joining jax's distributed runtime, and its "
-            "heartbeat (the launcher sets it past TXC_COLLECTIVE_TIMEOUT)", positive=True),
+    # processes (torchrun, torch_xla_core.launch, srun, a PyTorchJob, or by hand: torch_xla_core/_cluster.py)
+    Setting("TXC_DISTRIBUTED_TIMEOUT", "float", 60.0, "seconds: joining jax's distributed runtime (meeting the "
+            "other processes), and its heartbeat", positive=True),
     Setting("TXC_COLLECTIVE_TIMEOUT", "float", lambda env: get("TXC_DISTRIBUTED_TIMEOUT", env),
-            "seconds a collective step waits for every process; the launcher stops survivors this long after a "
-            "process failed", positive=True, default_doc="TXC_DISTRIBUTED_TIMEOUT (60)"),
+            "seconds a collective step waits for every process", positive=True,
+            default_doc="TXC_DISTRIBUTED_TIMEOUT (60)"),
     Setting("TXC_COORDINATOR_BIND", "str", None, "where process 0's coordination service listens (e.g. [::]:1234 "
-            "for every interface)", default_doc="TXC_COORDINATOR", takes="host:port"),
+            "for every interface)", default_doc="the coordinator's address", takes="host:port"),
     Setting("TXC_GLOO_HOSTNAME", "str", None, "the address gloo's CPU collectives listen on", takes="an address",
             default_doc="127.0.0.1 for a loopback coordinator, else gloo's"),
-    Setting("TXC_NUM_PROCESSES", "int", 1, f"processes in the job ({_LAUNCH})", minimum=1),
-    Setting("TXC_PROCESS_ID", "int", None, f"this process's rank, 0 .. TXC_NUM_PROCESSES-1 ({_LAUNCH})",
-            minimum=0),
-    Setting("TXC_LOCAL_RANK", "int", 0, f"this process's rank on its machine ({_LAUNCH})", minimum=0),
-    Setting("TXC_COORDINATOR", "str", None, f"the address of jax's coordination service ({_LAUNCH})",
-            takes="host:port"),
+    Setting("TXC_NUM_PROCESSES", "int", 1, f"processes in the job, set by hand (torchrun's, srun's or a "
+            f"PyTorchJob's environment needs none)", minimum=1),
+    Setting("TXC_PROCESS_ID", "int", None, "this process's rank, 0 .. TXC_NUM_PROCESSES-1 (by hand)", minimum=0),
+    Setting("TXC_LOCAL_RANK", "int", 0, "this process's rank on its machine (by hand)", minimum=0),
+    Setting("TXC_COORDINATOR", "str", None, f"the address of jax's coordination service (by hand, or {_LAUNCH}; "
+            f"under torchrun process 0 publishes it through torch's store)", takes="host:port"),
     Setting("TXC_COORDINATOR_HOSTED", "bool", False, f"1: the launcher hosts the coordination service, process 0 "
             f"starts none ({_LAUNCH})"),
-    Setting("TXC_LAUNCH_FD", "int", None, f"the pipe the launcher's notices of a dead peer come through "
-            f"({_LAUNCH})", minimum=0),
 ]
 _SETTINGS = {s.name: s for s in _DECLARED}
 assert len(_SETTINGS) == len(_DECLARED), "a setting declared twice"

@@ -1,49 +1,54 @@
 """The processes of a multi-process job: how this process joins jax's
 distributed runtime (and so what listens where), and what it does when a
-peer process dies.
+peer process dies. Which launcher started it and where process 0's
+coordinator is: _cluster.py.
 
 What listens (see SECURITY.md):
 - jax's coordination service (unauthenticated gRPC). Under
   torch_xla_core.launch the launcher hosts it on 127.0.0.1
   (TXC_COORDINATOR_HOSTED=1: process 0 starts none). Otherwise process 0
   runs it, bound to TXC_COORDINATOR_BIND when set (host:port; e.g.
-  "[::]:1234" for every interface), else exactly the address of
-  TXC_COORDINATOR: on several machines the address the user named for
-  process 0 — never every interface unless the user says so (jax's own
-  default is [::]).
-- Every process listens for jax's CPU collectives (gloo, over TCP). It
-  binds TXC_GLOO_HOSTNAME when set, else 127.0.0.1 when the coordinator is
-  a loopback address, else gloo's default (this machine's host name,
-  resolved).
-- torch.distributed's store (init_process_group): under the launcher the
-  launcher hosts it on 127.0.0.1 (launch.py); torch's gloo process group
-  listens on the loopback interface there (GLOO_SOCKET_IFNAME=lo).
+  "[::]:1234" for every interface), else exactly the coordinator's address
+  (_cluster.coordinator: 127.0.0.1 for a job on one machine, else the
+  address of process 0's machine) — never every interface unless the user
+  says so (jax's own default is [::]).
+- Every process listens for jax's CPU collectives (gloo, over TCP), and
+  for its ring link (below), on TXC_GLOO_HOSTNAME when set, else 127.0.0.1
+  when the coordinator is a loopback address, else this machine's host
+  name, resolved (gloo's default).
+- torch.distributed's store: torchrun's agent hosts it (torch_xla_core.launch
+  binds it to 127.0.0.1); torch's gloo process group listens on the
+  loopback interface under the launcher (GLOO_SOCKET_IFNAME=lo).
 
-A dead peer. torch_xla_core.launch tells the other processes at once
-(through a pipe, TXC_LAUNCH_FD) when one exits with an error; a call of
-this process waiting on the device (a .cpu(), .item(), sync(wait=True),
-txc.wait_device_ops()) whose value waits on a collective then raises
-PeerLostError naming the peer (well within TXC_COLLECTIVE_TIMEOUT, default
-60 s; under a second here), also when the collective itself failed on the
-closed connection, so that `try/except` around a step can save what is on
-the host and exit. jax's runtime cannot be told to raise instead: its
-coordination client aborts the process (a C++ fatal error) once its
-heartbeat (TXC_DISTRIBUTED_TIMEOUT) sees the dead peer, or at once when
-the service itself is gone (hence the launcher hosts it); jaxlib 0.10's
+A dead peer. Once joined, the processes form a ring of TCP links (each
+connects to the next): a process that dies (killed, crashed, an uncaught
+exception) closes its links without saying goodbye, and its neighbours tell
+the others along the ring at once. A call of this process waiting on the
+device (a .cpu(), .item(), sync(wait=True), txc.wait_device_ops()) whose
+value waits on a collective then raises PeerLostError naming the peer
+(in milliseconds), also when the collective itself failed on the closed
+connection, so that `try/except` around a step can save what is on the host
+and exit. Under torchrun the agent then stops the group (SIGTERM, SIGKILL
+30 s later; or restarts it): a SIGTERM that comes after a known loss is
+left to the process's own exit, one that comes while a call waits turns
+into PeerLostError there, any other ends the process as SIGTERM does.
+jax's runtime cannot be told to raise instead: its coordination client
+aborts the process (a C++ fatal error) once its heartbeat
+(TXC_DISTRIBUTED_TIMEOUT) sees the dead peer, or at once when the service
+itself is gone (hence the launcher hosts it; under plain torchrun process
+0 does, and its death aborts the others); jaxlib 0.10's
 missed_heartbeat_callback cannot be a Python function (the call fails with
-std::bad_cast, itself an abort). So the launcher sets that heartbeat past
-its own bound and ends any process still running TXC_COLLECTIVE_TIMEOUT s
-after the death itself, with a message naming both. A process that has
-lost a peer ends with os._exit once its own exit handlers (registered after
-torch_xla_core's join) have run: jax's exit handlers would wait for the
-dead peer (shutdown barrier, the collective still blocked in gloo). Its
-exit status is 1 unless the script calls peers.exit(status).
-Without the launcher (several machines), jax's heartbeat is what notices
-a dead peer, and it aborts."""
+std::bad_cast, itself an abort). A process that has lost a peer ends with
+os._exit once its own exit handlers (registered after torch_xla_core's
+join) have run: jax's exit handlers would wait for the dead peer (shutdown
+barrier, the collective still blocked in gloo). Its exit status is 1
+unless the script calls peers.exit(status)."""
 import atexit
-import ipaddress
 import logging
 import os
+import select
+import signal
+import socket
 import sys
 import threading
 import time
@@ -54,7 +59,7 @@ import jax
 from jax._src import distributed, xla_bridge
 from jax._src.lib import _jax
 
-from . import config
+from . import _cluster, config
 
 __all__ = ["PeerLostError", "lost", "wait", "blocking", "exit"]
 
@@ -71,17 +76,9 @@ class PeerLostError(RuntimeError):
 
 _lost = None          # (message, peer, status) once a peer is known dead
 _watching = False     # a multi-process job: waits poll instead of blocking
+_waiting = [0]        # calls now polling in wait()/blocking() (a SIGTERM there raises PeerLostError)
 _exit_status = [1]
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+_ring = None          # _Ring once joined
 
 
 def _split(address: str):
@@ -96,13 +93,15 @@ def bind_addresses(coordinator: str):
     None for its default) for this coordinator address and the environment."""
     host, _ = _split(coordinator)
     bind = config.get("TXC_COORDINATOR_BIND") or coordinator
-    gloo = config.get("TXC_GLOO_HOSTNAME") or ("127.0.0.1" if _is_loopback(host) else None)
+    gloo = config.get("TXC_GLOO_HOSTNAME") or ("127.0.0.1" if _cluster.is_loopback(host) else None)
     return bind, gloo
 
 
-def join(num_processes: int, process_id: int, coordinator: str, timeout: int) -> None:
-    """jax.distributed.initialize with the listeners bound as the module
-    docstring says, gloo CPU collectives, and the launcher's notices."""
+def join(job, coordinator: str, timeout: int) -> None:
+    """jax.distributed.initialize for this _cluster.Job with the listeners
+    bound as the module docstring says, gloo CPU collectives, and the ring
+    of links that tells of a dead peer."""
+    num_processes, process_id = job.num_processes, job.process_id
     bind, gloo = bind_addresses(coordinator)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     hosted = config.get("TXC_COORDINATOR_HOSTED") and process_id == 0
@@ -113,11 +112,11 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
         try:
             jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
                                        initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
-                                       coordinator_bind_address=bind)
+                                       coordinator_bind_address=bind, cluster_detection_method="deactivate")
         finally:
             if hosted:
                 distributed._jax = _jax
-    _watch()  # a peer that dies before every process joined: PeerLostError here, not a wait for the timeout
+    _watch(job)
     blocking(initialize, f"joining jax's distributed runtime as process {process_id} of {num_processes}")
     if gloo is not None:
         try:
@@ -130,6 +129,10 @@ def join(num_processes: int, process_id: int, coordinator: str, timeout: int) ->
                           f"({type(e).__name__}: {e}), so they listen where gloo's default puts them (this machine's "
                           f"host name, resolved). Start torch_xla_core before using jax, or set TXC_GLOO_HOSTNAME",
                           RuntimeWarning, stacklevel=3)
+    global _ring
+    host = gloo or socket.gethostbyname(socket.gethostname())
+    _ring = blocking(lambda: _Ring(distributed.global_state.client, process_id, num_processes, host, timeout),
+                     f"linking process {process_id} of {num_processes} to its neighbours")
 
 
 class _NoService:
@@ -147,40 +150,105 @@ class _NoService:
         return None
 
 
-def _watch():
+def _watch(job):
     global _watching
     _watching = True
-    atexit.register(_end_if_lost)  # after jax's handlers were registered: runs before them
-    fd = config.get("TXC_LAUNCH_FD")
-    if fd is not None:
-        try:
-            os.set_inheritable(fd, False)
-        except OSError:  # not open here (a child of a launched process inherits the variable, not the pipe)
-            return
-        threading.Thread(target=_read_notices, args=(fd,), name="txc-peer-notices", daemon=True).start()
+    atexit.register(_at_exit)  # after jax's handlers were registered: runs before them
+    if job.launcher == "torchrun" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _read_notices(fd: int) -> None:
-    """Lines from the launcher: 'lost <peer> <status> <message>'. End of
-    file: the launcher itself is gone."""
+def _on_sigterm(signum, frame):
+    """torchrun's agent stops (or restarts) the group with SIGTERM when a
+    worker failed. See the module docstring."""
+    if _lost is not None:  # known already: the process is saving and exiting; the agent's SIGKILL bounds it
+        return
+    t0 = time.monotonic()
+    while _lost is None and time.monotonic() - t0 < 0.5:  # a ring notice on its way
+        time.sleep(0.01)
+    if _lost is None and not _waiting[0]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _set_lost("torchrun's agent is stopping this process's group (SIGTERM): a process of the job failed, or the "
+              "job restarts", None, None)
+
+
+def _set_lost(message, peer, status):
     global _lost
-    buf = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            if _lost is None:
-                _lost = (f"the launcher (torch_xla_core.launch, pid {os.getppid()} at start) exited while this "
-                         f"process ran", None, None)
-            return
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            parts = line.decode(errors="replace").split(" ", 3)
-            if len(parts) == 4 and parts[0] == "lost" and _lost is None:
-                _lost = (parts[3], int(parts[1]), int(parts[2]))
+    if _lost is None:
+        _lost = (message, peer, status)
+        if _ring is not None:
+            _ring.send(f"lost {'-' if peer is None else peer} {'-' if status is None else status} {message}")
+
+
+class _Ring:
+    """This process's TCP links to the next and the previous process of the
+    job (listening on `host`, the address gloo uses, published through jax's
+    key-value store). A line 'bye' says a clean exit; 'lost <peer> <status>
+    <message>' a death, passed on; end of file without 'bye', a death."""
+
+    def __init__(self, client, rank: int, n: int, host: str, timeout: float):
+        self.rank, self.n, self._lock, self.closed = rank, n, threading.Lock(), False
+        srv = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        client.key_value_set(f"torch_xla_core/link/{rank}", f"{host} {srv.getsockname()[1]}")
+        nxt, prev = (rank + 1) % n, (rank - 1) % n
+        h, port = client.blocking_key_value_get(f"torch_xla_core/link/{nxt}", int(timeout * 1000)).split()
+        out = socket.create_connection((h, int(port)), timeout=timeout)
+        srv.settimeout(timeout)
+        inc = srv.accept()[0]
+        srv.close()
+        for s in (out, inc):
+            s.settimeout(None)
+        self.links = {out: nxt, inc: prev}
+        threading.Thread(target=self._read, name="txc-peer-ring", daemon=True).start()
+
+    def send(self, line: str) -> None:
+        with self._lock:
+            for s in list(self.links):
+                try:
+                    s.sendall(line.encode() + b"\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Ends the links (the neighbours see a death unless 'bye' came first)."""
+        self.closed = True
+        for s in self.links:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # close() alone would wait for the reader, in select on it
+            except OSError:
+                pass
+            s.close()
+
+    def _read(self):
+        bufs, said_bye = {s: b"" for s in self.links}, set()
+        while bufs:
+            try:
+                ready = select.select(list(bufs), [], [])[0]
+            except (OSError, ValueError):  # closed under it (this process is ending)
+                return
+            for s in ready:
+                peer = self.links[s]
+                try:
+                    chunk = s.recv(4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    del bufs[s]
+                    if peer not in said_bye and not self.closed:
+                        _set_lost(f"process {peer} of {self.n} died (its link to process {self.rank} closed "
+                                  f"without a goodbye: killed, or crashed)", peer, None)
+                    continue
+                bufs[s] += chunk
+                while b"\n" in bufs[s]:
+                    line, bufs[s] = bufs[s].split(b"\n", 1)
+                    parts = line.decode(errors="replace").split(" ", 3)
+                    if parts[0] == "bye":
+                        said_bye.add(peer)
+                    elif parts[0] == "lost" and len(parts) == 4:
+                        _set_lost(parts[3], None if parts[1] == "-" else int(parts[1]),
+                                  None if parts[2] == "-" else int(parts[2]))
 
 
 def lost():
@@ -190,12 +258,11 @@ def lost():
 
 def _raise(what: str):
     message, peer, status = _lost
-    timeout = f"{config.get('TXC_COLLECTIVE_TIMEOUT'):g}"
     raise PeerLostError(
         f"{what}: {message}, and this value waits on it (a collective over the job's processes), so it will "
-        f"never be ready. Save what you need from the host now and exit: the launcher ends this process "
-        f"{timeout} s (TXC_COLLECTIVE_TIMEOUT) after the peer died, and jax's runtime can only abort it once "
-        f"its heartbeat notices (TXC_DISTRIBUTED_TIMEOUT). Device values computed by this step are lost.",
+        f"never be ready. Save what you need from the host now and exit (torchrun's agent kills this process "
+        f"30 s after its SIGTERM; else jax's runtime aborts it once its heartbeat notices, "
+        f"TXC_DISTRIBUTED_TIMEOUT). Device values computed by this step are lost.",
         peer, status) from None
 
 
@@ -206,9 +273,16 @@ def wait(bufs, what: str = "waiting on the device") -> None:
         for b in bufs:
             b.block_until_ready()
         return
-    for b in bufs:
-        if not hasattr(b, "is_ready"):  # host data already (process_allgather's numpy result)
-            continue
+    _waiting[0] += 1
+    try:
+        for b in bufs:
+            _wait_one(b, what)
+    finally:
+        _waiting[0] -= 1
+
+
+def _wait_one(b, what):
+    if hasattr(b, "is_ready"):  # else host data already (process_allgather's numpy result)
         delay = 2e-5  # doubling to 1 ms: a wait ends at most ~1 ms (or its own length) late
         while True:
             try:
@@ -231,10 +305,10 @@ def wait(bufs, what: str = "waiting on the device") -> None:
 
 def _explain(e: BaseException, what: str) -> None:
     """Raises PeerLostError for an error that a peer's death caused (the
-    launcher's notice, a poll away, is given 2 s to arrive); returns if no
+    ring's notice, a poll away, is given 2 s to arrive); returns if no
     peer is known dead."""
     t0 = time.monotonic()
-    while _lost is None and time.monotonic() - t0 < 2 and config.is_set("TXC_LAUNCH_FD"):
+    while _lost is None and time.monotonic() - t0 < 2 and _ring is not None:
         time.sleep(0.01)
     if _lost is not None:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
@@ -260,11 +334,15 @@ def blocking(fn, what: str):
     th = threading.Thread(target=run, name="txc-blocking", daemon=True)
     th.start()
     delay = 2e-5
-    while th.is_alive():
-        th.join(delay)
-        delay = min(delay * 2, 0.001)
-        if _lost is not None and th.is_alive():
-            _raise(what)
+    _waiting[0] += 1
+    try:
+        while th.is_alive():
+            th.join(delay)
+            delay = min(delay * 2, 0.001)
+            if _lost is not None and th.is_alive():
+                _raise(what)
+    finally:
+        _waiting[0] -= 1
     if "error" in out:
         e = out["error"]
         if isinstance(e, Exception):
@@ -280,12 +358,24 @@ def exit(status: int = 1):  # noqa: A001 (as sys.exit)
     sys.exit(status)
 
 
-def _end_if_lost():
+def _at_exit():
+    """Says goodbye on the ring, or, leaving on an uncaught exception, tells
+    the others that this process failed; a process that failed or lost a
+    peer then ends (os._exit) without jax's shutdown."""
     if _lost is None:
-        return
+        failed = getattr(sys, "last_value", None)
+        if _ring is None or failed is None or isinstance(failed, SystemExit):
+            if _ring is not None:
+                _ring.send("bye")
+            return
+        first = str(failed).strip().splitlines()[0][:200] if str(failed).strip() else ""
+        _set_lost(f"process {_ring.rank} of {_ring.n} failed ({type(failed).__name__}: {first})", _ring.rank, None)
+        why = "it failed, and told the others"
+    else:
+        why = f"it lost a peer ({_lost[0]})"
     try:
-        print(f"torch_xla_core: this process lost a peer ({_lost[0]}); it ends now (os._exit) with status "
-              f"{_exit_status[0]}, without jax's own shutdown, which would wait for that peer", file=sys.stderr)
+        print(f"torch_xla_core: this process ends now (os._exit) with status {_exit_status[0]}: {why}; without "
+              f"jax's own shutdown, which would wait for the other processes", file=sys.stderr)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

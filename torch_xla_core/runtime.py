@@ -20,7 +20,7 @@ from jax._src import distributed
 from jax._src.lib import xla_client as xc
 from jax.extend.backend import get_backend
 
-from . import _dtypes, config, metrics, peers
+from . import _cluster, _dtypes, config, metrics, peers
 from ._compat import array_result_handler
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
@@ -47,17 +47,28 @@ def _cpu_device_count():
                            f"--xla_force_host_platform_device_count={n}).") from None
 
 
+_job = None  # the _cluster.Job this process joined (None: it runs alone)
+
+
 def _distributed():
-    """Joins jax's distributed runtime when started by torch_xla_core.launch
-    (TXC_COORDINATOR=host:port, TXC_NUM_PROCESSES, TXC_PROCESS_ID): one
-    global device list over the processes, CPU collectives through gloo;
-    what listens where and what a dead peer does: peers.py."""
-    n = config.get("TXC_NUM_PROCESSES")
-    if n <= 1:
+    """Joins jax's distributed runtime when a launcher started this process
+    in a job of several (torchrun, torch_xla_core.launch, a PyTorchJob,
+    srun, or TXC_* by hand: _cluster.py): one global device list over the
+    processes, CPU collectives through gloo; what listens where and what a
+    dead peer does: peers.py."""
+    global _job
+    job = _cluster.detect()
+    if job is None:
         return
-    why = f"TXC_NUM_PROCESSES={n}"
-    peers.join(n, config.require("TXC_PROCESS_ID", why=why), config.require("TXC_COORDINATOR", why=why),
-               int(config.get("TXC_DISTRIBUTED_TIMEOUT")))
+    timeout = int(config.get("TXC_DISTRIBUTED_TIMEOUT"))
+    peers.join(job, _cluster.coordinator(job, timeout), timeout)
+    _job = job
+
+
+def local_ordinal() -> int:
+    """This process's rank among the processes on its machine."""
+    backend()
+    return 0 if _job is None else _job.local_rank
 
 
 def _select_backend():

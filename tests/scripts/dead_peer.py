@@ -4,9 +4,7 @@ spanning both processes, then process 1 ends with os._exit(3) while
 process 0 is in the next step's collective. Process 0 catches
 PeerLostError around the step, writes <out>/survivor.json (the error, the
 seconds it waited, what it saved from the host) and exits through
-if sys.argv[3:] == ["stay"]:  # swallows the error and runs on: the launcher must stop it
-    time.sleep(600)
-peers.exit(5); with argv[2] == "stay" it sleeps instead."""
+peers.exit(5)."""
 import json, os, sys, time
 import torch, torch_xla_core as txc, torch_xla_core.sharding as xs
 from torch_xla_core import peers
@@ -29,6 +27,4 @@ except peers.PeerLostError as e:
 result.update(waited=time.monotonic() - t0, losses=losses)
 with open(os.path.join(out_dir, "survivor.json"), "w") as f:
     json.dump(result, f)
-if sys.argv[3:] == ["stay"]:  # swallows the error and runs on: the launcher must stop it
-    time.sleep(600)
 peers.exit(5)

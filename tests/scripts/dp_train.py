@@ -5,7 +5,7 @@ mesh over all processes' devices; each process writes what it saw to
 tests/test_compile_cache.py). With argv[2] == "die": process 1 exits at once."""
 import json, os, sys
 import torch, torch_xla_core as txc, torch_xla_core.sharding as xs
-if len(sys.argv) > 2 and sys.argv[2] == "die" and os.environ.get("TXC_PROCESS_ID") == "1":
+if len(sys.argv) > 2 and sys.argv[2] == "die" and os.environ.get("RANK") == "1":
     sys.exit(3)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to("xla")

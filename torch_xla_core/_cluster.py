@@ -1,0 +1,182 @@
+"""Which launcher started this process, and so where the job's processes
+meet: detect() reads the environment each launcher sets, coordinator()
+says where jax's coordination service is (process 0 hosts it there).
+
+- torch_xla_core.launch, torchrun (torch.distributed.run) and a Kubeflow
+  PyTorchJob: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun adds
+  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE, TORCHELASTIC_*; a
+  PyTorchJob sets none of those: one process per pod). One rendezvous:
+  torch's TCPStore at MASTER_ADDR:MASTER_PORT (torchrun's agent hosts it;
+  in a PyTorchJob process 0 does, and torch's own init_process_group then
+  joins it as a client: TORCHELASTIC_USE_AGENT_STORE). Process 0 picks a
+  free port and publishes the coordinator's address there; the others read
+  it. The coordinator binds 127.0.0.1 when the job is on one machine
+  (LOCAL_WORLD_SIZE == WORLD_SIZE), else MASTER_ADDR, the address of
+  process 0's machine (SECURITY.md). torch_xla_core.launch hosts the
+  service itself and says where (TXC_COORDINATOR).
+- SLURM (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the step's node
+  list and job id: the first node hosts the coordinator on port
+  SLURM_JOB_ID % 4096 + 61440 (jax's convention; JAX_COORDINATOR_PORT
+  overrides), 127.0.0.1 when the step has one node.
+- By hand: TXC_NUM_PROCESSES, TXC_PROCESS_ID, TXC_COORDINATOR, TXC_LOCAL_RANK.
+A job of one process joins nothing."""
+import dataclasses
+import ipaddress
+import os
+import socket
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+from jax._src.clusters.slurm_cluster import SlurmCluster
+
+from . import config
+
+_KEY = "torch_xla_core/jax_coordinator"
+_store = None  # a PyTorchJob's TCPStore hosted by process 0 (kept alive for the job's life)
+
+
+class LaunchError(RuntimeError):
+    """The environment names a multi-process job but not all of it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    launcher: str             # "txc" (TXC_* by hand), "torchrun", "pytorchjob" or "slurm"
+    num_processes: int
+    process_id: int
+    local_rank: int
+    spans_machines: bool      # False: every listener binds loopback
+    coordinator: str | None   # host:port known from the environment; None: through torch's store
+    master: tuple = ()        # (MASTER_ADDR, MASTER_PORT) of torch's store
+
+
+def _int(env, name, launcher):
+    raw = env.get(name)
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise LaunchError(f"{name}={raw!r} is not an integer; {launcher} sets it to one (torch_xla_core reads it "
+                          f"to join the job's processes)") from None
+
+
+def detect():
+    """The Job this process belongs to, or None when it runs alone."""
+    env = os.environ
+    if config.get("TXC_NUM_PROCESSES") > 1:
+        why = f"TXC_NUM_PROCESSES={config.get('TXC_NUM_PROCESSES')}"
+        coord = config.require("TXC_COORDINATOR", why=why)
+        return Job("txc", config.get("TXC_NUM_PROCESSES"), config.require("TXC_PROCESS_ID", why=why),
+                   config.get("TXC_LOCAL_RANK"), not is_loopback(coord.rpartition(":")[0]), coord)
+    if "WORLD_SIZE" in env and "RANK" in env:
+        elastic = "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+        who = "torchrun" if elastic else "pytorchjob"
+        n, rank = _int(env, "WORLD_SIZE", who), _int(env, "RANK", who)
+        if n <= 1:
+            return None
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+        if missing:
+            raise LaunchError(f"RANK and WORLD_SIZE={n} are set but {' and '.join(missing)} not: torch_xla_core "
+                              f"meets the other processes through torch's store at MASTER_ADDR:MASTER_PORT (as "
+                              f"init_process_group('env://') does); set them, or start with torchrun")
+        local = _int(env, "LOCAL_RANK", who) if "LOCAL_RANK" in env else 0
+        local_size = _int(env, "LOCAL_WORLD_SIZE", who) if "LOCAL_WORLD_SIZE" in env else 1
+        master = (env["MASTER_ADDR"], _int(env, "MASTER_PORT", who))
+        return Job(who, n, rank, local, local_size < n and not is_loopback(master[0]),
+                   config.get("TXC_COORDINATOR"), master)
+    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
+        n = _int(env, "SLURM_NTASKS", "srun")
+        if n <= 1:
+            return None
+        if not SlurmCluster.is_env_present():
+            raise LaunchError("SLURM_NTASKS and SLURM_PROCID are set but not SLURM_JOB_ID, SLURM_STEP_NODELIST and "
+                              "SLURM_LOCALID: start the processes with srun (inside an allocation)")
+        nodes = _int(env, "SLURM_STEP_NUM_NODES", "srun") if "SLURM_STEP_NUM_NODES" in env else 1
+        coord = SlurmCluster.get_coordinator_address(None, env.get("JAX_COORDINATOR_PORT"))
+        if nodes <= 1:
+            coord = "127.0.0.1:" + coord.rpartition(":")[2]
+        return Job("slurm", n, _int(env, "SLURM_PROCID", "srun"), _int(env, "SLURM_LOCALID", "srun"),
+                   nodes > 1, coord)
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def coordinator(job: Job, timeout: float) -> str:
+    """host:port of jax's coordination service for this job: from the
+    environment, or through torch's store (process 0 publishes it)."""
+    if job.coordinator is not None:
+        return job.coordinator
+    store = _connect(job, timeout)
+    if job.process_id == 0:
+        host = job.master[0] if job.spans_machines else "127.0.0.1"
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host.strip("[]"), 0))
+            addr = _hostport(host, s.getsockname()[1])
+        store.set(_KEY, addr)
+        return addr
+    # A restarted job's store still holds the last round's address until process 0 writes its own: an
+    # address nothing listens on yet is read again (the new process 0 may not have started its service)
+    deadline = time.monotonic() + timeout
+    while True:
+        addr = store.get(_KEY).decode()
+        if _listening(addr):
+            return addr
+        if time.monotonic() > deadline:
+            raise LaunchError(f"process 0 published jax's coordinator at {addr} through torch's store at "
+                              f"{job.master[0]}:{job.master[1]}, but nothing listens there after {timeout:g} s "
+                              f"(TXC_DISTRIBUTED_TIMEOUT): process 0 did not start it")
+        time.sleep(0.05)
+
+
+def _listening(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _connect(job: Job, timeout: float):
+    """torch's TCPStore at MASTER_ADDR:MASTER_PORT: a client of torchrun's
+    agent's store; in a PyTorchJob process 0 hosts it (on the loopback
+    address only when MASTER_ADDR is one) unless torch's own
+    init_process_group already does."""
+    global _store
+    host, port = job.master
+    t = timedelta(seconds=timeout)
+    if job.launcher == "pytorchjob" and job.process_id == 0:
+        if _store is None:
+            try:
+                fd = None
+                if is_loopback(host):
+                    s = socket.socket()
+                    s.bind((host, port))
+                    s.listen(128)
+                    fd = s.detach()
+                _store = dist.TCPStore(host, port, None, True, t, wait_for_workers=False, master_listen_fd=fd,
+                                       multi_tenant=True)
+                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # init_process_group joins it as a client
+            except (OSError, RuntimeError):  # torch's init_process_group hosts it already: a client like the others
+                pass
+        if _store is not None:
+            return _store
+    try:
+        return dist.TCPStore(host, port, None, False, t)
+    except (OSError, RuntimeError) as e:
+        raise LaunchError(f"could not reach torch's store at {host}:{port} (MASTER_ADDR:MASTER_PORT) within "
+                          f"{timeout:g} s to meet the job's other processes ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]})") from None
