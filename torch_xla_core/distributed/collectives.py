@@ -10,6 +10,7 @@ pin_layout is accepted for torch_xla's signatures and has no effect: every
 process compiles the same program, so layouts agree. Unlike torch_xla,
 all_gather is a native all-gather (no all-reduce emulation)."""
 import torch
+import torch.distributed as dist
 
 from .. import _tensor, executor, runtime
 
@@ -182,3 +183,42 @@ def optimizer_step(optimizer, barrier=False, optimizer_args=None, groups=None, p
     if barrier:
         _tensor.sync_lazy(None)
     return r
+
+
+def device_mesh(group=None, mesh=None, *, mesh_dim_names=None):
+    """A DeviceMesh of xla devices over a process group of the "xla"
+    backend (default: the world), as DeviceMesh.from_group(group, "xla")
+    makes it, plus what torch leaves unset for an "xla" mesh (it expects
+    torch_xla's SPMD there): this process's rank and coordinates, which
+    DTensor.from_local and redistribute read."""
+    from torch.distributed.device_mesh import DeviceMesh  # lazy: DTensor's import costs ~1 s
+    dm = DeviceMesh.from_group(group or dist.group.WORLD, "xla", mesh, mesh_dim_names=mesh_dim_names)
+    if getattr(dm, "_coordinate_on_dim", None) is None:
+        dm._rank = dist.get_rank()
+        dm._coordinate_on_dim = dm._compute_coordinate_on_dim()
+    return dm
+
+
+def distribute_tensor(tensor, device_mesh, placements=None, *, src_data_rank=0):
+    """torch.distributed.tensor.distribute_tensor for a mesh of xla devices
+    (device_mesh()): torch sends any "xla" mesh to
+    torch_xla's SPMD (an ImportError without it), so this does torch's
+    generic work, in the graph: src_data_rank's tensor goes to every process
+    (None: each keeps its own), each Shard(d) keeps this process's chunk, and
+    the DTensor is made with DTensor.from_local. Partial placements raise,
+    as in torch."""
+    from torch.distributed.tensor import DTensor, Replicate  # lazy: DTensor's import costs ~1 s
+    placements = list(placements) if placements is not None else [Replicate()] * device_mesh.ndim
+    local = _xla(tensor, "distribute_tensor").detach()
+    if src_data_rank is not None:
+        local = all_gather(local.unsqueeze(0))[src_data_rank]
+    for i, p in enumerate(placements):
+        if p.is_partial():
+            raise ValueError(f"distribute_tensor: placement {p} (Partial) is not allowed, as in torch")
+        if p.is_shard():
+            chunks = local.chunk(device_mesh.size(i), dim=p.dim)
+            k = device_mesh.get_local_rank(i)
+            local = chunks[k] if k < len(chunks) else local.narrow(p.dim, 0, 0)
+    local = local.contiguous()
+    return DTensor.from_local(local, device_mesh, placements, run_check=False, shape=tensor.shape,
+                              stride=tensor.stride()).requires_grad_(tensor.requires_grad)

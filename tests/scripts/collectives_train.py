@@ -1,0 +1,144 @@
+"""Run by tests/test_collectives.py under `torch_xla_core.launch --nproc 2
+--devices 1`: each process writes OUT/rank{r}.json with what it computed.
+  collectives: xm-style collectives on rank-dependent values;
+  example: issue 42's txc.optimizer_step loop on this rank's half batch
+    (weights, executions per step, the step's StableHLO);
+  replayed: the same loop under txc.compile (weights, replay counters);
+  ddp: DistributedDataParallel over the "xla" backend from rank-dependent
+    initial weights, small buckets (weights, executions per step);
+  dist: dist.* collectives, funcol and DTensor;
+  host: rendezvous and mesh_reduce."""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import torch_xla_core as txc
+from torch_xla_core import distributed as xd
+from torch_xla_core import metrics
+
+out_dir = sys.argv[1]
+r, n = txc.global_ordinal(), txc.world_size()
+res = {"rank": r, "world": n}
+
+
+def cpu(t):
+    return t.detach().cpu().tolist()
+
+
+def batches(k, rows, cols_in, cols_out, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(k):
+        x, y = torch.randn(rows, cols_in, generator=g), torch.randn(rows, cols_out, generator=g)
+        h = rows // n
+        yield x[h * r:h * (r + 1)].to("xla"), y[h * r:h * (r + 1)].to("xla")
+
+
+def executions(fn):
+    before = metrics.counter_value("execute") or 0
+    fn()
+    return (metrics.counter_value("execute") or 0) - before
+
+
+# --- collectives
+x = torch.arange(4.0, device="xla") + 10 * r
+res["collectives"] = {
+    "sum": cpu(xd.all_reduce("sum", x)), "max_scaled": cpu(xd.all_reduce("max", x, scale=0.5)),
+    "gather": cpu(xd.all_gather(x)), "gather_dim1": cpu(xd.all_gather(x.reshape(2, 2), dim=1)),
+    "scatter": cpu(xd.reduce_scatter("sum", x, 1.0, 0, n)), "to_all": cpu(xd.all_to_all(x, 0, 0, n)),
+    "permute": cpu(xd.collective_permute(x, [[0, 1], [1, 0]])),
+}
+pair = [torch.full((2,), float(r + 1), device="xla"), torch.full((3,), 10.0 * (r + 1), device="xla")]
+xd.all_reduce("sum", pair)
+res["collectives"]["list_in_place"] = [cpu(t) for t in pair]
+
+# --- issue 42's example
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 1).to("xla")
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+execs, hlo = [], ""
+for i, (xb, yb) in enumerate(batches(3, 8, 8, 1, seed=1)):
+    ((m(xb) - yb) ** 2).mean().backward()
+    if i == 0:
+        xd.reduce_gradients(opt)
+        opt.step()
+        hlo = txc.debug.stablehlo()
+        execs.append(executions(txc.sync))
+    else:
+        execs.append(executions(lambda: txc.optimizer_step(opt, barrier=True)))
+    opt.zero_grad()
+res["example"] = {"params": [cpu(p) for p in m.parameters()], "executions": execs,
+                  "all_reduce": hlo.count("stablehlo.all_reduce"), "replicas": "mhlo.num_replicas = 2" in hlo}
+
+# --- the same loop under txc.compile
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 1).to("xla")
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+@txc.compile
+def step(xb, yb):
+    ((m(xb) - yb) ** 2).mean().backward()
+    txc.optimizer_step(opt)
+    opt.zero_grad()
+
+
+metrics.clear()
+execs = [executions(lambda: (step(xb, yb), txc.sync())) for xb, yb in batches(6, 8, 8, 1, seed=1)]
+res["replayed"] = {"params": [cpu(p) for p in m.parameters()], "counters": metrics.counters(), "executions": execs}
+
+# --- DDP over the "xla" backend
+dist.init_process_group("xla", init_method="xla://")
+torch.manual_seed(r)  # rank-dependent: DDP's initial broadcast makes every rank start from rank 0's
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
+ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.0002)  # ~200 bytes: several buckets
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+execs = []
+for xb, yb in batches(3, 8, 8, 4, seed=2):
+    ((ddp(xb) - yb) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    execs.append(executions(txc.sync))
+res["ddp"] = {"params": [cpu(p) for p in net.parameters()], "executions": execs}
+
+# --- dist.*, funcol, DTensor
+t = torch.arange(3.0, device="xla") + 10 * r
+a = t.clone()
+dist.all_reduce(a)
+avg = t.clone()
+dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+gl = [torch.zeros(3, device="xla") for _ in range(n)]
+dist.all_gather(gl, t)
+gt = torch.zeros(3 * n, device="xla")
+dist.all_gather_into_tensor(gt, t)
+rs = torch.zeros(2, device="xla")
+dist.reduce_scatter_tensor(rs, torch.arange(4.0, device="xla") * (r + 1))
+b = t.clone()
+dist.broadcast(b, src=1)
+aa = torch.zeros(4, device="xla")
+dist.all_to_all_single(aa, torch.arange(4.0, device="xla") + 10 * r)
+dist.barrier()
+import torch.distributed._functional_collectives as fc  # noqa: E402
+from torch.distributed.tensor import Replicate, Shard  # noqa: E402
+
+mesh = xd.device_mesh()
+full = torch.arange(8.0, device="xla").reshape(4, 2)
+dt = xd.distribute_tensor(full, mesh, [Shard(0)])
+w = xd.distribute_tensor(torch.arange(6.0, device="xla").reshape(2, 3), mesh, [Replicate()])
+res["dist"] = {
+    "all_reduce": cpu(a), "avg": cpu(avg), "all_gather": [cpu(g) for g in gl], "into_tensor": cpu(gt),
+    "reduce_scatter": cpu(rs), "broadcast": cpu(b), "all_to_all": cpu(aa),
+    "funcol": cpu(fc.all_reduce(t, "sum", dist.group.WORLD)),
+    "funcol_gather": cpu(fc.all_gather_tensor(t, 0, dist.group.WORLD)),
+    "dtensor_local": cpu(dt.to_local()), "dtensor_full": cpu(dt.redistribute(mesh, [Replicate()]).to_local()),
+    "dtensor_mm": cpu((dt @ w).full_tensor()),
+}
+
+# --- host meeting points
+res["host"] = {"rendezvous": [p.decode() for p in xd.rendezvous("t", f"r{r}".encode())],
+               "mesh_reduce": xd.mesh_reduce("m", r + 1.5, sum)}
+
+with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
+    json.dump(res, f)

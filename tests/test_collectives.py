@@ -1,0 +1,179 @@
+"""Collectives across processes (torch_xla_core/distributed): in one
+process, each collective's StableHLO and the errors of bad arguments; in
+two processes (torch_xla_core.launch --nproc 2 --devices 1, one launch for
+the module: tests/scripts/collectives_train.py), the collectives' values,
+issue 42's txc.optimizer_step example and DistributedDataParallel over the
+"xla" backend equal to one process on the whole batch (CPU, <= 1e-6), one
+execution per step, the step replayed under txc.compile, dist.* and
+functional collectives, DTensor, rendezvous and mesh_reduce."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_xla_core as txc
+from torch_xla_core import distributed as xd
+
+pytestmark = pytest.mark.xdist_group("processes2")  # the launches of test_multiprocess.py and this, one at a time
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "collectives_train.py")
+
+
+# --- one process --------------------------------------------------------------
+
+def test_each_collective_lowers_to_its_stablehlo_op():
+    x = torch.arange(4.0, device="xla")
+    outs = [xd.all_reduce("max", x, scale=2.0), xd.all_gather(x), xd.reduce_scatter("sum", x, 1.0, 0, 1),
+            xd.all_to_all(x.reshape(2, 2), 0, 1, 1), xd.collective_permute(x, [[0, 0]])]
+    hlo = txc.debug.stablehlo(outs)
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute"):
+        assert f'"stablehlo.{op}"' in hlo, op
+    assert "stablehlo.maximum" in hlo and "replica_groups = dense<[[0]]> : tensor<1x1xi64>" in hlo
+    assert "source_target_pairs = dense<[[0, 0]]> : tensor<1x2xi64>" in hlo
+    # one process: each is its input (max times the scale for the first)
+    torch.testing.assert_close(outs[0].cpu(), torch.arange(4.0) * 2)
+    for o in outs[1:]:
+        torch.testing.assert_close(o.cpu().reshape(-1), torch.arange(4.0))
+
+
+def test_a_list_is_reduced_in_place_in_one_collective_per_dtype():
+    ts = [torch.ones(2, device="xla"), torch.full((3,), 2.0, device="xla"), torch.ones(2, dtype=torch.int32,
+                                                                                        device="xla")]
+    assert xd.all_reduce("sum", ts, scale=3.0) is ts
+    assert txc.debug.stablehlo(ts).count('"stablehlo.all_reduce"') == 2  # float32 and int32
+    assert ts[0].cpu().tolist() == [3.0, 3.0] and ts[1].cpu().tolist() == [6.0] * 3
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: xd.all_reduce("xor", x), "unknown reduce type 'xor'"),
+    (lambda x: xd.all_reduce("sum", x, groups=[[0], [1]]), "exactly once"),
+    (lambda x: xd.all_reduce("sum", x.cpu()), "expected an xla tensor"),
+    (lambda x: xd.reduce_scatter("sum", x, 1.0, 0, 2), "shard_count=2 but the groups have 1"),
+    (lambda x: xd.all_to_all(x, 0, 0, 4), "split_count=4"),
+    (lambda x: xd.collective_permute(x, [[0, 1]]), "within 0..0"),
+])
+def test_bad_arguments_raise_naming_the_collective(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(torch.arange(4.0, device="xla"))
+
+
+def test_optimizer_step_with_one_process_is_a_plain_step():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(8, 1)
+    m = torch.nn.Linear(8, 1).to("xla")
+    m.load_state_dict(ref.state_dict())
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    for model, opt, dev in ((ref, torch.optim.SGD(ref.parameters(), lr=0.1), "cpu"),
+                            (m, torch.optim.SGD(m.parameters(), lr=0.1), "xla")):
+        ((model(x.to(dev)) - y.to(dev)) ** 2).mean().backward()
+        txc.optimizer_step(opt, barrier=True)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=0, atol=1e-6)
+
+
+def test_host_meeting_points_with_one_process():
+    assert txc.rendezvous("one", b"payload") == [b"payload"]
+    assert txc.mesh_reduce("one", {"a": torch.ones(2, device="xla")}, lambda xs: len(xs)) == 1
+    assert txc.spawn(lambda i, k: i + k, (5,), nprocs=1) == {0: 5}
+
+
+def test_the_xla_backend_is_registered_for_the_xla_device():
+    assert "xla" in dist.Backend.backend_list
+    assert dist.Backend.default_device_backend_map["xla"] == "xla"
+    assert not {"x", "l", "a"} & set(dist.Backend.default_device_backend_map)  # a str is iterated per char
+
+
+# --- two processes ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("collectives")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "1", SCRIPT,
+                        str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)]
+
+
+
+def _sgd_on_whole_batch(model, steps, rows, cols_in, cols_out, seed):
+    """One process on the concatenated batch: the reference (CPU eager)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(rows, cols_in, generator=g), torch.randn(rows, cols_out, generator=g)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+def _close(got, want):
+    for p, q in zip(got, want):
+        torch.testing.assert_close(torch.tensor(p), q, rtol=0, atol=1e-6)
+
+
+def test_collectives_across_two_processes(ranks):
+    x = [torch.arange(4.0) + 10 * r for r in (0, 1)]
+    for r, res in enumerate(ranks):
+        c = res["collectives"]
+        assert c["sum"] == (x[0] + x[1]).tolist()
+        assert c["max_scaled"] == (x[1] * 0.5).tolist()
+        assert c["gather"] == torch.cat(x).tolist()
+        assert c["gather_dim1"] == torch.cat([t.reshape(2, 2) for t in x], 1).tolist()
+        assert c["scatter"] == (x[0] + x[1])[2 * r:2 * r + 2].tolist()
+        assert c["to_all"] == torch.cat([t[2 * r:2 * r + 2] for t in x]).tolist()
+        assert c["permute"] == x[1 - r].tolist()
+        assert c["list_in_place"] == [[3.0, 3.0], [30.0] * 3]
+
+
+def test_issue_example_optimizer_step_equals_one_process(ranks):
+    torch.manual_seed(0)
+    want = _sgd_on_whole_batch(torch.nn.Linear(8, 1), 3, 8, 8, 1, seed=1)
+    for res in ranks:
+        ex = res["example"]
+        _close(ex["params"], want)
+        assert ex["executions"] == [1, 1, 1]  # the step, its collective included, is one graph
+        assert ex["all_reduce"] >= 1 and ex["replicas"]
+    assert ranks[0]["example"]["params"] == ranks[1]["example"]["params"]
+
+
+def test_the_collective_step_replays_under_txc_compile(ranks):
+    torch.manual_seed(0)
+    want = _sgd_on_whole_batch(torch.nn.Linear(8, 1), 6, 8, 8, 1, seed=1)
+    for res in ranks:
+        rep = res["replayed"]
+        _close(rep["params"], want)
+        c = rep["counters"]
+        assert (c.get("replay_record"), c.get("replay")) == (1, 5), c
+        assert rep["executions"][2:] == [1, 1, 1, 1]  # each replayed step: one graph
+
+
+def test_ddp_over_the_xla_backend_equals_one_process(ranks):
+    torch.manual_seed(0)  # rank 0's initial weights: DDP broadcasts them
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    want = _sgd_on_whole_batch(net, 3, 8, 8, 4, seed=2)
+    for res in ranks:
+        _close(res["ddp"]["params"], want)
+        assert res["ddp"]["executions"] == [1, 1, 1]
+
+
+def test_dist_functional_collectives_and_dtensor(ranks):
+    t = [torch.arange(3.0) + 10 * r for r in (0, 1)]
+    full = torch.arange(8.0).reshape(4, 2)
+    for r, res in enumerate(ranks):
+        d = res["dist"]
+        assert d["all_reduce"] == d["funcol"] == (t[0] + t[1]).tolist()
+        assert d["avg"] == ((t[0] + t[1]) / 2).tolist()
+        assert d["all_gather"] == [v.tolist() for v in t]
+        assert d["into_tensor"] == d["funcol_gather"] == torch.cat(t).tolist()
+        assert d["reduce_scatter"] == (torch.arange(4.0) * 3)[2 * r:2 * r + 2].tolist()
+        assert d["broadcast"] == t[1].tolist()
+        assert d["all_to_all"] == torch.cat([torch.arange(4.0)[2 * r:2 * r + 2] + 10 * s for s in (0, 1)]).tolist()
+        assert d["dtensor_local"] == full[2 * r:2 * r + 2].tolist()
+        assert d["dtensor_full"] == full.tolist()
+        assert d["dtensor_mm"] == (full @ torch.arange(6.0).reshape(2, 3)).tolist()
+        assert res["host"] == {"rendezvous": ["r0", "r1"], "mesh_reduce": 4.0}
