@@ -24,8 +24,10 @@ flash_attention(q, k, v, causal=False, q_segment_ids=None,
         when TXC_SDPA_KERNEL / set_sdpa_kernel is "cudnn".
       "interpret": the GPU kernel through Pallas' interpreter (plain HLO,
         any platform: how CPU tests check its numerics; slow).
-      "reference": the same math written in jax (kernels/reference.py's
-        definition; the default on CPU): jax's TPU kernel runs on CPU only
+      "reference": the same math written in jax with the fused kernels'
+        numerics (attention_jax.py: products on operands of the input dtype,
+        scores and softmax in float32; kernels/reference.py is the plain
+        torch definition; the default on CPU): jax's TPU kernel runs on CPU only
         under force_tpu_interpret_mode, which emits Python callbacks and so
         cannot live inside our graph.
 
@@ -80,10 +82,10 @@ import torch
 
 from .. import _checks, config, metrics, runtime
 from .. import sharding as xs
+from . import attention_jax
 from . import paged_attention as pa
 from . import per_shard
 from .call_jax import call_jax
-from .reference import MASK_VALUE
 
 __all__ = ["flash_attention", "multi_queries_paged_attention", "set_sdpa_kernel", "sdpa_kernel"]
 
@@ -94,24 +96,6 @@ def _jax():
 
 def _repeat(jnp, x, h):
     return x if x.shape[1] == h else jnp.repeat(x, h // x.shape[1], axis=1)
-
-
-def _mha_jax(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
-    jax, jnp = _jax()
-    h = q.shape[1]
-    k, v = _repeat(jnp, k, h).astype(jnp.float32), _repeat(jnp, v, h).astype(jnp.float32)
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q.astype(jnp.float32), k) * sm_scale
-    if ab is not None:
-        logits = logits + ab.astype(jnp.float32)
-    s, t = q.shape[2], k.shape[2]
-    mask = jnp.ones((q.shape[0], 1, s, t), dtype=bool)
-    if q_seg is not None:
-        mask = mask & (q_seg[:, None, :, None] == kv_seg[:, None, None, :])
-    if causal:
-        mask = mask & (jnp.arange(s)[:, None] >= jnp.arange(t)[None, :])
-    logits = jnp.where(mask, logits, MASK_VALUE)
-    p = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum("bhqk,bhkd->bhqd", p, v).astype(q.dtype)
 
 
 def _flash_tpu(q, k, v, ab, q_seg, kv_seg, *, causal, sm_scale):
@@ -182,7 +166,7 @@ def _flash_entry(*arrays, has_ab, has_seg, causal, sm_scale, impl):
         return _flash_gpu(q, k, v, rest[0] if has_seg else None, causal=causal, sm_scale=sm_scale,
                           interpret=impl == "interpret")
     q_seg, kv_seg = (rest[0], rest[1]) if has_seg else (None, None)
-    fn = _flash_tpu if impl == "pallas" else _mha_jax
+    fn = _flash_tpu if impl == "pallas" else attention_jax.attention
     return fn(q, k, v, ab, q_seg, kv_seg, causal=causal, sm_scale=sm_scale)
 
 
