@@ -13,6 +13,7 @@ txc.metrics.short_report().
 """
 __version__ = "0.1.0"
 
+import importlib
 import os
 
 import jax
@@ -106,3 +107,11 @@ from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay
 from .peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
 from . import data, profiler  # noqa: E402
 from . import dynamo  # noqa: E402,F401  (torch.compile(backend="torch_xla_core"): _install.py)
+
+
+def __getattr__(name: str):
+    # txc.checkpoint (CheckpointManager) loads on first use: it imports
+    # torch.distributed.checkpoint, ~1.7 s that `import torch_xla_core` need not pay
+    if name == "checkpoint":
+        return importlib.import_module(f"{__name__}.checkpoint")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

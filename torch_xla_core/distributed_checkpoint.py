@@ -39,7 +39,11 @@ MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE), and all of them call
 dcp.save / dcp.load with the same state dict keys. A multi-process save
 without that process group is refused (DCP would let every process write
 a metadata file of its own pieces only)."""
+import ctypes
 import dataclasses
+import os
+import pathlib
+import shutil
 
 import jax
 import numpy as np
@@ -47,16 +51,18 @@ import torch
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
                                                           create_default_local_load_plan)
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, StorageMeta, TensorProperties,
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from . import _C, _dtypes, _tensor, metrics, runtime
 from ._tensor import XlaTensor
+from .serialization import fsync_dir, remove_stale, temp_name
 from .sharding import _buffer, _whole
 
-__all__ = ["SPMDSavePlanner", "SPMDLoadPlanner"]
+__all__ = ["SPMDSavePlanner", "SPMDLoadPlanner", "AtomicFileSystemWriter", "StagedTensor"]
 
 
 def _check_process_group(what: str) -> None:
@@ -108,18 +114,18 @@ class SPMDSavePlanner(DefaultSavePlanner):
         rest = {}
         _compute([v for v in self.state_dict.values() if isinstance(v, XlaTensor)])
         for fqn, obj in self.state_dict.items():
-            if not isinstance(obj, XlaTensor):
+            if isinstance(obj, XlaTensor):
+                obj = StagedTensor(obj)
+            elif not isinstance(obj, StagedTensor):
                 rest[fqn] = obj
                 continue
-            buf = _buffer(obj)
+            self._xla[fqn] = obj
             props = TensorProperties(dtype=obj.dtype)
-            pieces = self._xla[fqn] = {}
-            for offsets, sizes, shards in _pieces(buf):
-                pieces[offsets] = shards[0].data
+            for offsets, (sizes, _) in obj.pieces.items():
                 items.append(WriteItem(
                     index=MetadataIndex(fqn, offsets), type=WriteItemType.SHARD,
                     tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes)),
-                                                properties=props, size=obj.size())))
+                                                properties=props, size=torch.Size(obj.shape))))
         saved, self.state_dict = self.state_dict, rest
         try:
             plan = super().create_local_plan()  # DCP's items for everything that is not an xla tensor
@@ -129,11 +135,139 @@ class SPMDSavePlanner(DefaultSavePlanner):
         return self.plan
 
     def resolve_data(self, write_item: WriteItem):
-        pieces = self._xla.get(write_item.index.fqn)
-        if pieces is None:
+        staged = self._xla.get(write_item.index.fqn)
+        if staged is None:
             return super().resolve_data(write_item)
         metrics.counter_add("checkpoint_write_piece")
-        return runtime.to_host(pieces[tuple(write_item.index.offset)])
+        return staged.host(tuple(write_item.index.offset))
+
+
+class StagedTensor:
+    """An xla tensor's value at one moment, for a save that writes later (an
+    async checkpoint): the distinct pieces on this process's devices, their
+    copies to the host started now. Device buffers are immutable and held
+    here (so never donated), so in-place updates made after staging do not
+    reach what is written. SPMDSavePlanner writes it as the tensor it was;
+    each piece's device buffer is dropped once its host copy is taken."""
+
+    def __init__(self, t: XlaTensor):
+        buf = _buffer(t)
+        self.shape, self.dtype = tuple(t.shape), t.dtype
+        self._buf = buf  # held: a buffer referred to from Python is never donated (its shards would go with it)
+        self.pieces = {}  # offsets -> (sizes, device buffer or None once on the host)
+        for offsets, sizes, shards in _pieces(buf):
+            a = shards[0].data
+            a.copy_to_host_async()
+            self.pieces[offsets] = (sizes, a)
+
+    def host(self, offsets) -> torch.Tensor:
+        sizes, a = self.pieces[offsets]
+        if a is None:
+            raise RuntimeError(f"StagedTensor: the piece at {list(offsets)} of a {str(self.dtype)[6:]}"
+                               f"{list(self.shape)} tensor was written already (a staged value is written once)")
+        self.pieces[offsets] = (sizes, None)
+        host = runtime.to_host(a, "writing a checkpoint")
+        if all(p is None for _, p in self.pieces.values()):
+            self._buf = None
+        return host
+
+
+def stage(state: dict) -> dict:
+    """A flat state dict's values as they are now, for a later write: xla
+    tensors as StagedTensor (the pending ones computed in one sync), CPU
+    tensors cloned, other values as they are."""
+    _compute([v for v in state.values() if isinstance(v, XlaTensor)])
+    return {k: StagedTensor(v) if isinstance(v, XlaTensor) else v.detach().clone() if isinstance(v, torch.Tensor)
+            else v for k, v in state.items()}
+
+
+@dataclasses.dataclass
+class _Staging:
+    prefix: str   # the data files' names, as DCP's _StoragePrefix
+    folder: str   # the temporary directory every process writes into
+
+
+class AtomicFileSystemWriter(FileSystemWriter):
+    """DCP's FileSystemWriter, committing the checkpoint directory at once:
+    every process writes its files into one temporary directory next to
+    `path` (<path>.txc-tmp.<pid>.<random>), the coordinator writes
+    `.metadata` last (fsynced, like the data files), then renames the
+    directory to `path` (an atomic exchange with an old checkpoint there:
+    renameat2 RENAME_EXCHANGE on Linux) after DCP's gather of every
+    process's results, and removes the old one. A process killed at any
+    moment leaves `path` holding the old checkpoint or the new one; what a
+    killed save left is removed by the next save to `path`.
+
+        dcp.save(state, storage_writer=AtomicFileSystemWriter(path), planner=SPMDSavePlanner())
+    """
+
+    def __init__(self, path, **kwargs):
+        super().__init__(path, **kwargs)
+        self._target, self._staging = self.path, None
+
+    def reset(self, checkpoint_id=None) -> None:
+        super().reset(checkpoint_id)
+        self._target = self.path
+
+    def storage_meta(self):
+        return StorageMeta(checkpoint_id=self._target, save_id=self.save_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if not self.use_collectives:
+            raise RuntimeError("AtomicFileSystemWriter commits one checkpoint for all processes: call dcp.save "
+                               "with use_collectives=True (the default)")
+        if not self.overwrite and os.path.exists(os.path.join(self._target, ".metadata")):
+            raise RuntimeError(f"Checkpoint already exists at {self._target} and overwrite=False")
+        return plan
+
+    def prepare_global_plan(self, plans: list) -> list:  # the coordinator: one temporary directory for all
+        os.makedirs(os.path.dirname(os.path.abspath(self._target)), exist_ok=True)
+        remove_stale(self._target)
+        self._staging = temp_name(self._target)
+        os.makedirs(self._staging)
+        return [dataclasses.replace(p, storage_data=_Staging(f"__{i}_", self._staging)) for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner):
+        self.path = pathlib.Path(plan.storage_data.folder)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            return super().write_data(plan, planner)
+        finally:
+            self.path = self._target
+
+    def finish(self, metadata, results) -> None:
+        self.path = pathlib.Path(self._staging)
+        try:
+            super().finish(metadata, results)  # .metadata, last
+        finally:
+            self.path = self._target
+        fsync_dir(self._staging)
+        commit_dir(self._staging, os.fspath(self._target))
+        self._staging = None
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if os.name == "posix" else None
+
+
+def commit_dir(staging: str, target: str) -> None:
+    """Renames the directory `staging` to `target`: an atomic exchange where
+    `target` exists (then the old one is removed). Without renameat2 the old
+    one is moved aside first (<target>.txc-old.<pid>): a kill between the
+    two renames leaves it there, not at `target`."""
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+    elif _renameat2 is not None and _renameat2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD, os.fsencode(target),
+                                               _RENAME_EXCHANGE) == 0:
+        shutil.rmtree(staging)  # the old checkpoint, now under the temporary name
+    else:
+        old = f"{target}.txc-old.{os.getpid()}"
+        os.rename(target, old)
+        os.rename(staging, target)
+        shutil.rmtree(old)
+    fsync_dir(parent)
 
 
 class _Target:

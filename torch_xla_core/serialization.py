@@ -24,6 +24,9 @@ several processes' devices gathers it, a collective every process must take
 writes). A process saving alone raises, after TXC_COLLECTIVE_TIMEOUT
 seconds, an error naming the tensor (runtime.collective_barrier) rather
 than blocking for good. Tensors held by one process save as usual.
+save() writes a path atomically (a temporary file in the same directory,
+fsynced, renamed over it: atomic_write), so a process killed mid-save
+leaves the previous checkpoint intact.
 
 torch.load: our deserializer hands the storage on as an XlaHostStorage (its
 data on the host, its device xla:N); torch's rebuild then runs
@@ -33,9 +36,13 @@ uploads each storage once and makes the tensors on it views of that value
 _set_from_file writes the data in then).
 """
 import collections
+import contextlib
 import copy
 import io
 import math
+import os
+import secrets
+import shutil
 import weakref
 
 import jax
@@ -211,15 +218,101 @@ def save(obj, f, master_only: bool = True, global_master: bool = True) -> None:
     collective, so all must take part) and only process 0 writes `f`
     (master_only; global_master=False: the first process of each machine,
     local rank 0; master_only=False: every process writes its own `f`).
-    With one process it is torch.save."""
+    With one process it is torch.save.
+
+    A path is written atomically (atomic_write): a process killed while
+    saving leaves the old file or the new one there, never a broken one."""
     runtime.backend()
     if master_only:
         rank = jax.process_index() if global_master else config.get("TXC_LOCAL_RANK")
         write = rank == 0
     else:
         write = True
-    # the others pickle too, into a buffer they drop: the gathers of sharded tensors pair up in order
-    torch.save(obj, f if write else io.BytesIO())
+    if not write:
+        # the others pickle too, into a buffer they drop: the gathers of sharded tensors pair up in order
+        torch.save(obj, io.BytesIO())
+    elif isinstance(f, (str, os.PathLike)):
+        atomic_write(f, lambda fh: torch.save(obj, fh))
+    else:
+        torch.save(obj, f)
+
+
+_TMP = ".txc-tmp"  # temporary files and directories: <name>.txc-tmp.<pid>.<random>
+
+
+def atomic_write(path, write) -> None:
+    """Calls write(file) on a temporary file next to `path`, flushes and
+    fsyncs it, renames it over `path` and fsyncs the directory: `path` holds
+    its old content or the new, whatever moment the process dies at. Stale
+    temporary files of `path` left by dead processes are removed first."""
+    path = os.fspath(path)
+    remove_stale(path)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def temp_name(path) -> str:
+    """A temporary name next to `path` (same directory, so a rename commits it)."""
+    path = os.fspath(path)
+    return f"{path}{_TMP}.{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def remove_stale(path, ours: bool = False) -> None:
+    """Removes the temporary files or directories of `path` (temp_name) whose
+    process is gone on this machine: what a killed save left (ours=True:
+    this process's too, what its failed save left)."""
+    path = os.path.abspath(os.fspath(path))
+    folder, base = os.path.split(path)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.startswith(base + _TMP + "."):
+            continue
+        pid = name[len(base + _TMP) + 1:].split(".")[0]
+        if not pid.isdigit() or (_alive(int(pid)) and not (ours and int(pid) == os.getpid())):
+            continue
+        stale = os.path.join(folder, name)
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_dir(folder) -> None:
+    """Makes a rename or a new entry in `folder` durable (POSIX)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without directory handles (Windows)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # ---- torch.load -------------------------------------------------------------------
