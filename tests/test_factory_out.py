@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import torch_xla_core as txc
+from torch_xla_core import _compat
 
 
 @pytest.mark.parametrize("make", [
@@ -39,3 +40,40 @@ def test_integer_linspace_and_arange_truncate_float_bounds_as_aten(dev, args):
     step = 2.0 if args[1] > args[0] else -2.0
     torch.testing.assert_close(torch.arange(args[0], args[1], step, dtype=torch.int64, device=dev).cpu(),
                                torch.arange(args[0], args[1], step, dtype=torch.int64))
+
+
+ARANGE = [(-0.9, 2.1, 2.0), (0.0, -8.000001, -4.0), (2.1, -2.9, -1.0), (3.1,), (0.5, 5, 1), (0, 3.5, 1.5),
+          (0, 64, 0.5), (5, 0, -0.5), (True, True), (-7, 8, 3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32], ids=str)
+@pytest.mark.parametrize("args", ARANGE, ids=str)
+def test_arange_length_and_values_as_this_torchs_kernel(dev, args, dtype):
+    """An integer arange steps from its bounds and step truncated; its length
+    is ceil((end - start) / step) over the real values, except int64 on torch
+    2.11-2.13 (the truncated ones: arange(-0.9, 2.1, 2) is [0] there, [0, 2]
+    on torch >= 2.14), where a step that truncates to 0 raises (those
+    kernels divide by it: SIGFPE)."""
+    if dtype == torch.int64 and _compat.ARANGE_INT64_TRUNCATED_LENGTH and len(args) == 3 and int(args[2]) == 0:
+        with pytest.raises(RuntimeError, match=r"arange: step .* truncates to 0 for torch.int64"):
+            torch.arange(*args, dtype=dtype, device=dev)
+        return
+    want = torch.arange(*args, dtype=dtype)
+    got = torch.arange(*args, dtype=dtype, device=dev)
+    assert got.device.type == "xla" and got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((0, 5, -1), "upper bound and lower bound inconsistent with step sign"),
+    ((0.5, 0.2, 1), "upper bound and lower bound inconsistent with step sign"),
+    ((0, float("inf")), "unsupported range"),
+    ((0, 1, 0), "step must be nonzero"),
+    ((0, 1e20, 1e19), "cannot be converted to type int64_t without overflow"),
+], ids=str)
+def test_arange_refuses_what_torch_refuses(dev, args, match):
+    kw = {"dtype": torch.int64} if 1e20 in args else {}
+    with pytest.raises(RuntimeError, match=match):
+        torch.arange(*args, **kw)
+    with pytest.raises(RuntimeError, match=match):
+        torch.arange(*args, device=dev, **kw)

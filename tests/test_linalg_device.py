@@ -1,7 +1,7 @@
 """Linear algebra on the device (torch_xla_core/_ops/linalg_lapack.py):
 Cholesky, LU and the solves built on it, triangular solves, QR/Householder,
-SVD, eigh, matrix_exp, pinv, lstsq against CPU eager, batched and float64,
-gradients vs CPU, no CPU fallback, one jax_call node per factorization, the
+SVD, eigh, matrix_exp, pinv, lstsq, matrix_sqrth and polar (torch >= 2.14)
+against CPU eager, batched and float64, gradients vs CPU, no CPU fallback, one jax_call node per factorization, the
 deferred errors of cholesky/inv/solve and the `info` of the _ex variants, and
 one compile for a repeated solve step."""
 import pytest
@@ -114,11 +114,17 @@ GRADS = {
     "matrix_exp": (lambda a: torch.linalg.matrix_exp(a / 2), (4, 4)),
     "solve_triangular": (lambda a: torch.linalg.solve_triangular(a + 4 * torch.eye(4, device=a.device), a,
                                                                 upper=True), (4, 4)),
+    "matrix_sqrth": (lambda a: torch.linalg.matrix_sqrth(a @ a.mT + 4 * torch.eye(4, device=a.device)), (2, 4, 4)),
+    "polar": (lambda a: torch.linalg.polar(a), (2, 5, 3)),
 }
+NEW_IN_2_14 = pytest.mark.skipif(not hasattr(torch.linalg, "polar"),
+                                 reason=f"torch 2.14 added linalg.matrix_sqrth and linalg.polar; this is "
+                                        f"torch {torch.__version__}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", sorted(GRADS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=NEW_IN_2_14) if n in ("matrix_sqrth", "polar") else n
+                                  for n in sorted(GRADS)])
 def test_gradients_match_cpu(name, dtype, dev):
     fn, shape = GRADS[name]
     a = torch.randn(*shape, dtype=dtype)
@@ -147,12 +153,44 @@ def test_one_jax_call_per_factorization(dev):
     assert "callback" not in text
 
 
+@NEW_IN_2_14
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matrix_sqrth_and_polar_match_cpu_without_fallback(dtype, dev):
+    """torch 2.14's linalg.matrix_sqrth (eigh: V sqrt(max(w, 0)) V^H, the lower
+    triangle read) and linalg.polar (the thin SVD: U = W Vh, H = Vh^H S Vh)
+    against CPU eager and float64 by definition: X X = A, U^H U = I, U H = B."""
+    a = _spd(2, 4, 4, dtype=dtype)
+    a[1, 0, 3] = 9.0                                 # above the diagonal: not read
+    indefinite = torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=dtype)  # eigenvalue -1 counts as 0
+    b = torch.randn(2, 5, 3, dtype=dtype)
+    (x, xi, u, h), c = _run(lambda a, i, b: (torch.linalg.matrix_sqrth(a), torch.linalg.matrix_sqrth(i),
+                                             *torch.linalg.polar(b)), a, indefinite, b, dev=dev)
+    _close((x, xi, u, h), c, dtype)
+    x, u, h = x.cpu().double(), u.cpu().double(), h.cpu().double()
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(x @ x, a.double().tril() + a.double().tril(-1).mT, **tol)
+    torch.testing.assert_close(u.mT @ u, torch.eye(3, dtype=torch.float64).expand(2, 3, 3), **tol)
+    torch.testing.assert_close(u @ h, b.double(), **tol)
+    with pytest.raises(RuntimeError, match="linalg.polar: input must have at least as many rows as columns"):
+        torch.linalg.polar(b.mT.to(dev))
+
+
 def test_non_positive_definite_cholesky_raises_at_the_sync(dev):
     bad = torch.tensor([[4.0, 2.0, 1.0], [2.0, 3.0, 0.0], [1.0, 0.0, -5.0]])
     L = torch.linalg.cholesky(bad.to(dev))           # traced: the device has not looked yet
     with pytest.raises(torch.linalg.LinAlgError, match=r"linalg.cholesky: .*not positive-definite"):
         L.cpu()
     txc.sync(wait=True)                              # reported once
+    L = torch.linalg.cholesky(bad.to(dev), upper=True)
+    with pytest.raises(torch.linalg.LinAlgError, match=r"linalg.cholesky: .*not positive-definite"):
+        L.cpu()
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "cholesky"),
+                    reason=f"torch 2.14 removed torch.cholesky (aten::cholesky); this is torch {torch.__version__}")
+def test_non_positive_definite_deprecated_cholesky_raises_at_the_sync(dev):
+    """torch.cholesky (aten::cholesky, torch 2.11-2.13) raises at the sync too, naming itself."""
+    bad = torch.tensor([[4.0, 2.0, 1.0], [2.0, 3.0, 0.0], [1.0, 0.0, -5.0]])
     with pytest.raises(torch.linalg.LinAlgError, match=r"cholesky: .*not positive-definite"):
         torch.cholesky(bad.to(dev)).cpu()
 

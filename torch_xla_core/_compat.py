@@ -13,8 +13,16 @@ The shims, each with the versions it serves and the test that covers it
 exercised by a venv whose torch needs it, and by a stand-in where none does):
 
   AtenOps / ABSENT    torch 2.14 and 2.15 have no aten.cholesky (torch.cholesky
-                      is linalg_cholesky there): _ops registers handlers only for
-                      overloads this torch has. test_op_registry_skips_absent
+                      is linalg_cholesky there), torch 2.11-2.13 no
+                      aten.linalg_matrix_sqrth / linalg_polar: _ops registers
+                      handlers only for overloads this torch has.
+                      test_op_registry_skips_absent
+  ARANGE_INT64_TRUNCATED_LENGTH  torch 2.11-2.13's int64 arange counts its
+                      length from the bounds and step truncated to integers
+                      (arange(-0.9, 2.1, 2) is [0]); torch >= 2.14 from the
+                      real bounds ([0, 2]); every other integer dtype from the
+                      real bounds on every torch. factory._arange;
+                      conformance arange-int64-fwd, tests/test_factory_out.py
   array_result_handler  jaxlib >= 0.11 took away _skip_checks (runtime.py's
                       outputs). test_array_result_handler_either_jaxlib
   linear_cross_entropy  torch 2.11-2.12 have no torch.nn.modules.
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import NamedTuple
 
 import torch
 from jax._src.lib import xla_client as xc
@@ -57,6 +66,9 @@ def _spec(lo, hi) -> str:
 TORCH_SPEC = _spec(*TORCH_RANGE)
 JAX_SPEC = _spec(*JAX_RANGE)
 TORCH = version_tuple(torch.__version__)
+# torch 2.11-2.13: an int64 arange's length is counted from its bounds and step
+# truncated to integers; torch >= 2.14 counts it from the real ones (_ops/factory.py)
+ARANGE_INT64_TRUNCATED_LENGTH = TORCH < (2, 14)
 
 
 def check_torch(version: str | None = None) -> None:
@@ -75,10 +87,24 @@ def check_torch(version: str | None = None) -> None:
 
 
 # ---- aten overloads a torch version lacks -------------------------------------
+class Absence(NamedTuple):
+    """An aten op absent from torch `since` <= version < `until`."""
+    since: tuple
+    until: tuple
+    why: str
+
+    def here(self, version: tuple = TORCH) -> bool:
+        return self.since <= version < self.until
+
+
+_BEFORE, _STILL = (0,), (99,)  # absent from before the range / still absent
 # What each known absence is (anything else absent is still skipped, and listed
 # in SKIPPED: tests/compat asserts SKIPPED holds only these, per torch).
 ABSENT = {
-    "aten::cholesky": ((2, 14), "removed in torch 2.14 (torch.cholesky computes through linalg_cholesky_ex)"),
+    "aten::cholesky": Absence((2, 14), _STILL,
+                              "removed in torch 2.14 (torch.cholesky computes through linalg_cholesky_ex)"),
+    "aten::linalg_matrix_sqrth": Absence(_BEFORE, (2, 14), "added in torch 2.14 (torch.linalg.matrix_sqrth)"),
+    "aten::linalg_polar": Absence(_BEFORE, (2, 14), "added in torch 2.14 (torch.linalg.polar)"),
 }
 SKIPPED: set[str] = set()  # "aten::name.overload" of handlers not registered, this torch lacking them
 

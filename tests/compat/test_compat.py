@@ -47,7 +47,7 @@ def test_import_and_build_info():
         repo = os.environ["TXC_COMPAT_REPO"]  # the wheel's package, not the checkout's
         assert not Path(txc.__file__).resolve().is_relative_to(repo), txc.__file__
     # ops this torch lacks are skipped by the registry, and only those
-    absent = {k for k, (since, _) in _compat.ABSENT.items() if TORCH >= since}
+    absent = {k for k, why in _compat.ABSENT.items() if why.here()}
     assert {s.split(".")[0] for s in _compat.SKIPPED} == absent, _compat.SKIPPED
 
 
@@ -288,8 +288,9 @@ def test_save_load_deepcopy(dev):
 
 def test_op_registry_skips_absent():
     """An @impl naming an op this torch lacks registers nothing and is
-    recorded; calling it names it. (torch >= 2.14: aten.cholesky, which the
-    import test checks is the one skipped there.)"""
+    recorded; calling it names it. (torch >= 2.14: aten.cholesky; torch
+    2.11-2.13: linalg_matrix_sqrth and linalg_polar; the import test checks
+    that these are the ones skipped.)"""
     from torch_xla_core import _ops
     from torch_xla_core._ops import HANDLERS
     before = dict(HANDLERS)
@@ -307,7 +308,7 @@ def test_op_registry_skips_absent():
     assert _ops.aten.add is torch.ops.aten.add  # real packets are torch's own objects
     with pytest.raises(AttributeError):
         _ops.aten.__no_such_protocol__
-    if TORCH >= _compat.ABSENT["aten::cholesky"][0]:
+    if _compat.ABSENT["aten::cholesky"].here():
         assert not hasattr(torch.ops.aten, "cholesky")
         x = torch.tensor([[4.0, 2.0], [2.0, 3.0]])  # torch.cholesky is gone there too; linalg.cholesky runs
         torch.testing.assert_close(torch.linalg.cholesky(x.to(txc.device())).cpu(), torch.linalg.cholesky(x))

@@ -7,7 +7,7 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from .. import _device, _tensor
+from .. import _compat, _device, _tensor
 from .._dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
 from . import aten, full, impl
@@ -58,22 +58,43 @@ def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=
     return full(size, fill_value, dtype)
 
 
+_INT64 = torch.iinfo(torch.int64)
+
+
 def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch.arange as ATen computes it. Checked on the real bounds: finite,
+    a nonzero step whose sign agrees with end - start. An integer dtype takes
+    its bounds and step truncated to integers (arange(-0.9, 2.1, 2, dtype=int64)
+    steps from 0 by 2); its length is ceil((end - start) / step) over the real
+    values ([0, 2]), except an int64 one on torch 2.11-2.13, which counts it
+    over the truncated ones ([0]; _compat.ARANGE_INT64_TRUNCATED_LENGTH)."""
     if end is None:
         start, end = 0, start
+    integer_args = all(isinstance(a, int) for a in (start, end, step))
     if dtype is None:
-        dtype = (torch.int64 if all(isinstance(a, int) for a in (start, end, step)) else torch.get_default_dtype())
-    if not (dtype.is_floating_point or dtype.is_complex):
-        # as ATen: an integer arange takes its bounds and step as integers first (truncated): arange(-0.9, 2.1,
-        # 2, dtype=int64) is [0], not [0, 1]
-        start, end, step = int(start), int(end), int(step)
+        dtype = torch.int64 if integer_args else torch.get_default_dtype()
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"arange: unsupported range: {start} -> {end}")
+    if not math.isfinite(step):
+        raise RuntimeError(f"arange: step must be finite but got {step}")
     if step == 0:
         raise RuntimeError("arange: step must be nonzero")
-    n = max(int(math.ceil((end - start) / step)), 0)
-    if dtype.is_floating_point:
-        i = _make(OP.iota, (), (code(dtype), [n], 0))
-    else:
-        i = _make(OP.iota, (), (code(torch.int64), [n], 0))
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise RuntimeError(f"arange: upper bound and lower bound inconsistent with step sign (start {start}, end "
+                           f"{end}, step {step})")
+    length_of = (start, end, step)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        for x in length_of:
+            if not _INT64.min <= x <= _INT64.max:
+                raise RuntimeError(f"arange: value {x} cannot be converted to type int64_t without overflow")
+        start, end, step = int(start), int(end), int(step)
+        if integer_args or (dtype == torch.int64 and _compat.ARANGE_INT64_TRUNCATED_LENGTH):
+            if step == 0:  # torch 2.11-2.13's kernel divides by it (SIGFPE)
+                raise RuntimeError(f"arange: step {length_of[2]} truncates to 0 for {dtype}; step must be nonzero")
+            length_of = (start, end, step)
+    a, b, c = length_of
+    n = max(-((a - b) // c) if all(isinstance(x, int) for x in length_of) else math.ceil((b - a) / c), 0)
+    i = _make(OP.iota, (), (code(dtype if dtype.is_floating_point else torch.int64), [n], 0))
     r = _make(OP.add, (_make(OP.mul, (i, step), ()), start), ()) if (start != 0 or step != 1) else i
     t = wrap(r)
     if t.dtype != dtype:

@@ -1,6 +1,7 @@
 """Factorizations and solves on the device: Cholesky, LU (solve, inv, det,
 slogdet, lu_unpack), triangular solves, QR (geqrf, householder_product,
-ormqr), SVD, eigh, matrix_exp, pinv, addbmm.
+ormqr), SVD, eigh, matrix_exp, pinv, matrix_sqrth and polar (torch >= 2.14),
+addbmm.
 
 Each aten overload torch's dispatcher hands us maps to one function of
 _lapack_jax.py, carried into the lazy graph by kernels.call_jax as one
@@ -323,6 +324,29 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     tol = torch.maximum(atol_t.unsqueeze(-1), rtol_t.unsqueeze(-1) * max_val)
     s_inv = torch.where(s_abs > tol, w.reciprocal(), torch.zeros((), dtype=w.dtype, device=w.device)).to(a.dtype)
     return torch.matmul(v * s_inv.unsqueeze(-2), v.mH)
+
+
+@impl(aten.linalg_matrix_sqrth.default)
+def linalg_matrix_sqrth(a):
+    """torch >= 2.14: the principal square root of symmetric positive-definite
+    matrices (lower triangle read), as torch computes it from eigh:
+    V diag(sqrt(max(w, 0))) V^H (a negative eigenvalue counts as 0, as CPU)."""
+    _matrices("linalg.matrix_sqrth", a, square=True)
+    w, v = aten._linalg_eigh.default(a, "L", True)
+    return torch.matmul(v * w.clamp_min(0).sqrt().unsqueeze(-2), v.mH)
+
+
+@impl(aten.linalg_polar.default)
+def linalg_polar(a):
+    """torch >= 2.14: the polar decomposition A = U H (m >= n) from the thin
+    SVD A = W diag(s) Vh, as torch's CPU kernel: U = W Vh, H = Vh^H diag(s) Vh."""
+    _matrices("linalg.polar", a)
+    m, n = a.shape[-2:]
+    if m < n:
+        raise RuntimeError(f"linalg.polar: input must have at least as many rows as columns, but got {m} by {n} "
+                           f"matrices")
+    w, s, vh = aten._linalg_svd.default(a, False, True)
+    return torch.matmul(w, vh), torch.matmul(vh.mH * s.unsqueeze(-2), vh)
 
 
 @impl(aten.addbmm.default)
