@@ -143,6 +143,11 @@ def wait_tensor(t):
     return t  # the collective is in the graph: nothing to wait for
 
 
+@impl_by_name("_c10d_functional::wait_tensors")  # torch 2.15
+def wait_tensors(ts):
+    return list(ts)
+
+
 @impl_by_name("_c10d_functional::_wrap_tensor_autograd")
 def wrap_tensor_autograd(t):
     """funcol's wrapper of a result in an AsyncCollectiveTensor (a Python
