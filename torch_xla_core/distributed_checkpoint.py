@@ -196,7 +196,7 @@ class AtomicFileSystemWriter(FileSystemWriter):
     renameat2 RENAME_EXCHANGE on Linux) after DCP's gather of every
     process's results, and removes the old one. A process killed at any
     moment leaves `path` holding the old checkpoint or the new one; what a
-    killed save left is removed by the next save to `path`.
+    killed or failed save left is removed by the next save to `path`.
 
         dcp.save(state, storage_writer=AtomicFileSystemWriter(path), planner=SPMDSavePlanner())
     """
@@ -222,7 +222,7 @@ class AtomicFileSystemWriter(FileSystemWriter):
 
     def prepare_global_plan(self, plans: list) -> list:  # the coordinator: one temporary directory for all
         os.makedirs(os.path.dirname(os.path.abspath(self._target)), exist_ok=True)
-        remove_stale(self._target)
+        remove_stale(self._target, ours=True)  # what killed saves (and a failed one of this process) left
         self._staging = temp_name(self._target)
         os.makedirs(self._staging)
         return [dataclasses.replace(p, storage_data=_Staging(f"__{i}_", self._staging)) for i, p in enumerate(plans)]
