@@ -36,6 +36,9 @@
                                   (.nox/peer_torch_xla, several GB from PyPI) once
     nox -s bench_spmd             decoder step at 1/2/4/8 devices and 2 processes
                                   (bench/spmd.py): table, bench/results/spmd.json
+    nox -s bench_dp               data-parallel decoder on 1/2/4 processes (bench/dp.py):
+                                  torch DDP over gloo vs DDP on xla and txc.optimizer_step;
+                                  table, bench/results/dp.json
 
 The flavor matrix is build/flavors.toml; the wheel pipeline is
 build/wheels.py (plain Python: usable without nox). torch is pinned to the
@@ -322,6 +325,18 @@ def bench_spmd(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".", env=_jobs_env())
     session.run("python", "bench/spmd.py", *session.posargs)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def bench_dp(session: nox.Session) -> None:
+    """bench/dp.py: data-parallel training of the bench decoder on 1, 2 and 4
+    processes (torchrun): torch's DDP over gloo on CPU tensors vs DDP on xla
+    over our "xla" backend and txc.optimizer_step; ms/step, scaling
+    efficiency, all-reduce bytes, a table and bench/results/dp.json.
+    Options after --: bench/dp.py's (--procs 2, --methods, --steps)."""
+    session.install(TORCH)
+    session.install(".", env=_jobs_env())
+    session.run("python", "bench/dp.py", *session.posargs)
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

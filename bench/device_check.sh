@@ -29,7 +29,7 @@ step() {
 }
 { nvidia-smi -L; python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"; } >> "$LOG" 2>&1
 # issue 29 first: the Llama step on every runtime, then the attention and GEMM choices on it
-for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels}; do
+for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp}; do
   case $s in
     # issue 29's workload at its size (bf16 160M Llama, AdamW, 8 x 1024): CUDA eager, inductor, ours traced,
     # txc.compile and the dynamo route, each in its own process (~40 s each: startup, compiles, 2 + 8 steps)
@@ -53,6 +53,11 @@ for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels}; do
     memory) XLA_FLAGS=--xla_gpu_autotune_level=0 step memory 200 python3 bench/memory.py --layers 16 --width 512 \
               --batch 8 --seq 1024 --steps 2 --configs loop loop-offload loop-nodonate scan-offload scan-save \
               --out "$OUT/memory.json" ;;
+    # issue 42: data parallel on 1 and 2 processes (XLA's NCCL collectives), ours (DDP on xla,
+    # txc.optimizer_step) vs torch DDP over gloo on CPU tensors; no preallocation: the processes share the
+    # machine's GPUs (NCCL refuses two ranks on one GPU, so with a single GPU the 2-process xla rows fail, named)
+    dp) XLA_PYTHON_CLIENT_PREALLOCATE=false step dp 200 python3 bench/dp.py --procs 1 2 --steps 8 --timeout 90 \
+          --json "$OUT/dp.json" ;;
     replay) step replay 100 python3 bench/replay.py --models mlp --steps 10 --warmup 2 --out "$OUT/replay.json" ;;
     kernels) step kernels 90 python3 bench/kernels.py --sections attention --seq 1024 4096 --dtype bfloat16 \
                --out "$OUT/kernels.json" ;;

@@ -49,6 +49,7 @@ class Job:
     spans_machines: bool      # False: every listener binds loopback
     coordinator: str | None   # host:port known from the environment; None: through torch's store
     master: tuple = ()        # (MASTER_ADDR, MASTER_PORT) of torch's store
+    local_size: int = 1       # processes on this machine (several: each takes GPU local_rank, as torchrun's)
 
 
 def _int(env, name, launcher):
@@ -67,7 +68,7 @@ def detect():
         why = f"TXC_NUM_PROCESSES={config.get('TXC_NUM_PROCESSES')}"
         coord = config.require("TXC_COORDINATOR", why=why)
         return Job("txc", config.get("TXC_NUM_PROCESSES"), config.require("TXC_PROCESS_ID", why=why),
-                   config.get("TXC_LOCAL_RANK"), not is_loopback(coord.rpartition(":")[0]), coord)
+                   config.get("TXC_LOCAL_RANK"), not is_loopback(coord.rpartition(":")[0]), coord)  # devices: as set
     if "WORLD_SIZE" in env and "RANK" in env:
         elastic = "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
         who = "torchrun" if elastic else "pytorchjob"
@@ -83,7 +84,7 @@ def detect():
         local_size = _int(env, "LOCAL_WORLD_SIZE", who) if "LOCAL_WORLD_SIZE" in env else 1
         master = (env["MASTER_ADDR"], _int(env, "MASTER_PORT", who))
         return Job(who, n, rank, local, local_size < n and not is_loopback(master[0]),
-                   config.get("TXC_COORDINATOR"), master)
+                   config.get("TXC_COORDINATOR"), master, local_size)
     if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
         n = _int(env, "SLURM_NTASKS", "srun")
         if n <= 1:
@@ -96,7 +97,7 @@ def detect():
         if nodes <= 1:
             coord = "127.0.0.1:" + coord.rpartition(":")[2]
         return Job("slurm", n, _int(env, "SLURM_PROCID", "srun"), _int(env, "SLURM_LOCALID", "srun"),
-                   nodes > 1, coord)
+                   nodes > 1, coord, (), -(-n // nodes))
     return None
 
 

@@ -105,6 +105,9 @@ def join(job, coordinator: str, timeout: int) -> None:
     bind, gloo = bind_addresses(coordinator)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     hosted = config.get("TXC_COORDINATOR_HOSTED") and process_id == 0
+    # several processes on a machine with GPUs: each takes the one of its local rank (torchrun's convention; jax's
+    # srun detection does the same); CPU and TPU devices are the process's own
+    gpu = [job.local_rank] if job.local_size > 1 and config.get("PJRT_DEVICE") not in ("CPU", "TPU") else None
 
     def initialize():
         if hosted:  # the launcher runs the coordination service: process 0 is a client like the others
@@ -112,7 +115,8 @@ def join(job, coordinator: str, timeout: int) -> None:
         try:
             jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
                                        initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
-                                       coordinator_bind_address=bind, cluster_detection_method="deactivate")
+                                       coordinator_bind_address=bind, cluster_detection_method="deactivate",
+                                       local_device_ids=gpu)
         finally:
             if hosted:
                 distributed._jax = _jax
