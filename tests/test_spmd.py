@@ -43,8 +43,6 @@ def test_bad_mesh_and_spec_are_refused_before_compiling():
         xs.mark_sharding(t, mesh, ("data",))
     with pytest.raises(ValueError, match=r"unknown mesh axis 'rows'.*\['data', 'model'\]"):
         xs.mark_sharding(t, mesh, ("rows", None))
-    with pytest.raises(ValueError, match=r"dim 1 of size 6 is not divisible by 4"):
-        xs.mark_sharding(t, mesh, (None, "data"))
     with pytest.raises(ValueError, match="used twice"):
         xs.mark_sharding(t, mesh, ("model", "model"))
     with pytest.raises(ValueError, match="expected an xla tensor"):

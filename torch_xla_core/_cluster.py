@@ -168,8 +168,7 @@ def _connect(job: Job, timeout: float):
                     s.bind((host, port))
                     s.listen(128)
                     fd = s.detach()
-                _store = dist.TCPStore(host, port, None, True, t, wait_for_workers=False, master_listen_fd=fd,
-                                       multi_tenant=True)
+                _store = dist.TCPStore(host, port, None, True, t, wait_for_workers=False, master_listen_fd=fd)
                 os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # init_process_group joins it as a client
             except (OSError, RuntimeError):  # torch's init_process_group hosts it already: a client like the others
                 pass

@@ -179,12 +179,42 @@ def _top_level_split(s: str) -> list:
     return out
 
 
+_ARG_DIMS = re.compile(r"tensor<((?:\d+x)*)[a-z]")
+_TILES = re.compile(r'"\{devices=\[([\d,]+)\]')
+_ALIAS_ATTR = re.compile(r"tf\.aliasing_output = \d+ : i32, ")
+
+
+def _unalias_uneven(text: str) -> str:
+    """@main without the donation of parameters laid out unevenly (a dim
+    their mesh axes do not divide: padded buffers, sharding.py): XLA would
+    have to lay the aliased result out unevenly too, which it cannot hand
+    back as one buffer (and aborts serializing such an executable)."""
+    m = _MAIN.search(text)
+    if m is None or "tf.aliasing_output" not in m.group(2):
+        return text
+    args = _top_level_split(m.group(2))
+    changed = False
+    for i, a in enumerate(args):
+        d, t = _ARG_DIMS.search(a), _TILES.search(a)
+        if "tf.aliasing_output" not in a or d is None or t is None:
+            continue
+        dims = [int(x) for x in d.group(1).split("x") if x]
+        tiles = [int(x) for x in t.group(1).split(",")]
+        if any(n % k for n, k in zip(dims, tiles)):
+            args[i] = _ALIAS_ATTR.sub("", a)
+            changed = True
+    if not changed:
+        return text
+    return text[:m.start(2)] + ", ".join(args) + text[m.end(2):]
+
+
 def pin_aliased_outputs(text: str):
     """@main's results that alias a donated parameter get that parameter's
     mhlo.sharding (propagation may choose another layout for them, and XLA
     then refuses the alias: the two buffers differ in size per device).
     Returns the text and, per result, whether propagation chooses its
     sharding ([True]: all do)."""
+    text = _unalias_uneven(text)
     m = _MAIN.search(text)
     if m is None:
         return text, [True]

@@ -235,7 +235,12 @@ def materialize(t: XlaTensor):
 
 
 def to_cpu(t: XlaTensor) -> torch.Tensor:
-    return runtime.to_host(materialize(t))
+    buf = materialize(t)
+    r = runtime.to_host(buf)
+    s = getattr(buf, "sharding", None)
+    if r.shape != t.shape and s is not None and len(s.device_set) > 1:
+        r = r[tuple(slice(0, n) for n in t.shape)]  # laid out unevenly over a mesh: padded (sharding.py)
+    return r
 
 
 def set_meta(t: XlaTensor, shape, stride=None, storage_offset=0) -> None:

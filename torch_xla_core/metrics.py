@@ -6,7 +6,8 @@ resets them. Timers keep their last samples for percentiles
 (timer_stats). torch_xla's metric API reads the same data under torch_xla's
 names (metric_data, counter_value, metric_names, counter_names; e.g.
 CompileTime = our "compile" timer, CachedCompile = our "cache_hit" counter):
-aliases only, our own names stay. Listeners (add_listener) see every timed span as it ends: the
+aliases only, our own names and units (seconds) stay; torch_xla's units
+(nanoseconds) and report format are torch_xla_core.compat.torch_xla.debug.metrics'. Listeners (add_listener) see every timed span as it ends: the
 profiler (torch_xla_core/profiler.py) is one; with none installed a timer
 costs one list test more."""
 import collections
@@ -95,13 +96,15 @@ def timer_stats(name: str) -> dict:
 TIMER_ALIASES = {"CompileTime": ("compile",), "ExecuteTime": ("execute", "execute_launch"),
                  "TransferToDeviceTime": ("transfer_to_device",), "TransferFromDeviceTime": ("transfer_to_host",),
                  "LoweringTime": ("lower",)}
-COUNTER_ALIASES = {"UncachedCompile": "compile", "CachedCompile": "cache_hit", "ExecuteCount": "execute"}
+COUNTER_ALIASES = {"UncachedCompile": "compile", "CachedCompile": "cache_hit", "ExecuteCount": "execute",
+                   "MarkStep": "mark_step"}  # mark_step: torch_xla's sync/mark_step/step (compat layer)
 
 
 def metric_data(name: str):
     """torch_xla's metric_data: (count, total seconds, [(unix time, seconds) of the
     kept samples]) of a timer, by our name or torch_xla's; None if never
-    timed. (torch_xla reports nanoseconds; we keep seconds as timers() does.)"""
+    timed. Seconds, as timers() (torch_xla reports nanoseconds: its
+    torch_xla_core.compat.torch_xla.debug.metrics does too)."""
     with _lock:
         t = next((_timers[n] for n in TIMER_ALIASES.get(name, (name,)) if n in _timers), None)
         if t is None:
@@ -140,6 +143,16 @@ def fallbacks() -> dict:
 def clear() -> None:
     with _lock:
         _counters.clear()
+        _timers.clear()
+
+
+def clear_counters() -> None:
+    with _lock:
+        _counters.clear()
+
+
+def clear_timers() -> None:
+    with _lock:
         _timers.clear()
 
 

@@ -261,3 +261,26 @@ def step(n):
             annotation.__exit__(None, None, None)
         if t is not None:
             t.add(f"step {n}", start, time.perf_counter(), {"step": n})
+
+
+@contextmanager
+def span(name: str, **args):
+    """A span named `name` (args shown with it) in the active trace, and a
+    TraceAnnotation in JAX's; nothing when no trace is being recorded
+    (torch_xla's xp.Trace)."""
+    t = _active
+    if t is None:
+        yield
+        return
+    start = time.perf_counter()
+    with jax.profiler.TraceAnnotation(name, **args) if t.device else _nothing():
+        try:
+            yield
+        finally:
+            t.add(name, start, time.perf_counter(), args or None)
+
+
+@contextmanager
+def _nothing():
+    yield
+

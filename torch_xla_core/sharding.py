@@ -12,6 +12,12 @@ it, and XLA's SPMD partitioner does the rest (torch_xla_core/_spmd.py).
 A partition spec has one entry per tensor dimension: an axis name or index
 (that dimension is split over the axis), a tuple of them (split over their
 product), or None (not split; replicated over the axes no dimension uses).
+A dimension the axes do not divide is split unevenly, as torch_xla does:
+the pieces are ceil(size / parts) long and the last ones are zero-padded
+(local_shards shows the padded pieces; values and .cpu() are the tensor's).
+Results computed from such a tensor come out replicated (XLA hands back
+no uneven pieces as one buffer; mark_sharding them to lay them out again),
+and its buffer is not donated.
 A tensor holding device data is resharded at once (its buffer is laid out
 on the mesh's devices, no full copy per device); a pending value gets an
 annotation in the graph (a custom_call @Sharding, part of the graph's hash).
@@ -33,7 +39,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from . import _C, _dtypes, _spmd, _tensor, runtime
 from ._tensor import XlaTensor
 
-__all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "clear_sharding",
+__all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "local_shard_values",
+           "clear_sharding",
            "Shard", "set_global_mesh", "get_global_mesh"]
 
 _global_mesh = None
@@ -77,6 +84,13 @@ class Mesh:
 
     def get_logical_mesh(self) -> np.ndarray:
         return np.array(self.device_ids).reshape(self.mesh_shape)
+
+    def op_sharding(self, partition_spec) -> str:
+        """XLA's HloSharding text of the layout partition_spec gives a tensor
+        of its rank over this mesh ('{devices=[4,1]<=[4]}')."""
+        names = spec_names(self, partition_spec)
+        _spmd.activate(self._jax)
+        return _spmd.hlo_sharding(NamedSharding(self._jax, PartitionSpec(*names)), len(names))
 
     def __eq__(self, other):
         return isinstance(other, Mesh) and (self.device_ids, self.mesh_shape, self.axis_names) == (
@@ -123,6 +137,12 @@ def _names(mesh: Mesh, spec, t, op="mark_sharding") -> tuple:
     if len(spec) != t.dim():
         raise ValueError(f"{op}: partition_spec {tuple(spec)} has {len(spec)} entries but the tensor has "
                          f"{t.dim()} dimensions {list(t.shape)}; give one entry per dimension (None: not split)")
+    return spec_names(mesh, spec, op)
+
+
+def spec_names(mesh: Mesh, spec, op="mark_sharding") -> tuple:
+    """A partition spec (axis names or indices, tuples of them, None per
+    dim) in axis names, checked."""
     used = set()
     out = []
     for d, e in enumerate(spec):
@@ -143,10 +163,6 @@ def _names(mesh: Mesh, spec, t, op="mark_sharding") -> tuple:
                 raise ValueError(f"{op}: mesh axis {a!r} is used twice in {tuple(spec)}")
             used.add(a)
             names.append(a)
-        parts = math.prod(mesh.shape()[a] for a in names)
-        if t.shape[d] % parts:
-            raise ValueError(f"{op}: dim {d} of size {t.shape[d]} is not divisible by {parts} (mesh axes "
-                             f"{names}); pad the tensor or choose other axes")
         out.append(names[0] if len(names) == 1 else tuple(names))
     return tuple(out)
 
@@ -171,11 +187,31 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
     ns = NamedSharding(mesh._jax, PartitionSpec(*names))
     _spmd.activate(mesh._jax)
     if lt.is_data:
-        buf = _spmd.lay_out(lt.data, ns)
+        buf = _spmd.lay_out(_padded(lt.data, mesh, names), ns)
         lt.assign(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), 0))
     else:
         lt.assign(_annotate(lt, mesh, names))
     return t
+
+
+def _padded(buf, mesh: Mesh, names: tuple):
+    """buf, or its values zero-padded at the end of each dim that its mesh
+    axes do not divide (to the next multiple): the last pieces of an uneven
+    layout are padded, as XLA's partitioner lays such a value out. The
+    tensor keeps its own shape; only its buffer is padded (.cpu() and
+    clear_sharding take the tensor's part)."""
+    shape = tuple(buf.shape)
+    padded = tuple(_round_up(n, math.prod(mesh.shape()[a] for a in ((e,) if isinstance(e, str) else e)))
+                   if e is not None else n for n, e in zip(shape, names))
+    if padded == shape:
+        return buf
+    host = np.asarray(buf)
+    return np.pad(host, [(0, p - n) for n, p in zip(shape, padded)])
+
+
+def _round_up(n: int, parts: int) -> int:
+    """n rounded up to a multiple of parts: the padded size of a dim split into parts pieces."""
+    return -(-n // parts) * parts
 
 
 def _annotate(lt, mesh: Mesh, names: tuple):
@@ -264,9 +300,20 @@ def local_shards(t: torch.Tensor) -> list:
                   key=lambda s: s.device)
 
 
+def local_shard_values(t: torch.Tensor) -> list:
+    """(Shard, its values as a CPU tensor) for each of t's pieces on this
+    process's devices, in device order."""
+    buf = _buffer(t)
+    devs = runtime.global_devices()
+    out = [(Shard(devs.index(s.device), s.index, tuple(s.data.shape)), runtime.to_host(s.data))
+           for s in buf.addressable_shards]
+    return sorted(out, key=lambda p: p[0].device)
+
+
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     """Gathers t onto xla:0 alone (no sharding); in place, returns t."""
     buf = _buffer(t)
     if len(buf.sharding.device_set) > 1:
-        _whole(t).assign(_C.from_data(runtime.move(buf, 0), _dtypes.code(t.dtype), list(t.shape), 0))
+        one = runtime.move(buf, 0) if tuple(buf.shape) == tuple(t.shape) else runtime.to_device(_tensor.to_cpu(t))
+        _whole(t).assign(_C.from_data(one, _dtypes.code(t.dtype), list(t.shape), 0))
     return t

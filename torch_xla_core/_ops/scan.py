@@ -457,7 +457,7 @@ def _scan(fn, init, xs, consts, reverse, fn_key=None, policy="recompute"):
     return _unflat(list(c_out), plan.c_spec), _unflat(list(y_out), plan.y_spec)
 
 
-def scan(fn, init, xs, reverse=False, policy="recompute"):
+def scan(fn, init, xs, reverse=False, policy="recompute", pure=False):
     """Runs fn over the slices of xs along dim 0, threading a carry:
 
         carry = init
@@ -472,8 +472,12 @@ def scan(fn, init, xs, reverse=False, policy="recompute"):
     tensors fn closes over. policy: what the forward keeps for the backward,
     "recompute" (each iteration's input carry; the backward re-runs fn),
     "save" (also fn's residuals, stacked) or "offload" (those stacked in host
-    memory); see torch_xla_core/_ops/scan_policy.py."""
-    return _scan(fn, init, xs, None, reverse, policy=_scan_policy.check_policy(policy, "scan"))
+    memory); see torch_xla_core/_ops/scan_policy.py. pure=True (torch_xla's
+    is_fn_pure): a trace is reused whenever fn is the same object, whatever
+    its closure cells and defaults hold now (you promise fn does not depend
+    on them)."""
+    fn_key = ((id(fn),), [_Ref(fn)], [fn]) if pure else None
+    return _scan(fn, init, xs, None, reverse, fn_key=fn_key, policy=_scan_policy.check_policy(policy, "scan"))
 
 
 # --- autograd ------------------------------------------------------------------

@@ -1,0 +1,2 @@
+"""torch_xla.utils: utils (xu)."""
+from . import utils  # noqa: F401
