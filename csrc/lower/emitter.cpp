@@ -88,7 +88,25 @@ std::string LowerCtx::convert(const std::string& v, DType from, DType to, const 
     std::string re = op("stablehlo.real", {v}, {type(from, d)}, type(part, d));
     return convert(re, part, to, d);
   }
+  if (is_floating(from) && is_integral(to)) return float_to_int(v, from, to, d);
   return op("stablehlo.convert", {v}, {type(from, d)}, type(to, d));
+}
+
+// Floating -> integer as torch's CPU kernels on x86 (cvttss2si/cvttsd2si):
+// truncation; NaN and values out of the range of the instruction's int32 or
+// int64 give its lowest value, which int8/int16 (through int32) and uint8
+// (through int64) then wrap, as C++'s narrowing does. stablehlo.convert
+// saturates instead (NaN -> 0, inf -> the highest value).
+std::string LowerCtx::float_to_int(const std::string& v, DType from, DType to, const Dims& d) {
+  DType wide = to == DType::I64 || to == DType::U8 ? DType::I64 : DType::I32;
+  DType f = from == DType::F64 ? DType::F64 : DType::F32;  // f16/bf16 widen exactly
+  std::string x = from == f ? v : op("stablehlo.convert", {v}, {type(from, d)}, type(f, d));
+  double lim = wide == DType::I64 ? 9223372036854775808.0 : 2147483648.0;
+  std::string ok = binary("stablehlo.and", compare(x, constant(-lim, f, d), f, d, "GE"),
+                          compare(x, constant(lim, f, d), f, d, "LT"), DType::Bool, d);
+  std::string w = select(ok, op("stablehlo.convert", {x}, {type(f, d)}, type(wide, d)), constant(-lim, wide, d),
+                         wide, d);
+  return wide == to ? w : op("stablehlo.convert", {w}, {type(wide, d)}, type(to, d));
 }
 
 std::string LowerCtx::broadcast_in_dim(const std::string& v, DType t, const Dims& from, const Dims& to,
@@ -175,6 +193,16 @@ std::string LowerCtx::reduce(const std::string& v, DType t, const Dims& in_dims,
             "dimensions = " + i64_array(axes), combiner(t, body_op));
 }
 
+// A node's op's lowering rule; a value of no elements is a constant of its
+// type (nothing to compute, and XLA refuses some ops on zero-size operands,
+// a gather's slice of size 1 out of a dim of size 0).
+std::string LowerCtx::lower_node(const Node& n) {
+  const OpDef& def = op_def(n.op);
+  if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
+  if (n.numel() == 0) return constant(0, n.dtype, n.dims);
+  return def.lower(*this, n);
+}
+
 std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<std::string>& args) {
   if (args.size() != b.params.size())
     throw std::runtime_error("lower_body: " + std::to_string(args.size()) + " arguments for a body of " +
@@ -182,9 +210,7 @@ std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<s
   for (size_t i = 0; i < b.params.size(); ++i) set_name(b.params[i].get(), args[i]);
   for (const Node* n : b.order) {
     if (named(n)) continue;  // a parameter
-    const OpDef& def = op_def(n->op);
-    if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
-    set_name(n, def.lower(*this, *n));
+    set_name(n, lower_node(*n));
   }
   std::vector<std::string> outs;
   for (const auto& o : b.outputs) outs.push_back(name_of(o.get()));
@@ -285,9 +311,7 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
   for (size_t k = 0; k < order.size(); ++k) {
     const Node* n = order[k];
     if (cx.named(n)) continue;  // a parameter
-    const OpDef& def = op_def(n->op);
-    if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
-    cx.set_name(n, def.lower(cx, *n));
+    cx.set_name(n, cx.lower_node(*n));
     if (line_node) {
       for (; counted < cx.body_.size(); ++counted)
         if (cx.body_[counted] == '\n') line_node->push_back(int(k));

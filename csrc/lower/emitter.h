@@ -42,6 +42,8 @@ class LowerCtx {
   std::string fresh();  // a new SSA name (for block arguments)
 
   std::string convert(const std::string& v, DType from, DType to, const Dims& d);
+  // floating -> integral as torch's CPU kernels (see emitter.cpp): convert's part for those dtypes
+  std::string float_to_int(const std::string& v, DType from, DType to, const Dims& d);
   // numpy-style broadcast (trailing alignment) from `from` to `to`.
   std::string broadcast(const std::string& v, DType t, const Dims& from, const Dims& to);
   // broadcast_in_dim with explicit dimension mapping.
@@ -57,6 +59,8 @@ class LowerCtx {
   // indent: b.params[i] is the value named args[i]. Returns the names of
   // b.outputs. Region ops (stablehlo.while) wrap this with region_text().
   std::vector<std::string> lower_body(const Body& b, const std::vector<std::string>& args);
+  // Emits node n (its operands already lowered) and returns its SSA name.
+  std::string lower_node(const Node& n);
   // The text of one region "{\n ^bb0(args): ... }" whose block arguments are
   // named `args` (with `types`); `emit` writes the region's ops (ending with
   // its terminator) through this context.

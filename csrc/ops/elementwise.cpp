@@ -157,13 +157,6 @@ Emit on_floats(const char* hlo) {
   };
 }
 
-// sign: the identity on bools (stablehlo.sign takes numbers only).
-Emit unless_bool(const char* hlo) {
-  std::string h = hlo;
-  return [h](LowerCtx& cx, const Node& n, const std::vector<std::string>& a, DType c) {
-    return is_bool(c) ? a[0] : cx.unary(h, a[0], c, n.dims);
-  };
-}
 // The signed integer type as wide as float type t (to read t's sign bit).
 DType same_width_int(DType t) {
   return t == DType::F64 ? DType::I64 : t == DType::F32 ? DType::I32 : DType::I16;
@@ -241,7 +234,12 @@ TXC_OP(custom("abs", 1, Kind::ToReal,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 return is_unsigned(c) ? a[0] : cx.op("stablehlo.abs", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
               }, COMPLEX));
-TXC_OP(custom("sign", 1, Kind::Same, unless_bool("stablehlo.sign")));
+// sign of NaN is 0, as torch's kernels ((0 < x) - (x < 0)); stablehlo.sign gives NaN
+TXC_OP(custom("sign", 1, Kind::Same, [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+  if (is_bool(c)) return a[0];
+  auto s = cx.unary("stablehlo.sign", a[0], c, n.dims);
+  return is_floating(c) ? cx.select(is_nan(cx, a[0], c, n.dims), cx.constant(0, c, n.dims), s, c, n.dims) : s;
+}));
 TXC_OP(simple("exp", 1, Kind::Float, "stablehlo.exponential", COMPLEX));
 TXC_OP(simple("expm1", 1, Kind::Float, "stablehlo.exponential_minus_one", COMPLEX));
 TXC_OP(simple("log", 1, Kind::Float, "stablehlo.log", COMPLEX));

@@ -417,8 +417,12 @@ TXC_OP("as_strided_scatter", 2,
 TXC_OP("concat", -1,
        [](Node& n) {
          if (n.operands.empty()) op_error(n, "expected a non-empty list of tensors");
-         int64_t dim = n.attr_int(0);
+         for (size_t i = 0; i < n.operands.size(); ++i)
+           if (n.operands[i]->rank() == 0)
+             op_error(n, "zero-dimensional tensor (at position " + std::to_string(i) + ") cannot be concatenated");
          const Dims& d0 = n.operands[0]->dims;
+         int64_t dim = n.attr_int(0);
+         if (dim < 0 || dim >= int64_t(d0.size())) op_error(n, "dimension " + std::to_string(dim) + " out of range");
          n.dims = d0;
          n.dims[dim] = 0;
          DType t = n.operands[0]->dtype;
@@ -471,9 +475,17 @@ TXC_OP("pad", 1,
                           ", interior_padding = " + LowerCtx::i64_array(in));
        });
 
-// flip(x; dims)
+// flip(x; dims): distinct dims in range (a 0-d tensor takes none)
 TXC_OP("flip", 1,
        [](Node& n) {
+         const Dims& dims = n.attr_dims(0);
+         std::vector<bool> seen(size_t(n.operands[0]->rank()));
+         for (auto d : dims) {
+           if (d < 0 || d >= n.operands[0]->rank() || seen[size_t(d)])
+             op_error(n, "invalid dims " + dims_str(dims) + " for a tensor of rank " +
+                             std::to_string(n.operands[0]->rank()) + " (each in range, none twice)");
+           seen[size_t(d)] = true;
+         }
          n.dtype = n.operands[0]->dtype;
          n.dims = n.operands[0]->dims;
        },

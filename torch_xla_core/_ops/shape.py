@@ -7,7 +7,7 @@ import torch
 
 from .. import _tensor
 from .._tensor import OP, XlaTensor, _op, _view, _view_op, wrap
-from . import XLA, Arg, aten, convert, impl, mapping
+from . import XLA, Arg, _tname, aten, code, convert, impl, mapping
 from .complex import root_as
 
 
@@ -45,9 +45,32 @@ def reshape(x, size, *_stride):
 
 @impl(aten.view.dtype)
 def view_dtype(x, dtype):
+    """x's bytes read as dtype: a view (core op bitcast); element sizes may
+    differ, under torch's conditions on the last dim, strides and offset."""
     if dtype == x.dtype:
         return _view_op(OP.alias, x._lt, ())
-    raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor (a bitcast) is not supported")
+    if x.is_complex() or dtype.is_complex:
+        raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor: bitcasts from or to complex "
+                                  f"dtypes are not supported (StableHLO's bitcast_convert takes no complex type); "
+                                  f"use torch.view_as_real / view_as_complex")
+    a, b = x.element_size(), torch.empty((), dtype=dtype).element_size()
+    if a != b:
+        what = f"to view {_tname(x.dtype)} as {_tname(dtype)} (different element sizes)"
+        if x.dim() == 0:
+            raise RuntimeError(f"self.dim() cannot be 0 {what}")
+        if x.stride(-1) != 1:
+            raise RuntimeError(f"self.stride(-1) must be 1 {what}, but got {x.stride(-1)}")
+        if a < b:
+            k = b // a
+            if x.shape[-1] % k:
+                raise RuntimeError(f"self.size(-1) must be divisible by {k} {what}, but got {x.shape[-1]}")
+            if x.storage_offset() % k:
+                raise RuntimeError(f"self.storage_offset() must be divisible by {k} {what}, but got "
+                                   f"{x.storage_offset()}")
+            for i in range(x.dim() - 1):
+                if x.stride(i) % k:
+                    raise RuntimeError(f"self.stride({i}) must be divisible by {k} {what}, but got {x.stride(i)}")
+    return _view_op(OP.bitcast, x._lt, (code(dtype),))
 
 
 alias = mapping(aten.alias.default, aten.detach.default, aten.lift_fresh.default, op="alias", ranks=(XLA,),
@@ -190,6 +213,9 @@ def unbind(x, dim=0):
 
 @impl(aten.cat.default)
 def cat(tensors, dim=0):
+    for i, t in enumerate(tensors):
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
     ts = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
     if not ts:
         return alias(tensors[0])
@@ -221,7 +247,11 @@ def constant_pad_nd(x, pad, value=0):
 
 @impl(aten.flip.default)
 def flip(x, dims):
-    return _op(OP.flip, (x._lt,), ([_dim(d, x.dim()) for d in dims],))
+    ds = [_dim(d, x.dim()) for d in dims]
+    for i, d in enumerate(ds):
+        if d in ds[:i]:
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+    return _op(OP.flip, (x._lt,), (ds if x.dim() else [],))  # a 0-d tensor: dim 0 or -1 flips nothing
 
 
 @impl(aten.slice_scatter.default)

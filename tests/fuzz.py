@@ -1,0 +1,786 @@
+"""The op fuzzer (issue 38): random calls of the ops users call most on random
+inputs, each compared with CPU eager PyTorch.
+
+A case is (seed, index): its own random.Random, so any case replays alone
+(`python tests/fuzz.py --seed S --case I`). It picks an op of one family
+(elementwise, reductions, indexing, views, scatter/gather, sort/topk/unique,
+matmul, conversions) and inputs: shapes with empty and 0-d ones, broadcasting
+pairs, non-contiguous views (transposed, strided slices, expanded) and flipped
+ones, every dtype the device has (floating, integer, bool, complex where the
+op takes it), floats with NaN and +-inf. The xla side gets the same tensors
+through the same views.
+
+Verdicts: "ok" (equal results: structure, dtype, shape, values; floats within
+a tolerance of their dtype, NaN where NaN), "same_error" (both raise the same
+exception type), "tabled" (a difference listed in KNOWN with its reason), or
+a finding: "differs", "error" (only one side raises, or other types),
+"graph_error" (a GraphError: a compile failure, never acceptable), "crash"
+(the process died: only the child-process runner, run(), sees it).
+
+    python tests/fuzz.py --cases 20000 [--seed 0] [--jobs 1]
+    nox -s fuzz -- --cases 20000
+
+runs the cases in child processes (a crash is reported with its case and the
+run goes on), prints the counts and each finding with its reproducer, and
+exits non-zero on any finding. tests/test_fuzz.py runs a fixed-seed budget."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("TXC_COMPILE_CACHE", "off")
+
+# ---------------------------------------------------------------- inputs
+FLOATS = ["float32", "float64", "float16", "bfloat16"]
+INTS = ["int64", "int32", "int16", "int8", "uint8"]
+ALL = FLOATS + INTS + ["bool", "complex64"]
+SHAPES = [(), (0,), (1,), (5,), (1, 0), (3, 0, 1), (2, 3), (3, 1), (1, 4), (2, 3, 4), (4, 1, 3), (2, 1, 1, 3)]
+
+
+def _torch():
+    import torch  # lazy: the parent runner imports no torch (its children do)
+    return torch
+
+
+def _dt(name):
+    return getattr(_torch(), name)
+
+
+def make_tensor(r: random.Random, shape, dtype: str, specials=True):
+    """A CPU tensor of shape/dtype with random values (NaN/inf among floats)."""
+    torch = _torch()
+    n = math.prod(shape)
+    if dtype == "bool":
+        vals = [r.random() < 0.5 for _ in range(n)]
+        return torch.tensor(vals, dtype=torch.bool).reshape(shape)
+    if dtype in INTS:
+        lo, hi = (0, 255) if dtype == "uint8" else (-100, 100) if dtype == "int8" else (-1000, 1000)
+        if r.random() < 0.5:
+            lo, hi = max(lo, -5), 5
+        return torch.tensor([r.randint(lo, hi) for _ in range(n)], dtype=_dt(dtype)).reshape(shape)
+    special = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.5]
+    vals = []
+    for _ in range(n):
+        if specials and r.random() < 0.15:
+            vals.append(r.choice(special))
+        else:
+            vals.append(round(r.gauss(0, 3), 3))
+    t = torch.tensor(vals, dtype=torch.float64).reshape(shape)
+    if dtype == "complex64":
+        im = torch.tensor([round(r.gauss(0, 2), 3) for _ in range(n)], dtype=torch.float64).reshape(shape)
+        return torch.complex(t, im).to(torch.complex64)
+    return t.to(_dt(dtype))
+
+
+@dataclass
+class Layout:
+    """How an input is presented: the same view ops on both sides."""
+    kind: str = "plain"   # plain | transposed | strided | expanded | flipped
+    arg: tuple = ()
+
+    def base_shape(self, shape):
+        if self.kind == "transposed":
+            return tuple(reversed(shape))
+        if self.kind == "strided":
+            return shape[:-1] + (shape[-1] * 2,)
+        if self.kind == "expanded":
+            return shape[:-1] + (1,) if shape[-1] != 0 else shape
+        return shape
+
+    def apply(self, t, shape):
+        if self.kind == "transposed":
+            return t.permute(*reversed(range(t.dim())))
+        if self.kind == "strided":
+            return t[..., ::2]
+        if self.kind == "expanded":
+            return t.expand(*shape)
+        if self.kind == "flipped":
+            return t.flip(*range(t.dim())) if t.dim() else t
+        return t
+
+
+def pick_layout(r: random.Random, shape) -> Layout:
+    if not shape or r.random() < 0.55:
+        return Layout()
+    k = r.choice(["transposed", "strided", "expanded", "flipped"])
+    if k == "transposed" and len(shape) < 2:
+        k = "flipped"
+    return Layout(k)
+
+
+@dataclass
+class Input:
+    shape: tuple
+    dtype: str
+    layout: Layout = field(default_factory=Layout)
+    seed: int = 0
+
+    def cpu(self):
+        base = make_tensor(random.Random(self.seed), self.layout.base_shape(self.shape), self.dtype)
+        return base
+
+    def view(self, base):
+        return self.layout.apply(base, self.shape)
+
+    def __repr__(self):
+        lay = "" if self.layout.kind == "plain" else f", {self.layout.kind}"
+        return f"{self.dtype}{list(self.shape)}{lay}"
+
+
+def new_input(r: random.Random, shape=None, dtypes=ALL) -> Input:
+    shape = r.choice(SHAPES) if shape is None else tuple(shape)
+    return Input(shape, r.choice(list(dtypes)), pick_layout(r, shape), r.randrange(1 << 30))
+
+
+def broadcast_partner(r: random.Random, shape):
+    """A shape that broadcasts with `shape` (sometimes one that does not)."""
+    s = list(shape)
+    roll = r.random()
+    if roll < 0.4 or not s:
+        return tuple(s) if r.random() < 0.8 else ()
+    if roll < 0.7:
+        i = r.randrange(len(s))
+        s[i] = 1
+        return tuple(s)
+    if roll < 0.85:
+        return tuple(s[r.randrange(len(s)):])
+    s[r.randrange(len(s))] += 1  # a mismatch: both sides must raise
+    return tuple(s)
+
+
+# ---------------------------------------------------------------- ops
+# Each generator returns (label, fn, inputs, ...): fn(*tensors) runs on either
+# device; label names the call for the report and KNOWN.
+
+def _dim(r, rank):
+    return r.randrange(-max(rank, 1), max(rank, 1))
+
+
+UNARY = ["abs", "neg", "sign", "sgn", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "floor", "ceil",
+         "round", "trunc", "reciprocal", "bitwise_not", "logical_not", "isnan", "isinf", "isfinite", "nan_to_num",
+         "relu", "erf", "square", "frac", "expm1", "log1p", "rsqrt", "signbit", "positive", "exp2", "log2"]
+BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "fmax",
+          "fmin", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+          "bitwise_and", "bitwise_or", "bitwise_xor", "hypot", "copysign", "true_divide"]
+
+
+def gen_elementwise(r):
+    torch = _torch()
+    a = new_input(r)
+    roll = r.random()
+    if roll < 0.4:
+        name = r.choice(UNARY)
+        return f"{name}", lambda x: getattr(torch, name)(x), [a]
+    if roll < 0.85:
+        name = r.choice(BINARY)
+        if r.random() < 0.3:  # a Python number operand
+            num = r.choice([2, -1, 0, 0.5, -2.5, True, math.inf])
+            return f"{name}(t, {num})", lambda x: getattr(torch, name)(x, num), [a]
+        b = new_input(r, broadcast_partner(r, a.shape))
+        if r.random() < 0.5:
+            b.dtype = a.dtype
+        return name, lambda x, y: getattr(torch, name)(x, y), [a, b]
+    kind = r.choice(["where", "clamp", "lerp", "addcmul"])
+    if kind == "where":
+        c = new_input(r, broadcast_partner(r, a.shape), ["bool"])
+        b = new_input(r, broadcast_partner(r, a.shape))
+        return "where", lambda cond, x, y: torch.where(cond, x, y), [c, a, b]
+    if kind == "clamp":
+        lo, hi = r.choice([(-1, 1), (0, None), (None, 2), (2, -2)])
+        return f"clamp({lo}, {hi})", lambda x: torch.clamp(x, lo, hi), [a]
+    b = new_input(r, a.shape, [a.dtype])
+    if kind == "lerp":
+        w = r.choice([0.25, 0.75])
+        return f"lerp(w={w})", lambda x, y: torch.lerp(x, y, w), [a, b]
+    c = new_input(r, a.shape, [a.dtype])
+    return "addcmul", lambda x, y, z: torch.addcmul(x, y, z, value=0.5), [a, b, c]
+
+
+REDUCE = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all", "any", "std", "var",
+          "logsumexp", "cumsum", "cumprod", "nansum", "count_nonzero", "norm"]
+
+
+def gen_reduce(r):
+    torch = _torch()
+    a = new_input(r)
+    name = r.choice(REDUCE)
+    rank = len(a.shape)
+    roll = r.random()
+    if name in ("cumsum", "cumprod", "logsumexp") or roll < 0.6:
+        d = _dim(r, rank)
+        keep = r.random() < 0.3
+        if name in ("cumsum", "cumprod", "count_nonzero"):
+            return f"{name}(dim={d})", lambda x: getattr(torch, name)(x, d), [a]
+        if name == "norm":
+            return f"norm(dim={d})", lambda x: torch.norm(x, dim=d, keepdim=keep), [a]
+        return f"{name}(dim={d}, keepdim={keep})", lambda x: getattr(torch, name)(x, d, keepdim=keep), [a]
+    if roll < 0.75 and name in ("sum", "mean", "prod", "nansum"):
+        dt = r.choice(["float32", "float64", "int64"])
+        return f"{name}(dtype={dt})", lambda x: getattr(torch, name)(x, dtype=_dt(dt)), [a]
+    if roll < 0.9 and name in ("sum", "mean", "amax", "amin", "std", "var", "nansum") and rank >= 2:
+        dims = sorted(r.sample(range(rank), 2))
+        return f"{name}(dims={dims})", lambda x: getattr(torch, name)(x, dims), [a]
+    return name, lambda x: getattr(torch, name)(x), [a]
+
+
+def _index_tensor(r, size, shape=None):
+    torch = _torch()
+    shape = shape if shape is not None else r.choice([(), (0,), (1,), (3,), (2, 2)])
+    n = math.prod(shape)
+    if size == 0:
+        vals = [0] * n if n else []
+    else:
+        vals = [r.randrange(-size, size) for _ in range(n)]
+    if r.random() < 0.05 and n:  # out of range: both raise
+        vals[0] = size + 2
+    return torch.tensor(vals, dtype=torch.int64).reshape(shape)
+
+
+class Extra:
+    """An extra input made once per case (an index, a mask), the same tensor on both sides."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __repr__(self):
+        return f"tensor({self.t.tolist()}, dtype={self.t.dtype})"
+
+
+def gen_index(r):
+    torch = _torch()
+    a = new_input(r, r.choice([s for s in SHAPES if s]))
+    shape = a.shape
+    d = _dim(r, len(shape))
+    size = shape[d]
+    kind = r.choice(["int", "slice", "none_ellipsis", "adv", "adv2", "bool_self", "bool_mask", "index_select",
+                     "masked_fill", "index_put", "masked_select", "take", "setitem_int", "setitem_slice"])
+    if kind == "int":
+        i = r.randrange(-size - 1, size + 1) if size else r.choice([0, -1])
+        return f"x[{i}]", lambda x: x[i], [a]
+    if kind == "slice":
+        s, e, st = r.choice([None, 0, 1, -1, -3]), r.choice([None, 2, -1, 10]), r.choice([None, 1, 2, 3])
+        return f"x[..., {s}:{e}:{st}]", lambda x: x[..., s:e:st], [a]
+    if kind == "none_ellipsis":
+        return "x[None, ..., 0]", lambda x: x[None, ..., 0], [a]
+    if kind == "adv":
+        idx = Extra(_index_tensor(r, shape[0]))
+        return f"x[{idx}]", lambda x: x[idx.t.to(x.device)], [a]
+    if kind == "adv2" and len(shape) >= 2:
+        i0, i1 = Extra(_index_tensor(r, shape[0], (2,))), Extra(_index_tensor(r, shape[1], (1,)))
+        return f"x[{i0}, :, {i1}]"[:0] + f"x[{i0}, {i1}]", \
+            lambda x: x[i0.t.to(x.device), i1.t.to(x.device)], [a]
+    if kind == "bool_self":
+        return "x[x > 0]" if a.dtype != "complex64" else "x[x != 0]", \
+            (lambda x: x[x > 0]) if a.dtype != "complex64" else (lambda x: x[x != 0]), [a]
+    if kind == "bool_mask":
+        m = Extra(make_tensor(r, shape[:1], "bool"))
+        return f"x[{m}]", lambda x: x[m.t.to(x.device)], [a]
+    if kind == "index_select":
+        idx = Extra(_index_tensor(r, size, r.choice([(0,), (1,), (4,)])))
+        return f"index_select({d}, {idx})", lambda x: torch.index_select(x, d, idx.t.to(x.device)), [a]
+    if kind == "masked_fill":
+        m = new_input(r, broadcast_partner(r, shape), ["bool"])
+        v = r.choice([0, 1.5, -1, math.nan])
+        return f"masked_fill({v})", lambda x, mm: x.masked_fill(mm, v), [a, m]
+    if kind == "index_put":
+        idx = Extra(_index_tensor(r, shape[0], (3,)))
+        acc = r.random() < 0.5
+        v = new_input(r, (3,) + shape[1:] if r.random() < 0.5 else (), [a.dtype])
+        return f"index_put({idx}, accumulate={acc})", \
+            lambda x, vv: x.clone().index_put_((idx.t.to(x.device),), vv, accumulate=acc), [a, v]
+    if kind == "masked_select":
+        m = new_input(r, broadcast_partner(r, shape), ["bool"])
+        return "masked_select", lambda x, mm: torch.masked_select(x, mm), [a, m]
+    if kind == "take":
+        idx = Extra(_index_tensor(r, math.prod(shape), (3,)))
+        return f"take({idx})", lambda x: torch.take(x, idx.t.to(x.device)), [a]
+    if kind == "setitem_int":
+        i = r.randrange(size) if size else 0
+        def f(x):
+            y = x.clone()
+            y[i] = 7
+            return y
+        return f"x[{i}] = 7", f, [a]
+
+    def g(x):
+        y = x.clone()
+        y[..., ::2] = 0
+        return y
+    return "x[..., ::2] = 0", g, [a]
+
+
+def gen_views(r):
+    torch = _torch()
+    a = new_input(r)
+    shape = a.shape
+    rank = len(shape)
+    n = math.prod(shape)
+    kind = r.choice(["reshape", "view", "transpose", "permute", "squeeze", "unsqueeze", "flatten", "expand",
+                     "narrow", "unbind", "chunk", "split", "t", "movedim", "flip", "roll", "cat", "stack",
+                     "view_dtype", "contiguous", "diagonal", "tril", "repeat", "unflatten"])
+    if kind in ("reshape", "view"):
+        tgt = r.choice([(-1,), (n,), (1, -1), (-1, 1), (n, 1, 1), (2, -1), ()])
+        return f"{kind}{tgt}", lambda x: getattr(x, kind)(*tgt) if tgt else getattr(x, kind)(()), [a]
+    if kind == "transpose":
+        d0, d1 = _dim(r, rank), _dim(r, rank)
+        return f"transpose({d0}, {d1})", lambda x: x.transpose(d0, d1), [a]
+    if kind == "permute":
+        p = list(range(rank))
+        r.shuffle(p)
+        return f"permute({p})", lambda x: x.permute(*p), [a]
+    if kind == "squeeze":
+        d = _dim(r, rank) if r.random() < 0.5 else None
+        return f"squeeze({d})", (lambda x: x.squeeze(d)) if d is not None else (lambda x: x.squeeze()), [a]
+    if kind == "unsqueeze":
+        d = r.randrange(-rank - 1, rank + 1)
+        return f"unsqueeze({d})", lambda x: x.unsqueeze(d), [a]
+    if kind == "flatten":
+        return "flatten", lambda x: x.flatten(), [a]
+    if kind == "expand":
+        tgt = (2,) + tuple(shape)
+        return f"expand{tgt}", lambda x: x.expand(*tgt), [a]
+    if kind == "narrow" and rank:
+        d = _dim(r, rank)
+        s = r.randrange(0, shape[d] + 1)
+        ln = r.randrange(0, shape[d] - s + 1)
+        return f"narrow({d}, {s}, {ln})", lambda x: x.narrow(d, s, ln), [a]
+    if kind in ("unbind", "chunk", "split") and rank:
+        d = _dim(r, rank)
+        if kind == "unbind":
+            return f"unbind({d})", lambda x: x.unbind(d), [a]
+        k = r.choice([1, 2, 3])
+        return f"{kind}({k}, {d})", lambda x: getattr(x, kind)(k, d), [a]
+    if kind == "t" and rank <= 2:
+        return "t", lambda x: x.t(), [a]
+    if kind == "movedim" and rank:
+        s, e = _dim(r, rank), _dim(r, rank)
+        return f"movedim({s}, {e})", lambda x: x.movedim(s, e), [a]
+    if kind == "flip":
+        ds = [_dim(r, rank) for _ in range(r.choice([1, 2]))]
+        return f"flip({ds})", lambda x: x.flip(*ds), [a]
+    if kind == "roll" and rank:
+        sh, d = r.randrange(-4, 5), _dim(r, rank)
+        return f"roll({sh}, {d})", lambda x: torch.roll(x, sh, d), [a]
+    if kind in ("cat", "stack"):
+        b = new_input(r, shape if r.random() < 0.8 else broadcast_partner(r, shape))
+        if r.random() < 0.5:
+            b.dtype = a.dtype
+        d = _dim(r, rank + (kind == "stack"))
+        return f"{kind}(dim={d})", lambda x, y: getattr(torch, kind)([x, y], d), [a, b]
+    if kind == "view_dtype":
+        dt = r.choice(ALL)
+        return f"view({dt})", lambda x: x.view(_dt(dt)), [a]
+    if kind == "diagonal" and rank >= 2:
+        off = r.randrange(-2, 3)
+        return f"diagonal({off})", lambda x: x.diagonal(off), [a]
+    if kind == "tril" and rank >= 2:
+        k = r.randrange(-2, 3)
+        return f"tril({k})", lambda x: x.tril(k), [a]
+    if kind == "repeat":
+        reps = (2,) * rank if rank else (2,)
+        return f"repeat{reps}", lambda x: x.repeat(*reps), [a]
+    if kind == "unflatten" and rank and shape[0] % 1 == 0:
+        return "unflatten(0, (1, -1))", lambda x: x.unflatten(0, (1, -1)), [a]
+    return "contiguous", lambda x: x.contiguous(), [a]
+
+
+def gen_scatter(r):
+    torch = _torch()
+    a = new_input(r, r.choice([s for s in SHAPES if s]))
+    shape = a.shape
+    rank = len(shape)
+    d = _dim(r, rank)
+    ishape = tuple(r.randint(0, s) for s in shape)
+    idx = Extra(_index_tensor(r, shape[d], ishape))
+    kind = r.choice(["gather", "scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy",
+                     "scatter_value"])
+    if kind == "gather":
+        return f"gather({d}, {idx})", lambda x: torch.gather(x, d, idx.t.to(x.device)), [a]
+    if kind in ("index_add", "index_copy"):
+        i1 = Extra(_index_tensor(r, shape[d], (r.randint(0, 3),)))
+        if kind == "index_copy":  # duplicates make the result order-dependent
+            i1 = Extra(_torch().randperm(shape[d])[:r.randint(0, shape[d])] if shape[d] else i1.t[:0])
+        sshape = list(shape)
+        sshape[d % rank] = i1.t.numel()
+        src = new_input(r, tuple(sshape), [a.dtype])
+        return f"{kind}({d}, {i1})", lambda x, s: getattr(x, kind)(d, i1.t.to(x.device), s), [a, src]
+    if kind == "scatter_value":
+        v = r.choice([1.0, -2, 0])
+        return f"scatter({d}, {idx}, value={v})", lambda x: x.scatter(d, idx.t.to(x.device), v), [a]
+    src = new_input(r, ishape, [a.dtype])
+    if kind == "scatter":  # duplicate indices: which write wins is unspecified: no duplicates
+        idx = Extra(_unique_per_slice(r, shape[d], ishape, d))
+        return f"scatter({d}, {idx})", lambda x, s: x.scatter(d, idx.t.to(x.device), s), [a, src]
+    if kind == "scatter_add":
+        return f"scatter_add({d}, {idx})", lambda x, s: x.scatter_add(d, idx.t.to(x.device), s), [a, src]
+    red = r.choice(["sum", "prod", "amax", "amin", "mean"])
+    inc = r.random() < 0.5
+    return f"scatter_reduce({d}, {red}, include_self={inc})", \
+        lambda x, s: x.scatter_reduce(d, idx.t.to(x.device), s, red, include_self=inc), [a, src]
+
+
+def _unique_per_slice(r, size, ishape, d):
+    """int64 indices of ishape whose values along d are distinct (a permutation prefix)."""
+    torch = _torch()
+    t = torch.zeros(ishape, dtype=torch.int64)
+    if not t.numel():
+        return t
+    moved = t.movedim(d, -1)
+    flat = moved.reshape(-1, moved.shape[-1])
+    for row in range(flat.shape[0]):
+        perm = list(range(size))
+        r.shuffle(perm)
+        flat[row] = torch.tensor(perm[:flat.shape[1]])
+    return flat.reshape(moved.shape).movedim(-1, d).contiguous()
+
+
+def gen_order(r):
+    torch = _torch()
+    a = new_input(r, None, [x for x in ALL if x != "complex64"])
+    rank = len(a.shape)
+    d = _dim(r, rank)
+    kind = r.choice(["sort", "argsort", "topk", "unique", "msort", "kthvalue", "unique_consecutive"])
+    if kind == "sort":
+        desc = r.random() < 0.5
+        return f"sort({d}, descending={desc}, stable)", \
+            lambda x: torch.sort(x, dim=d, descending=desc, stable=True), [a]
+    if kind == "argsort":
+        return f"argsort({d}, stable)", lambda x: torch.argsort(x, dim=d, stable=True), [a]
+    if kind == "topk":
+        size = a.shape[d] if rank else 1
+        k = r.randint(0, size + (r.random() < 0.05))
+        largest = r.random() < 0.7
+        return f"topk({k}, {d}, largest={largest}).values", \
+            lambda x: torch.topk(x, k, dim=d, largest=largest).values, [a]
+    if kind == "kthvalue":
+        size = a.shape[d] if rank else 1
+        k = r.randint(1, max(size, 1))
+        return f"kthvalue({k}, {d}).values", lambda x: torch.kthvalue(x, k, d).values, [a]
+    if kind == "unique":
+        inv = r.random() < 0.5
+        return f"unique(return_inverse={inv}, return_counts=True)", \
+            lambda x: torch.unique(x, sorted=True, return_inverse=inv, return_counts=True), [a]
+    if kind == "unique_consecutive":
+        return "unique_consecutive", lambda x: torch.unique_consecutive(x), [a]
+    return "msort", lambda x: torch.msort(x), [a]
+
+
+def gen_matmul(r):
+    torch = _torch()
+    dts = ["float32", "float64", "bfloat16", "float16", "int64", "complex64"]
+    dt = r.choice(dts)
+    m, k, n, b = (r.choice([0, 1, 2, 3, 5]) for _ in range(4))
+    kind = r.choice(["matmul", "mm", "bmm", "mv", "dot", "matmul_batched", "addmm", "einsum"])
+    if kind == "mm":
+        shapes = [(m, k), (k, n)]
+    elif kind == "bmm":
+        shapes = [(b, m, k), (b, k, n)]
+    elif kind == "mv":
+        shapes = [(m, k), (k,)]
+    elif kind == "dot":
+        shapes = [(k,), (k,)]
+    elif kind == "matmul_batched":
+        shapes = [(b, 1, m, k), (3, k, n)]
+    elif kind == "addmm":
+        shapes = [(m, n) if r.random() < 0.5 else (n,), (m, k), (k, n)]
+    elif kind == "einsum":
+        shapes = [(b, m, k), (b, k, n)]
+    else:
+        shapes = r.choice([[(k,), (k, n)], [(m, k), (k,)], [(m, k), (k, n)], [(b, m, k), (k, n)], [(k,), (k,)]])
+    if r.random() < 0.05:  # mismatched inner dims: both raise
+        shapes[-1] = tuple(s + 1 for s in shapes[-1])
+    ins = [Input(s, dt, pick_layout(r, s), r.randrange(1 << 30)) for s in shapes]
+    for i in ins:  # fewer specials: matmul of inf and 0 makes NaN that differ in summation order
+        i.dtype = dt
+    if kind == "addmm":
+        return "addmm", lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2), ins
+    if kind == "einsum":
+        return "einsum(bmk,bkn->bnm)", lambda x, y: torch.einsum("bmk,bkn->bnm", x, y), ins
+    fn = {"matmul": torch.matmul, "matmul_batched": torch.matmul, "mm": torch.mm, "bmm": torch.bmm,
+          "mv": torch.mv, "dot": torch.dot}[kind]
+    return kind, lambda x, y: fn(x, y), ins
+
+
+def gen_convert(r):
+    torch = _torch()
+    a = new_input(r)
+    to = r.choice(ALL)
+    kind = r.choice(["to", "to", "type_as", "copy_", "method"])
+    if kind == "to":
+        return f"to({to})", lambda x: x.to(_dt(to)), [a]
+    if kind == "type_as":
+        b = new_input(r, (1,), [to])
+        return f"type_as({to})", lambda x, y: x.type_as(y), [a, b]
+    if kind == "copy_":
+        b = new_input(r, broadcast_partner(r, a.shape), [to])
+        return f"copy_ into {to}", lambda x, y: torch.empty(x.shape, dtype=y.dtype, device=x.device).copy_(
+            y.expand(x.shape) if y.shape != x.shape else y), [a, b]
+    m = r.choice(["float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool"])
+    return f".{m}()", lambda x: getattr(x, m)(), [a]
+
+
+FAMILIES = {"elementwise": gen_elementwise, "reduce": gen_reduce, "index": gen_index, "views": gen_views,
+            "scatter": gen_scatter, "order": gen_order, "matmul": gen_matmul, "convert": gen_convert}
+
+
+@dataclass
+class Case:
+    seed: int
+    index: int
+    family: str
+    label: str
+    fn: object
+    inputs: list
+
+    def __repr__(self):
+        return f"case {self.seed}:{self.index} {self.family} {self.label} on {self.inputs}"
+
+
+def make_case(seed: int, index: int) -> Case:
+    r = random.Random(f"{seed}:{index}")
+    fam = r.choice(list(FAMILIES))
+    label, fn, inputs = FAMILIES[fam](r)
+    return Case(seed, index, fam, label, fn, inputs)
+
+
+# ---------------------------------------------------------------- the differences we keep, with their reasons
+@dataclass
+class Known:
+    family: str
+    label: str        # a prefix of the case's label
+    reason: str
+    when: object = None  # callable(case, cpu_result, xla_result) -> bool, None: always
+
+    def matches(self, case, cpu, xla):
+        if case.family != self.family or not case.label.startswith(self.label):
+            return False
+        return self.when is None or self.when(case, cpu, xla)
+
+
+def _dtypes_of(case):
+    return {i.dtype for i in case.inputs}
+
+
+def _float_bitwise(case, cpu, xla):
+    return isinstance(cpu, NotImplementedError) and isinstance(xla, RuntimeError) and "floating" in str(xla)
+
+
+KNOWN: list[Known] = [
+    Known("elementwise", "bitwise_", "bitwise ops of floats: CPU's dispatch finds no Float kernel "
+          "(NotImplementedError), our shape rule refuses the dtype (RuntimeError naming the op); both refuse",
+          _float_bitwise),
+    Known("views", "view(complex64)", "bitcasts to complex are refused (NotImplementedError: StableHLO's "
+          "bitcast_convert takes no complex type; view_as_complex is the way)"),
+    Known("views", "view(", "bitcasts from complex are refused (as above)",
+          lambda c, cpu, xla: "complex64" in _dtypes_of(c)),
+]
+
+
+# ---------------------------------------------------------------- running and comparing
+TOL = {"float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2), "float32": (1e-4, 1e-5), "float64": (1e-9, 1e-12),
+       "complex64": (1e-4, 1e-5)}
+
+
+def _flatten(x):
+    torch = _torch()
+    if isinstance(x, (tuple, list)):
+        out = []
+        for e in x:
+            out += _flatten(e)
+        return out
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [x]
+
+
+def _to_cpu(x):
+    torch = _torch()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to_cpu(e) for e in x) if not hasattr(x, "_fields") else tuple(_to_cpu(e) for e in x)
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    return x
+
+
+def compare(case, cpu, xla) -> str | None:
+    """None when equal; else what differs."""
+    torch = _torch()
+    a, b = _flatten(cpu), _flatten(xla)
+    if len(a) != len(b):
+        return f"{len(a)} results on CPU, {len(b)} on xla"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return f"result {i}: {type(x).__name__} vs {type(y).__name__}"
+        if not isinstance(x, torch.Tensor):
+            if not (x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))):
+                return f"result {i}: {x!r} vs {y!r}"
+            continue
+        if x.dtype != y.dtype:
+            return f"result {i}: dtype {x.dtype} vs {y.dtype}"
+        if x.shape != y.shape:
+            return f"result {i}: shape {tuple(x.shape)} vs {tuple(y.shape)}"
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            rtol, atol = TOL.get(str(x.dtype).replace("torch.", ""), (1e-4, 1e-5))
+            xd, yd = x.to(torch.complex128 if x.dtype.is_complex else torch.float64), \
+                y.to(torch.complex128 if y.dtype.is_complex else torch.float64)
+            finite = xd[torch.isfinite(xd)].abs()
+            scale = float(finite.max()) if finite.numel() else 1.0
+            # reductions and products sum in another order: the tolerance scales with the inputs' magnitude
+            fam_scale = 1.0 if case.family in ("elementwise", "convert", "views", "index", "order") else 50.0
+            ok = torch.isclose(xd, yd, rtol=rtol * fam_scale, atol=atol * fam_scale * max(1.0, scale),
+                               equal_nan=True)
+            if not bool(ok.all()):
+                bad = (~ok).nonzero()[0].tolist()
+                return f"result {i}: at {bad} {xd[tuple(bad)].item()} vs {yd[tuple(bad)].item()}"
+        elif not torch.equal(x, y):
+            bad = (x != y).nonzero()[0].tolist()
+            return f"result {i}: at {bad} {x[tuple(bad)].item()} vs {y[tuple(bad)].item()}"
+    return None
+
+
+def run_case(case: Case) -> tuple[str, str]:
+    """(verdict, detail) of one case in this process."""
+    torch = _torch()
+    import torch_xla_core as txc  # lazy: the parent runner loads no torch
+    from torch_xla_core.executor import GraphError  # lazy: as above
+    bases = [i.cpu() for i in case.inputs]
+    cpu_args = [i.view(b) for i, b in zip(case.inputs, bases)]
+    xla_args = [i.view(b.to(txc.device())) for i, b in zip(case.inputs, bases)]
+    try:
+        cpu, cpu_err = case.fn(*cpu_args), None
+    except Exception as e:  # noqa: BLE001
+        cpu, cpu_err = None, e
+    try:
+        xla, xla_err = _to_cpu(case.fn(*xla_args)), None
+    except Exception as e:  # noqa: BLE001
+        xla, xla_err = None, e
+    txc._checks.clear()
+    if isinstance(xla_err, GraphError):
+        return "graph_error", f"{type(xla_err).__name__}: {str(xla_err)[:400]}"
+    if cpu_err is not None or xla_err is not None:
+        if cpu_err is not None and xla_err is not None and type(cpu_err) is type(xla_err):
+            return "same_error", type(cpu_err).__name__
+        detail = (f"CPU: {type(cpu_err).__name__ if cpu_err else 'ok'}: {str(cpu_err)[:200] if cpu_err else ''} | "
+                  f"xla: {type(xla_err).__name__ if xla_err else 'ok'}: {str(xla_err)[:300] if xla_err else ''}")
+        return _tabled(case, cpu_err or cpu, xla_err or xla, "error", detail)
+    diff = compare(case, cpu, xla)
+    if diff is None:
+        return "ok", ""
+    return _tabled(case, cpu, xla, "differs", diff)
+
+
+def _tabled(case, cpu, xla, verdict, detail):
+    for k in KNOWN:
+        if k.matches(case, cpu, xla):
+            return "tabled", k.reason
+    return verdict, detail
+
+
+FINDINGS = ("differs", "error", "graph_error", "crash")
+
+
+def child_main(seed: int, start: int, stop: int, progress: str) -> None:
+    """Runs cases [start, stop) and writes one JSON line per case to stdout;
+    `progress` names a file holding the index of the case in flight."""
+    import signal
+    import warnings
+    warnings.simplefilter("ignore")
+    crash_at = os.environ.get("TXC_FUZZ_CRASH_AT")  # tests/test_fuzz.py: the runner's crash report
+    for i in range(start, stop):
+        with open(progress, "w") as f:
+            f.write(str(i))
+        if crash_at == str(i):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        try:
+            case = make_case(seed, i)
+            verdict, detail = run_case(case)
+            desc = repr(case)
+        except Exception as e:  # noqa: BLE001  (the generator itself: a bug of the fuzzer, reported)
+            verdict, detail, desc = "error", f"fuzzer: {type(e).__name__}: {e}", f"case {seed}:{i}"
+        sys.stdout.write(json.dumps({"i": i, "verdict": verdict, "detail": detail, "case": desc}) + "\n")
+        sys.stdout.flush()
+
+
+def run(cases: int, seed: int = 0, start: int = 0, jobs: int = 1, batch: int = 500, log=print) -> dict:
+    """Runs cases [start, start + cases) in child processes (a crash ends
+    its child: the case is reported and the next child goes on). Returns
+    {"counts": {verdict: n}, "findings": [...], "tabled": {reason: n}}."""
+    import concurrent.futures as cf
+    import tempfile
+    counts: dict[str, int] = {}
+    findings, tabled = [], {}
+    todo = [(s, min(s + batch, start + cases)) for s in range(start, start + cases, batch)]
+
+    def one(span):
+        lo, hi = span
+        recs = []
+        while lo < hi:
+            with tempfile.NamedTemporaryFile("w+", suffix=".fuzz", delete=False) as pf:
+                progress = pf.name
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(seed), str(lo), str(hi),
+                                progress], capture_output=True, text=True)
+            done = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+            recs += done
+            lo = done[-1]["i"] + 1 if done else lo
+            if p.returncode != 0 and lo < hi:  # the case in flight killed the child
+                with open(progress) as f:
+                    bad = int(f.read() or lo)
+                recs.append({"i": bad, "verdict": "crash", "case": f"case {seed}:{bad}",
+                             "detail": f"exit {p.returncode}: {p.stderr[-600:]}"})
+                lo = bad + 1
+            os.unlink(progress)
+        return recs
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(max(1, jobs)) as ex:
+        for recs in ex.map(one, todo):
+            for rec in recs:
+                counts[rec["verdict"]] = counts.get(rec["verdict"], 0) + 1
+                if rec["verdict"] in FINDINGS:
+                    findings.append(rec)
+                elif rec["verdict"] == "tabled":
+                    tabled[rec["detail"]] = tabled.get(rec["detail"], 0) + 1
+            log(f"  {sum(counts.values())} cases, {time.time() - t0:.0f} s: {counts}")
+    return {"counts": counts, "findings": findings, "tabled": tabled}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start", type=int, default=0, help="the first case index")
+    ap.add_argument("--jobs", type=int, default=1, help="child processes at a time")
+    ap.add_argument("--case", type=int, help="run this one case here and print it (a reproducer)")
+    ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        child_main(int(a.child[0]), int(a.child[1]), int(a.child[2]), a.child[3])
+        return 0
+    if a.case is not None:
+        case = make_case(a.seed, a.case)
+        print(case)
+        print(*run_case(case))
+        return 0
+    res = run(a.cases, a.seed, a.start, a.jobs)
+    print(f"fuzz: {a.cases} cases from {a.seed}:{a.start}: {res['counts']}")
+    for reason, n in sorted(res["tabled"].items(), key=lambda kv: -kv[1]):
+        print(f"  tabled x{n}: {reason}")
+    for f in res["findings"]:
+        print(f"FINDING {f['verdict']}: {f['case']}\n    {f['detail']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 1 if res["findings"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

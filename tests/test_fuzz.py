@@ -1,0 +1,172 @@
+"""The op fuzzer's fixed-seed budget (tests/fuzz.py: random calls of common
+ops on random shapes and dtypes, each against CPU eager), and its findings
+kept as regression tests, each compared with CPU eager: a 0-d cat crashed
+the process, empty boolean masks and zero-size indexing failed to compile,
+0-d flip and repeated flip dims failed at the sync, view(dtype) was
+refused, NaN/inf to integers and sign(NaN) differed from CPU."""
+import math
+import os
+
+import pytest
+import torch
+
+import fuzz
+import torch_xla_core as txc
+
+# ~2 min on a 2-core machine (children compile each case's graph); `nox -s fuzz -- --cases N` runs more
+BUDGET = int(os.environ.get("TXC_FUZZ_CASES", "1500"))
+
+
+def test_fixed_seed_budget_has_no_finding():
+    """Cases run in child processes: a crash is a finding, not a dead test run."""
+    res = fuzz.run(BUDGET, seed=0, batch=250, log=lambda *_: None)
+    assert sum(res["counts"].values()) == BUDGET
+    assert res["counts"].get("ok", 0) > BUDGET // 2       # mostly real comparisons, not refusals
+    lines = [f"{f['verdict']}: {f['case']}: {f['detail']}" for f in res["findings"]]
+    assert not lines, "\n".join(lines)
+
+
+def test_the_runner_reports_a_crash_and_goes_on(monkeypatch, tmp_path):
+    """A case that kills its child is a 'crash' finding with its index; the cases after it still run."""
+    monkeypatch.setenv("TXC_FUZZ_CRASH_AT", "3")
+    res = fuzz.run(6, seed=0, batch=6, log=lambda *_: None)
+    crashes = [f for f in res["findings"] if f["verdict"] == "crash"]
+    assert [c["i"] for c in crashes] == [3]
+    assert sum(res["counts"].values()) == 6
+
+
+def test_every_known_difference_has_a_reason():
+    assert fuzz.KNOWN
+    for k in fuzz.KNOWN:
+        assert k.family in fuzz.FAMILIES and len(k.reason) > 30, k
+
+
+def _same(dev, fn, *args):
+    """fn on CPU and on the xla device: equal results, or the same exception type."""
+    try:
+        want = fn(*args)
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e)) as got:
+            fn(*(a.to(dev) for a in args)).cpu()
+        assert type(got.value) is type(e), got.value
+        return e
+    got = fn(*(a.to(dev) for a in args))
+    got = [g.cpu() for g in got] if isinstance(got, (tuple, list)) else got.cpu()
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    return got
+
+
+def test_cat_of_0d_tensors_raises_as_cpu(dev):
+    a = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match=r"zero-dimensional tensor \(at position 0\) cannot be concatenated"):
+        torch.cat([a.to(dev), a.to(dev)], dim=0)
+    with pytest.raises(RuntimeError, match=r"zero-dimensional tensor \(at position 1\) cannot be concatenated"):
+        torch.cat([torch.zeros(2).to(dev), a.to(dev)])
+    torch.testing.assert_close(torch.stack([a.to(dev), a.to(dev)]).cpu(), torch.stack([a, a]))
+
+
+def test_core_concat_of_0d_operands_raises_not_crashes(dev):
+    """The core's own shape rule refuses (a caller that skips torch's check must not crash the process)."""
+    from torch_xla_core import _C, _tensor
+    a = torch.tensor(1.0).to(dev)
+    with pytest.raises(RuntimeError, match=r"concat: zero-dimensional tensor \(at position 0\)"):
+        _C.op(_tensor.OP.concat, (a._lt, a._lt), (0,), True)
+    v = torch.zeros(2).to(dev)
+    with pytest.raises(RuntimeError, match=r"concat: dimension 3 out of range"):
+        _C.op(_tensor.OP.concat, (v._lt, v._lt), (3,), True)
+    with pytest.raises(RuntimeError, match=r"flip: invalid dims \[0\]"):
+        _C.op(_tensor.OP.flip, (a._lt,), ([0],), True)
+
+
+@pytest.mark.parametrize("shape", [(0,), (1, 0), (3, 0, 1)])
+def test_boolean_mask_of_an_empty_tensor(dev, shape):
+    a = torch.randn(shape)
+    got = a.to(dev)[a.to(dev) > 0].cpu()
+    assert got.shape == a[a > 0].shape and got.dtype == a.dtype
+
+
+def test_indexing_zero_size_tensors(dev):
+    z = torch.zeros(0, 1, 2, 0)
+    empty = torch.zeros(0, dtype=torch.long)
+    for fn in (lambda x, i: x.index_select(0, i), lambda x, i: x[i], lambda x, i: x[:, :, i[:0]],
+               lambda x, i: torch.gather(x, 0, i.reshape(0, 1, 1, 0))):
+        _same(dev, fn, z, empty)
+    _same(dev, lambda x, i: x[i], torch.zeros(0), empty)
+    _same(dev, lambda x, i: x.index_put((i,), torch.tensor(1.0)), torch.zeros(0, 3), empty)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bool, torch.int64])
+def test_flip_of_a_0d_tensor(dev, dtype):
+    x = torch.tensor(3).to(dtype)
+    for dims in ((0,), (-1,), ()):
+        _same(dev, lambda t: t.flip(dims), x)
+
+
+def test_flip_with_repeated_dims_raises_at_the_call(dev):
+    x = torch.zeros(2, 3).to(dev)
+    for dims in ((0, 1, 1), (0, -2)):
+        with pytest.raises(RuntimeError, match="appears multiple times in the list of dims"):
+            x.flip(dims)                          # at the call, no read needed
+    with pytest.raises(IndexError):
+        x.flip(2)
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.int32), (torch.int32, torch.float32),
+                                     (torch.float32, torch.uint8), (torch.uint8, torch.float32),
+                                     (torch.float64, torch.int16), (torch.bfloat16, torch.float16),
+                                     (torch.int8, torch.bool), (torch.bool, torch.uint8),
+                                     (torch.int16, torch.int8), (torch.float16, torch.int64)])
+def test_view_dtype_is_a_bitcast_as_cpu(dev, src, dst):
+    x = torch.randn(3, 8, dtype=torch.float64) * 100
+    x = x.to(src) if src.is_floating_point else x.to(torch.int64).to(src)
+    _same(dev, lambda t: t.view(dst), x)
+    _same(dev, lambda t: t[1:, 2:6].view(dst), x)            # a view of a view: offset and strides scale
+    _same(dev, lambda t: t.t().view(dst), x)                  # stride(-1) != 1: both raise when sizes differ
+
+
+def test_view_dtype_writes_through_and_refuses_as_cpu(dev):
+    x = torch.arange(8, dtype=torch.float32)
+    xd = x.to(dev)
+    v, vd = x.view(torch.int32), xd.view(torch.int32)
+    v[2] = 0x7F800000                                        # +inf's bits, written through the int view
+    vd[2] = 0x7F800000
+    torch.testing.assert_close(xd.cpu(), x)
+    b, bd = x.view(torch.uint8), xd.view(torch.uint8)
+    assert bd.shape == b.shape and bd.stride() == b.stride()
+    bd[4:8] = 0
+    b[4:8] = 0
+    torch.testing.assert_close(xd.cpu(), x)
+    for bad in (lambda t: t[1:].view(torch.uint8).view(torch.float32),   # offset not divisible
+                lambda t: torch.tensor(1.0, device=t.device).view(torch.uint8),   # 0-d, another size
+                lambda t: t.view(torch.uint8)[:7].view(torch.float32)):  # size not divisible
+        _same(dev, bad, x)
+    with pytest.raises(NotImplementedError, match="complex"):
+        xd.view(torch.complex64)
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_nan_and_inf_to_integers_as_cpu(dev, src):
+    vals = [math.nan, math.inf, -math.inf, 1e10, -1e10, 300.5, -1.5, 128.0, -129.0, 65539.0, 2.0**31,
+            -2.0**31 - 1e3, 2.0**63, 3e38, 40000.0, -40000.0, -0.7, 2.0**31 - 128]
+    x = torch.tensor(vals, dtype=torch.float64).to(src)
+    for dst in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool):
+        _same(dev, lambda t: t.to(dst), x)
+
+
+def test_sign_and_sgn_of_nan_are_zero_as_cpu(dev):
+    x = torch.tensor([math.nan, -math.nan, math.inf, -math.inf, -2.0, 0.0, 3.0])
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        _same(dev, torch.sign, x.to(dt))
+        _same(dev, torch.sgn, x.to(dt))
+
+
+def test_a_device_checked_index_raises_at_the_read_right_after(dev):
+    """An index only the device can judge: the error is the read's, right after the op, naming it."""
+    x = torch.randn(4, 3).to(dev)
+    bad = torch.tensor([0, 7]).to(dev)
+    with pytest.raises(IndexError, match="index_select: index out of range"):
+        torch.index_select(x, 0, bad).cpu()
+    txc.sync(wait=True)                                       # reported once: nothing left for later syncs
+    with pytest.raises(RuntimeError, match="gather: index out of range"):
+        torch.gather(x, 0, bad.reshape(2, 1)).sum().item()
+    assert x[torch.tensor([1]).to(dev)].cpu().shape == (1, 3)  # the next read is clean
