@@ -14,6 +14,8 @@
                                   and flavor installed with its deps, pytest -m release
     nox -s release_smoke          that training step alone on release/ as it is
     nox -s tests                  pytest tests (package installed from source)
+    nox -s fuzz                   random calls of common ops vs CPU eager (tests/fuzz.py),
+                                  each case in a child process; -- --cases N --seed S --jobs J
     nox -s conformance            PyTorch's OpInfo samples, full sweep: every sample,
                                   forward and backward, float32/bfloat16/int64
                                   (tests/conformance); JSON in .nox/conformance.json
@@ -23,8 +25,10 @@
     nox -s images_lint            hadolint + tests/test_images.py
     nox -s compat                 the built wheel on every torch of the supported range
                                   (2.11-2.15), a venv each (cached in
-                                  ~/.cache/torch_xla_core-compat), tests/compat in each:
-                                  a table torch version x check (tests/compat/run.py);
+                                  ~/.cache/torch_xla_core-compat), tests/compat in each,
+                                  and on the oldest and newest torch the OpInfo
+                                  conformance files (float32, bf16): a table torch
+                                  version x check (tests/compat/run.py);
                                   -- --torch 2.11 2.15 for some, -k EXPR
     nox -s bench                  both flavors side by side (bench/flavors.py):
                                   table, bench/results/flavors.{json,png}
@@ -178,17 +182,33 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)
+def fuzz(session: nox.Session) -> None:
+    """The op fuzzer (tests/fuzz.py): random shapes (empty, 0-d, broadcast,
+    non-contiguous, flipped) and dtypes with NaN/inf over elementwise ops,
+    reductions, indexing, views, scatter/gather, sort/topk/unique, matmul and
+    conversions, each case against CPU eager in a child process (a crash is a
+    finding, the run goes on). Fails on any finding not in its KNOWN table.
+    Options after --: --cases N (default 2000), --seed S, --start I, --jobs J,
+    --json PATH; --case I replays one case."""
+    session.install(TORCH)
+    session.install(".[test]", env=_jobs_env())
+    session.run("python", "tests/fuzz.py", *session.posargs)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
 def compat(session: nox.Session) -> None:
     """The wheel on every torch of the range: wheelhouse/<flavor>/ reused when
     it holds a wheel of the current version built after the last change to
     the sources (else build/wheels.py builds it), then tests/compat/run.py:
     per torch a venv in ~/.cache/torch_xla_core-compat/venvs (TXC_COMPAT_CACHE;
     made once, several GB each), the default flavor's wheel installed with
-    its dependencies (pip must keep that torch), tests/compat in it; the other
-    flavor's import and training step on the oldest and newest torch. Prints
-    a table torch version x check, JSON in .nox/compat.json. Options after --:
-    run.py's (--torch 2.11 2.15, -k EXPR, --json PATH), and --reuse-wheels
-    (take wheelhouse/ as it is)."""
+    its dependencies (pip must keep that torch), tests/compat in it; on the
+    oldest and newest torch also the other flavor's import and training step,
+    and the OpInfo conformance files (tests/conformance/test_opinfo.py and
+    test_opinfo_bf16.py, a row each). Prints a table torch version x check,
+    JSON in .nox/compat.json. Options after --: run.py's (--torch 2.11 2.15,
+    --conformance-on 2.13, -k EXPR, --json PATH), and --reuse-wheels (take
+    wheelhouse/ as it is)."""
     args = list(session.posargs)
     reuse = "--reuse-wheels" in args
     args = [a for a in args if a != "--reuse-wheels"]
