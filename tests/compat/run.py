@@ -6,6 +6,7 @@ the built wheel in a venv per torch version, the compat suite
     python tests/compat/run.py                       # every torch of TORCHES
     python tests/compat/run.py --torch 2.11 2.15     # CI: the oldest and the newest
     python tests/compat/run.py --torch 2.13 -k autocast
+    python tests/compat/run.py --torch 2.14 --conformance-on 2.14   # + the conformance files
 
 Venvs: CACHE/venvs/torch-X.Y (CACHE: $TXC_COMPAT_CACHE, default
 ~/.cache/torch_xla_core-compat), made once and reused while their
@@ -20,11 +21,14 @@ machine's torch<=2.14.1 cap for these pips only.
 Per venv: torch_xla_core is uninstalled, the wheel (wheelhouse/<flavor>/,
 made by build/wheels.py) installed with its dependencies, and the torch
 version compared before and after (pip must keep the user's torch); then
-pytest on a copy of tests/compat and tests/conformance outside the checkout
-(so that the wheel, not the source tree, is imported). Both ABI flavors on
-the oldest and newest torch asked for: the other flavor's wheel first, its
-import/build_info and training-step checks, then the default flavor's
-wheel and the whole suite. Prints the table and the first line of each
+pytest on a copy of tests/compat and tests/conformance (with tests/conftest.py)
+outside the checkout (so that the wheel, not the source tree, is imported).
+On the oldest and newest torch asked for: both ABI flavors (the other
+flavor's wheel first, its import/build_info and training-step checks, then
+the default flavor's wheel and the whole compat suite), and the OpInfo
+conformance files (float32: tests/conformance/test_opinfo.py, bf16:
+test_opinfo_bf16.py; a row each in the table, with its counts and its
+first failing cases). Prints the table and the first line of each
 failure; JSON to --json (default .nox/compat.json). Exit status 1 when a
 check failed."""
 from __future__ import annotations
@@ -50,6 +54,9 @@ TORCHES = {"2.11": "2.11.0", "2.12": "2.12.1", "2.13": "2.13.0", "2.14": "2.14.1
 DEPS = ["jax>=0.10.2,<0.12", "jaxlib>=0.10.2,<0.12", "numpy>=1.26", "transformers>=5,<6",
         "pytest>=8", "expecttest", "hypothesis"]
 FLAVOR_CHECKS = "import_and_build_info or traced_training_step"
+# The OpInfo conformance files (the suite's, held to their expected-failure
+# lists), run where --conformance-on says; one table row each.
+CONFORMANCE = {"conformance/test_opinfo.py": "OpInfo float32", "conformance/test_opinfo_bf16.py": "OpInfo bf16"}
 PIP_ENV = {"PIP_CONSTRAINT": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_PROGRESS_BAR": "off"}
 
 
@@ -121,11 +128,14 @@ def install_wheel(py: Path, whl: Path, with_deps: bool) -> str | None:
     return None
 
 
-def run_suite(py: Path, flavor: str, kexpr: str | None, work: Path) -> dict[str, tuple[str, str]]:
-    """pytest on the copy of the suite in `work`: {check: (outcome, first line)}."""
+def run_suite(py: Path, flavor: str, kexpr: str | None, work: Path,
+              conformance: bool = False) -> dict[str, tuple[str, str]]:
+    """pytest on the copy of the suite in `work` (compat, and the conformance
+    files if asked): {check: (outcome, first line)}."""
     xml = work / f"junit-{flavor}.xml"
     cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", work / "pytest.ini", "--rootdir", work,
-           work / "compat", f"--junitxml={xml}", "-W", "ignore"]
+           work / "compat", *([work / f for f in CONFORMANCE] if conformance else []), f"--junitxml={xml}",
+           "-W", "ignore"]
     if kexpr:
         cmd += ["-k", kexpr]
     env = {**os.environ, "TXC_COMPAT": "1", "TXC_COMPAT_FLAVOR": flavor, "TXC_COMPAT_REPO": str(ROOT),
@@ -135,18 +145,31 @@ def run_suite(py: Path, flavor: str, kexpr: str | None, work: Path) -> dict[str,
     if not xml.exists():
         return {"pytest": ("fail", (r.stdout + r.stderr).strip().splitlines()[-1:][0] if (r.stdout + r.stderr).strip()
                            else f"exit {r.returncode}")}
-    out = {}
+    out, groups = {}, {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = case.get("name").removeprefix("test_")
-        SECONDS[name] = SECONDS.get(name, 0.0) + float(case.get("time") or 0)
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
             text = (bad.get("message") or bad.text or "").strip()
-            out[name] = ("fail", text.splitlines()[0][:200] if text else "?")
+            res = ("fail", text.splitlines()[0][:200] if text else "?")
         elif case.find("skipped") is not None:
-            out[name] = ("skip", (case.find("skipped").get("message") or "").splitlines()[0][:200])
+            res = ("skip", (case.find("skipped").get("message") or "").splitlines()[0][:200])
         else:
-            out[name] = ("pass", "")
+            res = ("pass", "")
+        group = next((g for f, g in CONFORMANCE.items()
+                      if case.get("classname") == f.removesuffix(".py").replace("/", ".")), None)
+        if group:  # a conformance file: one row, its counts and first failing cases
+            groups.setdefault(group, []).append((name, res))
+            name = group
+        else:
+            out[name] = res
+        SECONDS[name] = SECONDS.get(name, 0.0) + float(case.get("time") or 0)
+    for group, cases in groups.items():
+        n = {o: sum(1 for _, (x, _) in cases if x == o) for o in ("pass", "fail", "skip")}
+        fails = [c for c, (x, _) in cases if x == "fail"]
+        line = f"{n['pass']} pass, {n['fail']} fail, {n['skip']} skip" + (
+            ": " + ", ".join(fails[:6]) + (", ..." if len(fails) > 6 else "") if fails else "")
+        out[group] = ("fail" if fails else "pass", line)
     return out
 
 
@@ -156,6 +179,7 @@ SECONDS: dict[str, float] = {}  # check -> seconds, this torch (run_suite adds t
 def copy_suite(work: Path) -> None:
     for d in ("compat", "conformance"):
         shutil.copytree(ROOT / "tests" / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "run.py"))
+    shutil.copy(ROOT / "tests" / "conftest.py", work / "conftest.py")  # the suite's setup, for the conformance files
     (work / "pytest.ini").write_text("[pytest]\n")
 
 
@@ -184,6 +208,9 @@ def main(argv=None) -> int:
     ap.add_argument("--flavors-on", nargs="*", default=None,
                     help="torch versions that also check the non-default ABI flavor (default: the oldest and "
                          "the newest asked for)")
+    ap.add_argument("--conformance-on", nargs="*", default=None,
+                    help="torch versions that also run the OpInfo conformance files (default: the oldest and the "
+                         "newest asked for)")
     ap.add_argument("-k", default=None, help="pytest -k for the default flavor's run")
     ap.add_argument("--json", default=str(ROOT / ".nox" / "compat.json"))
     args = ap.parse_args(argv)
@@ -192,7 +219,9 @@ def main(argv=None) -> int:
     others = [f for f in matrix if f.name != matrix.default]
     wheels = {f.name: wheel_of(f) for f in matrix}
     versions = sorted(args.torch, key=lambda v: tuple(map(int, v.split("."))))
-    flavors_on = set(args.flavors_on if args.flavors_on is not None else {versions[0], versions[-1]})
+    ends = {versions[0], versions[-1]}
+    flavors_on = set(args.flavors_on if args.flavors_on is not None else ends)
+    conformance_on = set(args.conformance_on if args.conformance_on is not None else ends)
     results, timings = {}, {}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="txc-compat-") as tmp:
@@ -214,7 +243,7 @@ def main(argv=None) -> int:
             why = install_wheel(py, wheels[default.name], with_deps=True)
             res["pip install keeps torch"] = ("fail", why) if why else ("pass", "")
             if not why:
-                res.update(run_suite(py, default.name, args.k, work))
+                res.update(run_suite(py, default.name, args.k, work, conformance=v in conformance_on))
             slow = sorted(SECONDS.items(), key=lambda kv: -kv[1])
             timings[v] = {"venv_s": round(made, 1), "total_s": round(time.perf_counter() - t0, 1),
                           "torch": torch_version(py), "tests_s": round(sum(SECONDS.values()), 1),
