@@ -758,6 +758,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--start", type=int, default=0, help="the first case index")
     ap.add_argument("--jobs", type=int, default=1, help="child processes at a time")
+    ap.add_argument("--batch", type=int, default=500, help="cases per child process")
     ap.add_argument("--case", type=int, help="run this one case here and print it (a reproducer)")
     ap.add_argument("--json", help="write the result here")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -770,7 +771,7 @@ def main(argv=None) -> int:
         print(case)
         print(*run_case(case))
         return 0
-    res = run(a.cases, a.seed, a.start, a.jobs)
+    res = run(a.cases, a.seed, a.start, a.jobs, a.batch)
     print(f"fuzz: {a.cases} cases from {a.seed}:{a.start}: {res['counts']}")
     for reason, n in sorted(res["tabled"].items(), key=lambda kv: -kv[1]):
         print(f"  tabled x{n}: {reason}")
