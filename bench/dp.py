@@ -103,7 +103,10 @@ def run(method: str, nproc: int, args) -> dict:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
                str(_port()), __file__, "--worker", method, "--out", out, "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq)]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return dict(method=method, processes=nproc, error=f"timed out after {args.timeout:g} s (--timeout)")
         if r.returncode != 0 or not os.path.exists(out):
             tail = r.stderr.strip().splitlines()[-3:]
             return dict(method=method, processes=nproc, error=f"rc={r.returncode}: {' | '.join(tail)[-400:]}")

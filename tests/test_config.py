@@ -100,19 +100,19 @@ def test_modules_read_the_environment_at_each_call(monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
     before = (executor.cache_size(), executor._donating(), compile_cache.directory(), compile_cache.max_bytes(),
               recompiles._limit(), attention.sdpa_kernel(), attention.paged_attention_impl("cpu"),
-              gmm.grouped_matmul_impl("cpu"), peers.bind_addresses("127.0.0.1:1234"), txc.local_ordinal())
+              gmm.grouped_matmul_impl("cpu"), peers.bind_addresses("127.0.0.1:1234"))
     assert before == (1024, True, "/x/cache/torch_xla_core", 4 << 30, None, "auto", "xla", "ragged_dot",
-                      ("127.0.0.1:1234", "127.0.0.1"), 0)
+                      ("127.0.0.1:1234", "127.0.0.1"))
     for name, raw in [("TXC_COMPILE_CACHE_SIZE", "3"), ("TXC_DONATE", "0"), ("TXC_COMPILE_CACHE", "off"),
                       ("TXC_COMPILE_CACHE_MAX_BYTES", "99"), ("TXC_RECOMPILE_LIMIT", "5"),
                       ("TXC_SDPA_KERNEL", "xla"), ("TXC_PAGED_ATTENTION_IMPL", "pallas"),
                       ("TXC_GROUPED_MATMUL_IMPL", "megablox"), ("TXC_COORDINATOR_BIND", "[::]:1234"),
-                      ("TXC_GLOO_HOSTNAME", "10.1.1.1"), ("TXC_LOCAL_RANK", "3")]:
+                      ("TXC_GLOO_HOSTNAME", "10.1.1.1")]:
         monkeypatch.setenv(name, raw)
     after = (executor.cache_size(), executor._donating(), compile_cache.directory(), compile_cache.max_bytes(),
              recompiles._limit(), attention.sdpa_kernel(), attention.paged_attention_impl("cpu"),
-             gmm.grouped_matmul_impl("cpu"), peers.bind_addresses("127.0.0.1:1234"), txc.local_ordinal())
-    assert after == (3, False, None, 99, 5, "xla", "pallas", "megablox", ("[::]:1234", "10.1.1.1"), 3)
+             gmm.grouped_matmul_impl("cpu"), peers.bind_addresses("127.0.0.1:1234"))
+    assert after == (3, False, None, 99, 5, "xla", "pallas", "megablox", ("[::]:1234", "10.1.1.1"))
     monkeypatch.setattr(recompiles, "_forced", None)  # (enable()/disable() override the variable)
     monkeypatch.setenv("TXC_DEBUG", "recompiles")
     assert recompiles.enabled()
