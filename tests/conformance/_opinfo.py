@@ -74,7 +74,7 @@ RANDOM = {
     "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
     "nn.functional.feature_alpha_dropout.without_train",
     "nn.functional.rrelu", "nn.functional.fractional_max_pool2d",
-    "nn.functional.fractional_max_pool3d", "nn.functional.scaled_dot_product_attention",
+    "nn.functional.fractional_max_pool3d",
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
     "empty_permuted", "pca_lowrank", "svd_lowrank",
 }
@@ -84,6 +84,7 @@ RANDOM = {
 RANDOM_WHEN = {
     # dropout_p is positional arg 9 (after query, the input): random in training
     "nn.functional.multi_head_attention_forward": lambda s: s.args[9] > 0 and s.kwargs.get("training", True),
+    "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
 }
 
 
