@@ -32,8 +32,9 @@ def test_a_save_killed_at_random_moments_loses_nothing(tmp_path, mode):
     kills = [k for k in out["kills"] if k["killed"]]
     assert len(kills) >= 20, out
     assert all(k["result"] in ("old", "new") and k["bit_equal"] for k in out["kills"]), out  # nothing lost
-    mid_write = [k for k in kills if k["temp_left"]]
-    assert all(k["result"] == "old" for k in mid_write)  # killed mid-write: the old checkpoint is there
+    # killed mid-write: a temporary file or directory left, the old checkpoint at the path (a temporary left
+    # with the new one there: killed after the commit, while removing the old directory it exchanged)
+    mid_write = [k for k in kills if k["temp_left"] and k["result"] == "old"]
     # the kills are spread over the save: some mid-write, and some after the commit or before the write
     assert len(mid_write) >= 0.2 * len(kills), out
     assert len(mid_write) < len(kills), out

@@ -165,6 +165,8 @@ def test_a_damaged_checkpoint_is_skipped_with_a_warning_naming_it(tmp_path):
     assert said[2].startswith(f"CheckpointManager: skipping the checkpoint of step 2 at {tmp_path / 'step_2'}: loading "
                               f"it failed (process 0: RuntimeError: PytorchStreamReader failed"), said
     _equal(got, _state(1))
+    with pytest.warns(UserWarning, match="step 3"), pytest.raises(RuntimeError, match=r"step 3 at .*nothing was"):
+        mngr.restore(3, extra=got)
 
 
 def test_two_processes_write_their_own_pieces_and_commit_once(tmp_path):

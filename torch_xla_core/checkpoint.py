@@ -17,12 +17,15 @@ load_state_dict() (a module, optimizer, LR scheduler, ResumableLoader) or a
 dict (of tensors and Python values). The RNG states (torch's CPU generator,
 the xla generator, Python's random and numpy's) are saved too, under "rng".
 What is saved is taken when save() is called, at the step boundary: the
-pending xla values are computed in one sync, each device buffer is held
-(immutable, so an in-place update made afterwards cannot reach it) and its
-copy to the host starts; CPU tensors are cloned and Python values copied.
+pending xla values are computed in one sync and copied to the host (every
+transfer started, then awaited), CPU tensors cloned, Python values copied,
+so an in-place update made afterwards cannot reach them, and the device
+buffers stay free for the next step to donate (no second executable).
 The write (torch.distributed.checkpoint with SPMDSavePlanner) then runs on a
-background thread (async_save=True, the default) while the next steps
-train; one save is in flight at a time (the next save waits for it). An
+background thread (async_save=True, the default; on Linux at the lowest
+CPU priority, nice 19, so it takes the cycles training leaves) while the
+next steps train; one save is in flight at a time (the next save waits for
+it). An
 error of the background write is raised by the next save(),
 wait_until_finished() or restore(), naming the step.
 
@@ -47,6 +50,7 @@ process 0 commits the step once all have written (DCP's gather is the
 barrier). The RNG states and ResumableLoader positions are per process.
 The background writes use a gloo group of their own."""
 import collections
+import contextlib
 import copy
 import itertools
 import os
@@ -149,7 +153,7 @@ def set_rng_state(state: dict) -> None:
 class CheckpointManager:
     """Step-numbered checkpoints in `directory` (see the module doc):
     save(step, **items), restore(step=None, **items) -> step or None,
-    latest_step(), all_steps(), wait_until_finished(), close()."""
+    latest_step(), all_steps(), is_saving(), wait_until_finished(), close()."""
 
     def __init__(self, directory, keep: int | None = 3, async_save: bool = True):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
@@ -243,7 +247,7 @@ class CheckpointManager:
                                 f"with state_dict()/load_state_dict() or a dict")
             skeleton[name] = _flatten(state, prefix, flat)
         skeleton["rng"] = _flatten(rng_state(), f"{self._own}/rng", flat)
-        flat = stage(flat)  # the values as they are now: one sync, device buffers held, CPU tensors cloned
+        flat = stage(flat)  # the values as they are now: one sync, the device-to-host copies, CPU tensors cloned
         flat[f"{_SKELETON}/{self._own}"] = pickle.dumps(skeleton)  # one record (DCP would flatten a dict)
         if self.async_save:
             self._thread = threading.Thread(target=self._write, args=(step, flat), name=f"txc-checkpoint-{step}",
@@ -254,6 +258,10 @@ class CheckpointManager:
             self._raise_failed()
 
     def _write(self, step, flat) -> None:
+        if self.async_save and hasattr(os, "setpriority"):
+            # the write takes the CPU time training leaves: the lowest priority for this thread (Linux: per thread)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
             # dcp.save less its warning that one process saves alone (no_dist)
             _save_state_dict(flat, AtomicFileSystemWriter(self._path(step)), self._group, no_dist=self._nproc == 1,
@@ -271,6 +279,10 @@ class CheckpointManager:
             (step, e), self._failed = self._failed, None
             raise RuntimeError(f"CheckpointManager: the save of step {step} to {self._path(step)} failed: "
                                f"{_reason(e)}") from e
+
+    def is_saving(self) -> bool:
+        """Whether a background write is in flight."""
+        return self._thread is not None and self._thread.is_alive()
 
     def wait_until_finished(self) -> None:
         """Blocks until the save in flight is committed; raises its error."""
@@ -291,8 +303,9 @@ class CheckpointManager:
     # ---- restore --------------------------------------------------------------------
 
     def restore(self, step: int | None = None, **items):
-        """Loads the newest readable step (or `step`) into the items and sets
-        the RNG states; returns the step, or None when there is none."""
+        """Loads the newest readable step (or `step`: an error if it cannot be
+        read) into the items and sets the RNG states; returns the step, or
+        None when there is none."""
         self.wait_until_finished()
         if step is not None:
             steps = [step]
@@ -304,6 +317,9 @@ class CheckpointManager:
         for s in steps:
             if self._damage(s) is None and self._restore(s, items):
                 return s
+        if step is not None:
+            raise RuntimeError(f"CheckpointManager.restore: the checkpoint of step {step} at {self._path(step)} "
+                               f"cannot be read (the warning above says why); nothing was restored")
         return None
 
     def _restore(self, step, items) -> bool:

@@ -145,20 +145,28 @@ class SPMDSavePlanner(DefaultSavePlanner):
 class StagedTensor:
     """An xla tensor's value at one moment, for a save that writes later (an
     async checkpoint): the distinct pieces on this process's devices, their
-    copies to the host started now. Device buffers are immutable and held
-    here (so never donated), so in-place updates made after staging do not
-    reach what is written. SPMDSavePlanner writes it as the tensor it was;
-    each piece's device buffer is dropped once its host copy is taken."""
+    copies to the host started now. Until fetch() (or the write) takes a
+    piece to the host its device buffer is held here: immutable, and never
+    donated while referred to, so in-place updates made after staging do
+    not reach what is written. SPMDSavePlanner writes it as the tensor it
+    was, each piece once."""
 
     def __init__(self, t: XlaTensor):
         buf = _buffer(t)
         self.shape, self.dtype = tuple(t.shape), t.dtype
         self._buf = buf  # held: a buffer referred to from Python is never donated (its shards would go with it)
-        self.pieces = {}  # offsets -> (sizes, device buffer or None once on the host)
+        self.pieces = {}  # offsets -> (sizes, device buffer, then host tensor, then None once written)
         for offsets, sizes, shards in _pieces(buf):
             a = shards[0].data
             a.copy_to_host_async()
             self.pieces[offsets] = (sizes, a)
+
+    def fetch(self) -> None:
+        """Takes every piece to the host now and lets the device buffers go."""
+        for offsets, (sizes, a) in self.pieces.items():
+            if a is not None and not isinstance(a, torch.Tensor):
+                self.pieces[offsets] = (sizes, runtime.to_host(a, "staging a checkpoint"))
+        self._buf = None
 
     def host(self, offsets) -> torch.Tensor:
         sizes, a = self.pieces[offsets]
@@ -166,19 +174,25 @@ class StagedTensor:
             raise RuntimeError(f"StagedTensor: the piece at {list(offsets)} of a {str(self.dtype)[6:]}"
                                f"{list(self.shape)} tensor was written already (a staged value is written once)")
         self.pieces[offsets] = (sizes, None)
-        host = runtime.to_host(a, "writing a checkpoint")
-        if all(p is None for _, p in self.pieces.values()):
+        host = a if isinstance(a, torch.Tensor) else runtime.to_host(a, "writing a checkpoint")
+        if all(p is None or isinstance(p, torch.Tensor) for _, p in self.pieces.values()):
             self._buf = None
         return host
 
 
-def stage(state: dict) -> dict:
+def stage(state: dict, host: bool = True) -> dict:
     """A flat state dict's values as they are now, for a later write: xla
-    tensors as StagedTensor (the pending ones computed in one sync), CPU
-    tensors cloned, other values as they are."""
+    tensors as StagedTensor (the pending ones computed in one sync; with
+    host=True their pieces copied to the host before it returns, all
+    transfers started first), CPU tensors cloned, other values as they are."""
     _compute([v for v in state.values() if isinstance(v, XlaTensor)])
-    return {k: StagedTensor(v) if isinstance(v, XlaTensor) else v.detach().clone() if isinstance(v, torch.Tensor)
-            else v for k, v in state.items()}
+    out = {k: StagedTensor(v) if isinstance(v, XlaTensor) else v.detach().clone() if isinstance(v, torch.Tensor)
+           else v for k, v in state.items()}
+    if host:
+        for v in out.values():
+            if isinstance(v, StagedTensor):
+                v.fetch()
+    return out
 
 
 @dataclasses.dataclass
