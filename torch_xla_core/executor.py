@@ -325,15 +325,12 @@ class _Progress:
             sys.stderr.flush()
 
 
-def sync(lts=None, wait=False, read_checks=True) -> None:
+def sync(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
     every live one) in one compiled graph per device; they then hold device
-    data. read_checks=False: the deferred checks of earlier syncs are left
-    for a later sync or value read (a replay inside a step launching what
-    traced ops computed before it)."""
+    data."""
     with _lock:
-        if read_checks:
-            _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
+        _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
         with metrics.timed("sync"):
             if not _multi:
                 _run(plan(lts), wait)
@@ -416,14 +413,12 @@ def execute(launch: Launch, wait: bool = False):
     return outs, t0
 
 
-def run_recorded(launch: Launch, wait: bool = False, read_checks: bool = True):
+def run_recorded(launch: Launch, wait: bool = False):
     """execute() for a replay (torch_xla_core/replay.py): a recorded
     executable on new parameters, after the ready deferred checks of earlier
-    runs are read, as at a sync's start (read_checks=False: a graph inside
-    the user's step, a dynamo graph's, leaves them to the step's sync)."""
+    runs are read, as at a sync's start."""
     with _lock:
-        if read_checks:
-            _checks.verify(block=False)
+        _checks.verify(block=False)
         return execute(launch, wait)
 
 
