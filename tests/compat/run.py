@@ -52,7 +52,7 @@ import flavors as fl  # noqa: E402  build/flavors.py
 # serves (test_compat.py checks these cover _compat.TORCH_RANGE).
 TORCHES = {"2.11": "2.11.0", "2.12": "2.12.1", "2.13": "2.13.0", "2.14": "2.14.1", "2.15": "2.15.0"}
 DEPS = ["jax>=0.10.2,<0.12", "jaxlib>=0.10.2,<0.12", "numpy>=1.26", "transformers>=5,<6",
-        "pytest>=8", "expecttest", "hypothesis"]
+        "pytest>=8", "pytest-xdist>=3.5", "expecttest", "hypothesis"]
 FLAVOR_CHECKS = "import_and_build_info or traced_training_step"
 # The OpInfo conformance files (the suite's, held to their expected-failure
 # lists), run where --conformance-on says; one table row each.
@@ -138,6 +138,8 @@ def run_suite(py: Path, flavor: str, kexpr: str | None, work: Path,
            "-W", "ignore"]
     if kexpr:
         cmd += ["-k", kexpr]
+    if conformance:  # the conformance files are most of the time: spread over the CPUs, as `pytest tests` does
+        cmd += ["-n", str(min(len(os.sched_getaffinity(0)), 8)), "--dist", "loadgroup"]
     env = {**os.environ, "TXC_COMPAT": "1", "TXC_COMPAT_FLAVOR": flavor, "TXC_COMPAT_REPO": str(ROOT),
            "PJRT_DEVICE": "CPU"}
     env.pop("PYTHONPATH", None)
