@@ -221,3 +221,21 @@ def test_a_dead_peer_raises_in_the_waiting_call(tmp_path, dead):
     assert out["waited"] < 20  # TXC_COLLECTIVE_TIMEOUT
     assert out["losses"] == [pytest.approx(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)).sum()
                                            .item() * 2, rel=1e-5)]
+
+
+def test_the_launcher_names_the_dead_process_not_the_survivor(tmp_path):
+    """torchrun orders failures by a timestamp in whole seconds: a survivor
+    that ended for a lost peer (its error file marked by peers) in the same
+    second, or seemingly earlier, is not the failure the launcher names."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from torch_xla_core import peers
+    marked = tmp_path / "error.json"
+    marked.write_text(json.dumps({"message": {"message": "PeerLostError: process 1 of 2 died",
+                                              "extraInfo": {"py_callstack": "", "timestamp": "100"}},
+                                  peers.LOST_PEER_KEY: 1}))
+    survivor = ProcessFailure(local_rank=0, pid=10, exitcode=5, error_file=str(marked))
+    dead = ProcessFailure(local_rank=1, pid=11, exitcode=3, error_file=str(tmp_path / "none.json"))
+    assert survivor.timestamp < dead.timestamp  # torchrun's own pick would be the survivor
+    assert peers.root_failure({0: survivor, 1: dead}) == (1, dead)
+    assert peers.root_failure({0: survivor}) == (0, survivor)  # only consequences: the earliest

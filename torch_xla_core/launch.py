@@ -41,7 +41,7 @@ from jax._src.lib import _jax
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from . import config
+from . import config, peers
 
 
 def _store(timeout: float):
@@ -106,7 +106,7 @@ def launch(script_argv, nproc: int, devices: int = 1, max_restarts: int = 0) -> 
         torchrun.run(args)
         return 0
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        rank, failure = peers.root_failure(e.failures)
         status = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
         how = (f"was killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0
                else f"exited with status {status}")

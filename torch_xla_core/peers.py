@@ -44,6 +44,7 @@ join) have run: jax's exit handlers would wait for the dead peer (shutdown
 barrier, the collective still blocked in gloo). Its exit status is 1
 unless the script calls peers.exit(status)."""
 import atexit
+import json
 import logging
 import os
 import select
@@ -75,6 +76,7 @@ class PeerLostError(RuntimeError):
 
 
 _lost = None          # (message, peer, status) once a peer is known dead
+LOST_PEER_KEY = "torch_xla_core_lost_peer"  # in torchelastic's error file of a process that ended for a lost peer
 _watching = False     # a multi-process job: waits poll instead of blocking
 _waiting = [0]        # calls now polling in wait()/blocking() (a SIGTERM there raises PeerLostError)
 _exit_status = [1]
@@ -362,6 +364,34 @@ def exit(status: int = 1):  # noqa: A001 (as sys.exit)
     sys.exit(status)
 
 
+def _record_consequence(message, peer):
+    """Writes torchelastic's error file (TORCHELASTIC_ERROR_FILE, set by
+    torchrun for each worker) for a process that ends because a peer was
+    lost, marked LOST_PEER_KEY: torchrun picks the first failure by a
+    timestamp in whole seconds, so a survivor that exits within the same
+    second as the dead one may be named instead; torch_xla_core.launch skips
+    failures so marked (root_failure)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": f"PeerLostError: {message}",
+                                   "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}},
+                       LOST_PEER_KEY: peer}, f)
+    except OSError:
+        pass
+
+
+def root_failure(failures: dict):
+    """The failure that started it all among torchrun's {rank: ProcessFailure}:
+    the earliest of those not marked as ending for a lost peer
+    (_record_consequence), else the earliest. (rank, failure)."""
+    roots = [r for r, f in failures.items() if LOST_PEER_KEY not in (f.error_file_data or {})] or list(failures)
+    rank = min(roots, key=lambda r: (failures[r].timestamp, r))
+    return rank, failures[rank]
+
+
 def _at_exit():
     """Says goodbye on the ring, or, leaving on an uncaught exception, tells
     the others that this process failed; a process that failed or lost a
@@ -377,6 +407,7 @@ def _at_exit():
         why = "it failed, and told the others"
     else:
         why = f"it lost a peer ({_lost[0]})"
+        _record_consequence(_lost[0], _lost[1])
     try:
         print(f"torch_xla_core: this process ends now (os._exit) with status {_exit_status[0]}: {why}; without "
               f"jax's own shutdown, which would wait for the other processes", file=sys.stderr)
