@@ -112,9 +112,9 @@ def load(path: Path = MATRIX) -> Matrix:
 
 
 def base_version(root: Path = ROOT) -> str:
-    """`__version__` of torch_xla_core/__init__.py, as the build reads it."""
-    text = (root / "torch_xla_core" / "__init__.py").read_text()
+    """`__version__` of torch_xla_core/_version.py, as the build reads it."""
+    text = (root / "torch_xla_core" / "_version.py").read_text()
     m = _VERSION_RE.search(text)
     if not m:
-        raise ValueError("torch_xla_core/__init__.py has no __version__ = '...'")
+        raise ValueError("torch_xla_core/_version.py has no __version__ = '...'")
     return m["value"]

@@ -11,14 +11,13 @@ collectives (all_reduce, all_gather, ...: torch_xla_core.distributed);
 txc.amp (autocast("xla")), txc.data.DeviceLoader, txc.profiler.trace,
 txc.metrics.short_report().
 """
-__version__ = "0.1.0"
-
 import importlib
 import os
 
 import jax
 import torch
 
+from ._version import __version__  # noqa: F401  (txc.__version__; the build reads _version.py)
 from . import config  # txc.config: every TXC_* setting and its value (python -m torch_xla_core.config)
 from . import _compat
 

@@ -47,7 +47,7 @@ from typing import NamedTuple
 import torch
 from jax._src.lib import xla_client as xc
 
-from . import __version__  # (set by the package before it imports this module)
+from ._version import __version__
 from . import config
 
 TORCH_RANGE = ((2, 11), (2, 16))   # >= 2.11, < 2.16

@@ -60,7 +60,8 @@ import warnings
 
 import jax
 
-from . import __version__, _spmd, config, metrics, runtime
+from . import _spmd, config, metrics, runtime
+from ._version import __version__
 from .build_info import flavor
 
 __all__ = ["directory", "max_bytes", "entry_path", "load", "store", "trusted_directory"]
