@@ -1,9 +1,11 @@
-"""torch_xla_core/config.py: every TXC_* setting (and PJRT_DEVICE) declared
-once and read through it. Defaults, parsing per type, errors naming the
-variable and what it takes, the modules' reads following the environment
-at each call, txc.config's report, README's settings table equal to the
-generated one, and no module under torch_xla_core/ reading a TXC_* variable
-from the environment by itself."""
+"""torch_xla_core/config.py: every setting the package reads from the
+environment (TXC_*, PJRT_DEVICE, XLA_FLAGS, LIBTPU_INIT_ARGS, torch_xla's
+legacy dtype flags) declared once and read through it. Defaults, parsing
+per type, errors naming the variable and what it takes, the modules' reads
+following the environment at each call, txc.config's report, README's
+settings table equal to the generated one, and no module under
+torch_xla_core/ reading the environment by itself (os.environ, os.getenv;
+the known exceptions are listed in ENVIRON_READERS, each with its reason)."""
 import ast
 import os
 import re
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import torch_xla_core as txc
-from torch_xla_core import compile_cache, config, executor, peers, recompiles
+from torch_xla_core import compile_cache, config, executor, peers, recompiles, runtime
 from torch_xla_core.config import SettingError
 from torch_xla_core.kernels import attention, gmm
 
@@ -196,6 +198,99 @@ def test_no_module_reads_a_txc_variable_but_config():
         if path.name != "config.py" or path.parent != PKG:
             reads += [f"{path.relative_to(ROOT)}:{ln}: {name}" for ln, name in _env_reads(path.read_text())]
     assert not reads, "read these through torch_xla_core.config.get (declare them there):\n" + "\n".join(reads)
+
+
+_ENV_WRITES = {"update", "pop", "setdefault", "clear"}  # os.environ.<these>(...) as a statement: a write
+
+
+def _os_environ_reads(source: str):
+    """(line, code) of each place `source` reads the process environment
+    itself, whatever the variable: os.getenv(...), getenv(...), os.environ[...]
+    read, os.environ.get(...) and the other methods, `... in os.environ`, and
+    os.environ bound or passed (env = os.environ, dict(os.environ)): what it
+    reads then is out of sight. Writes are not reads: os.environ[k] = v, del
+    os.environ[k], and os.environ.update/pop/setdefault/clear(...) as a
+    statement of their own (the launcher sets its workers' variables)."""
+    tree = ast.parse(source)
+    parent = {ch: node for node in ast.walk(tree) for ch in ast.iter_child_nodes(node)}
+    from_os = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and node.module == "os" for a in node.names}
+
+    def is_os(node, attr):
+        if isinstance(node, ast.Attribute):
+            return node.attr == attr and isinstance(node.value, ast.Name) and node.value.id == "os"
+        return isinstance(node, ast.Name) and node.id == attr and attr in from_os
+
+    found = []
+    for node in ast.walk(tree):
+        if is_os(node, "getenv"):
+            found.append(node)
+        elif is_os(node, "environ"):
+            up = parent.get(node)
+            if isinstance(up, ast.Subscript) and isinstance(up.ctx, (ast.Store, ast.Del)):
+                continue
+            if (isinstance(up, ast.Attribute) and up.attr in _ENV_WRITES and isinstance(parent.get(up), ast.Call)
+                    and isinstance(parent.get(parent[up]), ast.Expr)):
+                continue
+            found.append(node)
+    return sorted((n.lineno, ast.get_source_segment(source, parent.get(n, n)) or "") for n in found)
+
+
+def test_the_scan_finds_reads_of_any_variable():
+    src = ('import os\nfrom os import environ, getenv\na = os.environ.get("HOME")\nb = os.environ["USER"]\n'
+           'c = os.getenv("X", "1")\nd = getenv("Y")\ne = "Z" in os.environ\nenv = os.environ\n'
+           'f = dict(os.environ)\ng = environ.get("W")\nos.environ["W"] = "1"\ndel os.environ["W"]\n'
+           'os.environ.update(A="1")\nos.environ.pop("A", None)\nv = os.environ.pop("B", None)\n'
+           'h = config.get("XLA_FLAGS")\n')
+    assert [ln for ln, _ in _os_environ_reads(src)] == [3, 4, 5, 6, 7, 8, 9, 10, 15]
+    assert _os_environ_reads(src)[0][1] == "os.environ.get"
+
+
+# Modules that still read the environment themselves, each with why. The first four are other rooms' modules,
+# being moved to config (remove an entry when its module reads through config.get); the last is for good.
+ENVIRON_READERS = {
+    "torch_xla_core/_cluster.py": "the launchers' own variables (torchrun's RANK/WORLD_SIZE/MASTER_ADDR, srun's "
+                                  "SLURM_*, a PyTorchJob's): to be declared in config",
+    "torch_xla_core/launch.py": "saves and restores the variables it sets for torchrun's workers; "
+                                "GLOO_SOCKET_IFNAME: to go through config",
+    "torch_xla_core/peers.py": "TORCHELASTIC_ERROR_FILE (torchrun's, per worker): to be declared in config",
+    "torch_xla_core/compat/torch_xla/utils/utils.py": "torch_xla's xu.getenv_as / check_env_flag: the caller's own "
+                                                      "variables, by a name the caller passes (not the package's)",
+}
+
+
+def test_no_module_reads_the_environment_but_config():
+    reads, seen = [], set()
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel == "torch_xla_core/config.py":
+            continue
+        found = _os_environ_reads(path.read_text())
+        if found and rel in ENVIRON_READERS:
+            seen.add(rel)
+        elif found:
+            reads += [f"{rel}:{ln}: {code}" for ln, code in found]
+    assert not reads, ("declare these in torch_xla_core/config.py and read them with config.get (README's table: "
+                       "python -m torch_xla_core.config --markdown):\n" + "\n".join(reads))
+    assert seen == set(ENVIRON_READERS), f"no longer read the environment (drop them): {set(ENVIRON_READERS) - seen}"
+
+
+def test_xla_flags_and_legacy_flags_are_read_through_config(monkeypatch):
+    monkeypatch.setattr(runtime, "_flags", None)  # (the backend's flags, fixed once it started)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true --xla_dump_to=/tmp/d")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
+    assert runtime.compiler_flags() == "XLA_FLAGS=--xla_cpu_enable_fast_math=true"
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_x=1")
+    assert runtime.compiler_flags() == "XLA_FLAGS=--xla_cpu_enable_fast_math=true;LIBTPU_INIT_ARGS=--xla_tpu_x=1"
+    assert [config.get("XLA_USE_BF16", {"XLA_USE_BF16": v}) for v in ("", "0", "1", "true")] == [None, "0", "1",
+                                                                                                "true"]
+    code = ("import warnings, torch_xla_core\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+    for raw, warns in (("0", False), ("", False), ("yes", True)):
+        p = subprocess.run([sys.executable, "-W", "always::FutureWarning", "-c", code], capture_output=True,
+                           text=True, timeout=300, env=dict(env, XLA_USE_32BIT_LONG=raw))
+        assert p.returncode == 0, p.stderr
+        assert ("XLA_USE_32BIT_LONG is set but torch_xla_core ignores it" in p.stderr) == warns, (raw, p.stderr)
 
 
 def test_every_txc_variable_the_package_names_is_declared():

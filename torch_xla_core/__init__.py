@@ -12,7 +12,6 @@ txc.amp (autocast("xla")), txc.data.DeviceLoader, txc.profiler.trace,
 txc.metrics.short_report().
 """
 import importlib
-import os
 
 import jax
 import torch
@@ -40,7 +39,7 @@ _LEGACY_DTYPE_FLAGS = {
     "XLA_USE_32BIT_LONG": "create index tensors as torch.int32 where 32 bits suffice",
 }
 for _flag, _instead in _LEGACY_DTYPE_FLAGS.items():
-    if os.environ.get(_flag, "0") not in ("", "0"):
+    if config.get(_flag) not in (None, "0"):
         import warnings
         warnings.warn(f"{_flag} is set but torch_xla_core ignores it (torch_xla deprecated it in 2.6): tensors keep "
                       f"their dtypes. Instead, {_instead}.", FutureWarning, stacklevel=2)

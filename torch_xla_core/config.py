@@ -1,6 +1,8 @@
 """Every setting torch_xla_core reads from the environment, declared once:
-the TXC_* variables and PJRT_DEVICE, each with its type, default, allowed
-values and a one-line doc. Code reads a setting with get(name) at the moment
+the TXC_* variables, PJRT_DEVICE, XLA's own flags (XLA_FLAGS,
+LIBTPU_INIT_ARGS: read for the compile cache's key) and torch_xla's legacy
+dtype flags (read to warn that they are ignored), each with its type,
+default, allowed values and a one-line doc. Code reads a setting with get(name) at the moment
 it needs it: each call reads os.environ (nothing is cached here), so a test
 that monkeypatches the environment, or a script that sets a variable before
 the first xla op, is seen as before. Where a module read a setting once (the
@@ -185,6 +187,17 @@ _DECLARED = [
             f"under torchrun process 0 publishes it through torch's store)", takes="host:port"),
     Setting("TXC_COORDINATOR_HOSTED", "bool", False, f"1: the launcher hosts the coordination service, process 0 "
             f"starts none ({_LAUNCH})"),
+    # XLA's own flags: XLA and libtpu read them when their first client starts; the package reads them for the
+    # persistent compile cache's key (runtime.compiler_flags: those that change the code XLA emits)
+    Setting("XLA_FLAGS", "str", None, "XLA's flags (XLA reads them when the runtime starts); those that change the "
+            "emitted code are part of the persistent compile cache's key", takes="space-separated --xla_* flags"),
+    Setting("LIBTPU_INIT_ARGS", "str", None, "libtpu's flags (libtpu reads them when the runtime starts); part of "
+            "the persistent compile cache's key, as XLA_FLAGS", takes="space-separated --xla_* flags"),
+    # torch_xla's global dtype flags (deprecated there in 2.6): ignored, with a FutureWarning at import
+    *(Setting(name, "str", None, f"torch_xla's {what}: ignored (tensors keep their dtypes); any value but 0 warns "
+              f"at import with what to do instead", takes="ignored")
+      for name, what in (("XLA_USE_BF16", "float -> bfloat16 flag"), ("XLA_DOWNCAST_BF16", "float -> bfloat16 flag"),
+                         ("XLA_USE_FP16", "float -> float16 flag"), ("XLA_USE_32BIT_LONG", "int64 -> int32 flag"))),
 ]
 _SETTINGS = {s.name: s for s in _DECLARED}
 assert len(_SETTINGS) == len(_DECLARED), "a setting declared twice"

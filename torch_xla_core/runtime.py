@@ -7,7 +7,6 @@ data between host and device. jaxlib's compile entry points are
 semi-private; this module is the only place that touches them. The
 compile cache and sync live in executor.py."""
 import collections
-import os
 import struct
 import time
 import zlib
@@ -116,7 +115,7 @@ def compiler_flags() -> str:
         return _flags
     parts = []
     for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
-        kept = [f for f in os.environ.get(var, "").split() if not f.startswith(_NOT_CODEGEN)]
+        kept = [f for f in (config.get(var) or "").split() if not f.startswith(_NOT_CODEGEN)]
         if kept:
             parts.append(f"{var}={' '.join(kept)}")
     return ";".join(parts)
