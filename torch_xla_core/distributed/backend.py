@@ -8,18 +8,23 @@ check (allgather), initial broadcast and bucketed gradient all-reduces all
 land in the step's graph.
 
 Ranks are the processes of the xla runtime (jax's distributed runtime),
-one per process; a group must hold every process (torch_xla infers meshes
-for sub-groups; here a sub-group raises, naming why). broadcast is an
+one per process. A sub-group (dist.new_group, DeviceMesh dims) runs its
+collectives with its ranks as one replica group and the other processes
+filling groups of its size (collectives.subgroup; a size that does not
+divide the world's raises). broadcast is an
 all_gather of every process's tensor and a pick of the root's: exact for
 every value (torch_xla multiplies by 0/1, which turns a non-root's inf into
 NaN), at world-size times the bytes. barrier() waits on the host for every
 process (processes.barrier); pending tensors stay pending. reduce, gather,
 scatter, send and recv raise NotImplementedError (they need a rank-dependent
 graph)."""
+import functools
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.device_mesh import DeviceMesh
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import runtime
@@ -63,13 +68,7 @@ class ProcessGroupXla(dist.ProcessGroup):
 
     # --- helpers
     def _groups(self, who):
-        ranks = self.ranks
-        if ranks != list(range(runtime.process_count())):
-            raise NotImplementedError(
-                f"'xla' process group {who}: this group holds ranks {ranks}, not every process of the job; the xla "
-                f"backend runs collectives over all processes only. Call it on the default group, or pass "
-                f"groups=[[...], ...] covering every rank to torch_xla_core.distributed's collectives")
-        return None
+        return cc.subgroup(self.ranks, f"'xla' process group {who}")
 
     def _reduce(self, op, who):
         if op == dist.ReduceOp.AVG:
@@ -208,8 +207,37 @@ def _xla_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
     yield from dist.rendezvous("env://", rank, n, timeout=timeout)
 
 
+def _xla_mesh_init(init):
+    """DeviceMesh.__init__, plus for an "xla" mesh what torch leaves out of
+    it (it hands "xla" to torch_xla's SPMD): the dims' process groups
+    (init_device_mesh("xla", ...), as for any device) and this rank and its
+    coordinates (sub-meshes, from_group meshes too), once torch.distributed
+    is initialized."""
+    @functools.wraps(init)
+    def __init__(self, device_type, *args, **kwargs):
+        init(self, device_type, *args, **kwargs)
+        if device_type != "xla" or getattr(self, "_coordinate_on_dim", None) is not None or not dist.is_initialized():
+            return
+        if kwargs.get("_init_backend", True):
+            override = kwargs.get("backend_override") or ((None, None),) * len(self._layout)
+            self._dim_group_names = self._init_process_groups(self._layout, self._rank_map, self._mesh_dim_names,
+                                                              override)
+            registry = (self._root_mesh or self)._pg_registry
+            for name in self._dim_group_names:
+                registry[name] = c10d._resolve_process_group(name)
+        rank = kwargs.get("_rank")
+        self._rank = dist.get_rank() if rank is None else rank
+        self._coordinate_on_dim = self._compute_coordinate_on_dim()
+
+    __init__.txc_xla_mesh = True
+    return __init__
+
+
 def install() -> None:
-    """Registers the "xla" backend and the xla:// init method with torch.distributed."""
+    """Registers the "xla" backend and the xla:// init method with
+    torch.distributed, and completes DeviceMesh for "xla" (_xla_mesh_init)."""
     if "xla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("xla", _create, extended_api=True, devices=["xla"])
     dist.register_rendezvous_handler("xla", _xla_rendezvous)
+    if not getattr(DeviceMesh.__init__, "txc_xla_mesh", False):
+        DeviceMesh.__init__ = _xla_mesh_init(DeviceMesh.__init__)

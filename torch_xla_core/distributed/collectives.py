@@ -11,6 +11,8 @@ process compiles the same program, so layouts agree. Unlike torch_xla,
 all_gather is a native all-gather (no all-reduce emulation)."""
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.device_mesh import DeviceMesh
 
 from .. import _tensor, executor, runtime
 
@@ -42,6 +44,40 @@ def groups_of(groups, who: str):
     if sorted(flat) != list(range(n)):
         raise ValueError(f"{who}: groups {groups} must hold each of the {n} process ranks 0..{n - 1} exactly once")
     return tuple(flat), size
+
+
+def subgroup(ranks, who: str):
+    """The `groups` argument for a collective over the processes `ranks`
+    (a torch.distributed group, in its rank order): None for every process;
+    else `ranks` as one replica group and the other processes, in rank
+    order, as groups of the same size. Each process compiles the program it
+    traced and only the group's members run this collective, so the members
+    need only agree on it, and they do: it depends on `ranks` alone. The
+    fill mirrors torch's sibling groups (DeviceMesh's dims, new_subgroups), so
+    siblings compile one program. A group whose size does not divide the
+    world's raises (XLA's replica groups are of one size)."""
+    n = world_size()
+    ranks = [int(r) for r in ranks]
+    if ranks == list(range(n)):
+        return None
+    k, members = len(ranks), set(ranks)
+    if n % k:
+        raise NotImplementedError(f"{who}: a process group of ranks {ranks} on {n} processes; xla collectives on a "
+                                  f"sub-group need its size to divide the world size (XLA's replica groups are of "
+                                  f"equal size). Use a group of {[d for d in range(1, n + 1) if n % d == 0]} ranks, "
+                                  f"or a 'gloo' group for CPU tensors")
+    rest = [r for r in range(n) if r not in members]
+    return sorted([ranks] + [rest[i:i + k] for i in range(0, len(rest), k)], key=min)
+
+
+def process_group(group, who: str):
+    """(the `groups` argument, the group size) of a torch.distributed process
+    group (a ProcessGroup or the name funcol passes; None: the world)."""
+    if group is None:
+        group = dist.group.WORLD
+    pg = group if isinstance(group, dist.ProcessGroup) else c10d._resolve_process_group(group)
+    ranks = dist.get_process_group_ranks(pg)
+    return subgroup(ranks, who), len(ranks)
 
 
 def _xla(t, who: str):
@@ -187,16 +223,11 @@ def optimizer_step(optimizer, barrier=False, optimizer_args=None, groups=None, p
 
 def device_mesh(group=None, mesh=None, *, mesh_dim_names=None):
     """A DeviceMesh of xla devices over a process group of the "xla"
-    backend (default: the world), as DeviceMesh.from_group(group, "xla")
-    makes it, plus what torch leaves unset for an "xla" mesh (it expects
-    torch_xla's SPMD there): this process's rank and coordinates, which
-    DTensor.from_local and redistribute read."""
-    from torch.distributed.device_mesh import DeviceMesh  # lazy: DTensor's import costs ~1 s
-    dm = DeviceMesh.from_group(group or dist.group.WORLD, "xla", mesh, mesh_dim_names=mesh_dim_names)
-    if getattr(dm, "_coordinate_on_dim", None) is None:
-        dm._rank = dist.get_rank()
-        dm._coordinate_on_dim = dm._compute_coordinate_on_dim()
-    return dm
+    backend (default: the world) or a list of groups, one per dim (then
+    `mesh` and `mesh_dim_names` as torch asks): DeviceMesh.from_group(group,
+    "xla", ...). torch's init_device_mesh("xla", shape) works as well
+    (backend._xla_mesh_init)."""
+    return DeviceMesh.from_group(group or dist.group.WORLD, "xla", mesh, mesh_dim_names=mesh_dim_names)
 
 
 def distribute_tensor(tensor, device_mesh, placements=None, *, src_data_rank=0):

@@ -10,8 +10,6 @@ moves when the graph runs). Schemas differ across torch versions (the
 group and the reduce op are str in 2.11, Any later): both a group name and
 a ProcessGroup, both a str and a ReduceOp are taken."""
 import torch
-import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
 from .._ops import impl, impl_by_name
 from . import collectives as cc
@@ -22,13 +20,8 @@ _REDUCE = {"sum": ("sum", False), "avg": ("sum", True), "product": ("mul", False
 
 
 def _group(group, who):
-    """The process group's size, after checking it spans every process."""
-    pg = group if isinstance(group, dist.ProcessGroup) else c10d._resolve_process_group(group)
-    ranks = dist.get_process_group_ranks(pg)
-    if ranks != list(range(cc.world_size())):
-        raise NotImplementedError(f"{who} on xla tensors: group {getattr(pg, 'group_name', group)!r} holds ranks "
-                                  f"{ranks}, not every process; xla collectives run over all processes only")
-    return len(ranks)
+    """(the replica groups, the size) of the process group (collectives.process_group)."""
+    return cc.process_group(group, f"{who} on xla tensors")
 
 
 def _reduce(op, who):
@@ -39,24 +32,24 @@ def _reduce(op, who):
 
 
 def _all_reduce(t, op, group, who="all_reduce"):
-    n = _group(group, who)
+    groups, n = _group(group, who)
     kind, mean = _reduce(op, who)
-    return cc.all_reduce(kind, t, scale=1.0 / n if mean else 1.0)
+    return cc.all_reduce(kind, t, scale=1.0 / n if mean else 1.0, groups=groups)
 
 
 def _gather(t, group_size, group, who="all_gather_into_tensor"):
-    n = _group(group, who)
+    groups, n = _group(group, who)
     if group_size != n:
         raise ValueError(f"{who}: group_size={group_size} but the group has {n} processes")
-    return cc.all_gather(t, 0)
+    return cc.all_gather(t, 0, groups)
 
 
 def _scatter(t, op, group_size, group, who="reduce_scatter_tensor"):
-    n = _group(group, who)
+    groups, n = _group(group, who)
     if group_size != n:
         raise ValueError(f"{who}: group_size={group_size} but the group has {n} processes")
     kind, mean = _reduce(op, who)
-    return cc.reduce_scatter(kind, t, 1.0 / n if mean else 1.0, 0, n)
+    return cc.reduce_scatter(kind, t, 1.0 / n if mean else 1.0, 0, n, groups)
 
 
 @impl(_F.all_reduce.default)
@@ -114,17 +107,16 @@ def reduce_scatter_tensor_coalesced(ts, reduce_op, group_size, group_name):
 
 @impl(_F.all_to_all_single.default)
 def all_to_all_single(t, output_split_sizes, input_split_sizes, group_name):
-    n = _group(group_name, "all_to_all_single")
+    groups, n = _group(group_name, "all_to_all_single")
     for sizes in (output_split_sizes, input_split_sizes):
         if sizes and len(set(int(s) for s in sizes)) > 1:
             raise NotImplementedError(f"all_to_all_single on xla tensors: uneven split sizes {list(sizes)} "
                                       f"(XLA's all_to_all splits evenly)")
-    return cc.all_to_all(t, 0, 0, n)
+    return cc.all_to_all(t, 0, 0, n, groups)
 
 
 def _broadcast(t, src, group):
-    _group(group, "broadcast")
-    return cc.all_gather(t.unsqueeze(0), 0)[src]
+    return cc.all_gather(t.unsqueeze(0), 0, _group(group, "broadcast")[0])[src]
 
 
 @impl(_F.broadcast.default)
@@ -160,5 +152,5 @@ def wrap_tensor_autograd(t):
 @impl(torch.ops._dtensor.shard_dim_alltoall.default)
 def shard_dim_alltoall(t, gather_dim, shard_dim, group_name):
     """DTensor's Shard(gather_dim) -> Shard(shard_dim): one all_to_all."""
-    n = _group(group_name, "shard_dim_alltoall")
-    return cc.all_to_all(t, shard_dim, gather_dim, n)
+    groups, n = _group(group_name, "shard_dim_alltoall")
+    return cc.all_to_all(t, shard_dim, gather_dim, n, groups)
