@@ -53,7 +53,9 @@ def test_llama_bench_tiny_smoke(tmp_path):
         assert r["mfu"] is None  # no peak FLOP/s known for a CPU
     t = rows["traced"]
     assert (t["replay"], t["replay_trace"], t["replay_refused"]) == (0, 0, 0)  # traced: no capture involved
-    assert t["compile"] >= 0  # AdamW's second step (its state made) is a graph of its own: no warmup here
+    # timed: steps 2 and 3 (no warmup). Step 2 is a graph of its own (AdamW's state now exists), compiled once;
+    # step 3 runs it again: a recompile per step would count 2. Each step is one launch (its sync's graph).
+    assert t["compile"] == 1 and t["launches_per_step"] == 1, t
     assert t["env"]["PJRT_DEVICE"] == "CPU"
     assert "replay" not in rows["cpu_eager"]
     torch.testing.assert_close(torch.tensor(t["loss"]), torch.tensor(rows["cpu_eager"]["loss"]), rtol=2e-2, atol=2e-2)
