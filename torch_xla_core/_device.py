@@ -61,11 +61,25 @@ class _DeviceModule:
     def is_bf16_supported() -> bool:
         return True
 
-    # Streams, as torch.distributed.checkpoint's writer asks of a device
-    # module: an xla device runs its graphs in order, as one stream.
+    # Streams and events, as torch.distributed.checkpoint's writer and
+    # FSDP2 ask of a device module: an xla device runs its graphs in order,
+    # as one stream, so every Stream is that stream and waits are no-ops
+    # (a collective's data moves inside the graph that needs it).
     @staticmethod
     def current_stream(device=None):
         return _STREAM
+
+    @staticmethod
+    def default_stream(device=None):
+        return _STREAM
+
+    @staticmethod
+    def Stream(device=None, priority=0, **kwargs):  # noqa: N802 (torch's name)
+        return _Stream()
+
+    @staticmethod
+    def Event(enable_timing=False, blocking=False, interprocess=False):  # noqa: N802 (torch's name)
+        return _Event()
 
     @staticmethod
     def stream(s):
@@ -88,8 +102,31 @@ class _Stream:
     def wait_stream(self, other) -> None:
         pass  # one stream: already ordered
 
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event or _Event()
+
     def query(self) -> bool:
         return True
+
+
+class _Event:
+    """An event on the one stream: recorded work is ordered already;
+    synchronize() waits for every launched graph."""
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _DeviceModule.synchronize()
 
 
 _STREAM = _Stream()

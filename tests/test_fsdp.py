@@ -1,0 +1,123 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard) on xla tensors: in one
+process, FSDP2's own ops against torch's CPU kernels, the device module's
+streams and events, and the storage functions skipping xla tensors only;
+in two processes (one launch, tests/scripts/fsdp_train.py), fully_shard
+per layer and on the root trains equal to DDP over the "xla" backend and
+to one process on the whole batch (CPU f32, <= 1e-6), with
+reshard_after_forward True and False, one execution per step holding the
+all-gathers and reduce-scatters, no CPU fallback; AdamW too."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_xla_core  # noqa: F401  (the xla device, the hooks)
+from torch_xla_core.distributed import _fsdp as fsdp
+
+pytestmark = pytest.mark.xdist_group("processes2")  # one multi-process launch at a time
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
+
+
+def test_fsdp_ops_equal_torchs_cpu_kernels():
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401  (defines torch.ops.fsdp)
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(5, 3, generator=g), torch.randn(4, generator=g), torch.randn(7, 2, generator=g)]
+    for dim, tensors in ((0, ts), (1, [torch.randn(2, 5, generator=g), torch.randn(2, 3, 2, generator=g)])):
+        want = torch._chunk_cat(tensors, dim, 2)
+        out = torch.zeros(want.shape, device="xla")
+        torch.ops.fsdp.chunk_cat([t.to("xla") for t in tensors], dim, 2, out=out)
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+    flat = [t.reshape(-1) for t in ts]
+    sizes = [t.numel() for t in flat]
+    buf_cpu, buf = torch.zeros(2 * sum(sizes)), torch.zeros(2 * sum(sizes), device="xla")
+    part_cpu, _ = torch.ops.fsdp.all_gather_copy_in(flat, buf_cpu, sizes, sum(sizes), 1)
+    part, out = torch.ops.fsdp.all_gather_copy_in([t.to("xla") for t in flat], buf, sizes, sum(sizes), 1)
+    assert out is buf
+    torch.testing.assert_close(buf.cpu(), buf_cpu, rtol=0, atol=0)
+    torch.testing.assert_close(part.cpu(), part_cpu, rtol=0, atol=0)
+    outs = [torch.zeros(s, device="xla") for s in sizes]
+    torch.ops.fsdp.split_with_sizes_copy(part, sizes, out=outs)
+    for o, t in zip(outs, flat):
+        torch.testing.assert_close(o.cpu(), t, rtol=0, atol=0)
+
+
+def test_streams_and_events_of_the_device_module():
+    xla = torch.xla
+    s = xla.Stream(priority=-1)
+    e = xla.Event()
+    assert e.record() is None and e.query() and s.query()
+    s.wait_stream(xla.current_stream())
+    s.wait_event(e)
+    with xla.stream(s):
+        x = torch.ones(3, device="xla") * 2
+    e.synchronize()
+    assert x.cpu().tolist() == [2.0] * 3
+    assert len({s, xla.Stream()}) == 2  # hashable, as FSDP2 keys events by stream
+
+
+def test_storage_functions_skip_xla_tensors_only():
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    assert _fsdp_param.free_storage.txc_skips_xla and _fsdp_param_group.alloc_storage.txc_skips_xla
+    x = torch.ones(4, device="xla")
+    _fsdp_param.free_storage(x)
+    assert x.cpu().tolist() == [1.0] * 4
+    c = torch.ones(4)
+    _fsdp_param.free_storage(c)
+    assert c.untyped_storage().size() == 0  # torch's own, on a CPU tensor
+    _fsdp_param.alloc_storage(c)
+    assert c.untyped_storage().size() == 16
+    fsdp.install()  # again: not wrapped twice
+    assert not hasattr(_fsdp_param.free_storage.__wrapped__, "txc_skips_xla")
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "1", SCRIPT,
+                        str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)]
+
+
+def _whole_batch(opt_cls, **kw):
+    """One process on the concatenated batches (CPU eager): params after each step."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt, g, out = opt_cls(net.parameters(), **kw), torch.Generator().manual_seed(2), []
+    for _ in range(3):
+        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+        ((net(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        out.append([p.detach().clone() for p in net.parameters()])
+    return out
+
+
+def _close(got, want):
+    for p, q in zip(got, want):
+        torch.testing.assert_close(torch.tensor(p), q, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("key", ["fsdp", "fsdp_keep"])
+def test_fully_shard_trains_equal_to_ddp_and_one_process(ranks, key):
+    want = _whole_batch(torch.optim.SGD, lr=0.1)
+    for res in ranks:
+        f = res[key]
+        assert f["shard"] == [8, 8]  # Linear(8, 16).weight: 16 rows over 2 processes
+        for step, params in enumerate(f["params"]):
+            _close(params, want[step])
+            _close(params, [torch.tensor(p) for p in res["ddp"][step]])
+        assert f["executions"] == [1, 1, 1]  # forward, backward and step: one graph
+        # per layer: an all-gather in forward (and again in backward when resharded), a reduce-scatter in backward
+        assert f["collectives"] == {"all_gather": 4 if key == "fsdp" else 2, "reduce_scatter": 2, "all_reduce": 0}
+        assert res["fallbacks"] == {}
+
+
+def test_fully_shard_with_adamw(ranks):
+    want = _whole_batch(torch.optim.AdamW, lr=0.01)[-1]
+    for res in ranks:
+        _close(res["fsdp_adam"], want)

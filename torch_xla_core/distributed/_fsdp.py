@@ -1,0 +1,113 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard) on xla tensors. Everything it
+asks of a device is met elsewhere: the device module's Stream and Event
+(_device.py: one in-order stream, so its waits are no-ops), all_gather_single
+and reduce_scatter_single on the "xla" backend (backend.py, in the step's
+graph, with completed Works), DTensor on an "xla" DeviceMesh (backend.py,
+funcol.py). One thing is not: FSDP2 frees a module's unsharded parameters
+after use by resizing their storage to 0 bytes and resizes it back before
+the next all-gather (_fsdp_param.free_storage / alloc_storage), and an xla
+tensor's storage is a placeholder (its value lives in the lazy graph), so
+torch's resize_ raises. Both skip xla tensors here: the all-gather's
+copy-out writes each unsharded parameter whole before any use, so the
+results are FSDP2's. What differs is memory: between steps each module's
+unsharded parameters keep their last value on the device (as DDP's
+replicas do) instead of being freed; inside a step XLA's compiler decides
+buffer lifetimes.
+
+The two functions are replaced when torch's module loads (an import hook,
+_Finder), whatever the order of imports; a torch without them leaves the
+hook inert, and FSDP2 then raises torch's own storage error. FSDP2's own
+ops (fsdp::all_gather_copy_in, split_with_sizes_copy, chunk_cat: copies
+into and out of the flat collective buffers) get handlers that do what
+torch's device kernels do, traced into the step's graph."""
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+
+import torch
+
+from .. import _tensor
+from .._ops import impl_by_name
+
+_TARGETS = {"torch.distributed.fsdp._fully_shard._fsdp_param": ("free_storage", "alloc_storage"),
+            "torch.distributed.fsdp._fully_shard._fsdp_param_group": ("alloc_storage",)}
+
+
+def _skip_xla(fn):
+    @functools.wraps(fn)
+    def storage_op(tensor):
+        if not isinstance(tensor, _tensor.XlaTensor):
+            fn(tensor)
+
+    storage_op.txc_skips_xla = True
+    return storage_op
+
+
+def _patch(module) -> None:
+    for name in _TARGETS[module.__name__]:
+        fn = getattr(module, name, None)
+        if fn is not None and not getattr(fn, "txc_skips_xla", False):
+            setattr(module, name, _skip_xla(fn))
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds torch's FSDP2 modules as the path finder does, and patches each
+    right after it runs (before a sibling imports its names)."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _TARGETS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module  # this spec's own loader instance
+        return spec
+
+
+def install() -> None:
+    """Patches FSDP2's storage functions now if loaded, else when they load."""
+    for name in _TARGETS:
+        if name in sys.modules:
+            _patch(sys.modules[name])
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+@impl_by_name("fsdp::all_gather_copy_in")
+def all_gather_copy_in(inputs, output, split_sizes, input_numel, rank):
+    """This rank's parameters copied into its slice of the flat all-gather
+    buffer: (the slice, the buffer)."""
+    part = output.narrow(0, input_numel * rank, input_numel)
+    with torch.no_grad():
+        for dst, src in zip(torch.split(part, list(split_sizes)), inputs):
+            dst.copy_(src.reshape(-1))
+    return part, output
+
+
+@impl_by_name("fsdp::split_with_sizes_copy")
+def split_with_sizes_copy(output, split_sizes, dim=0, *, out):
+    """The gathered buffer copied out into each parameter's tensor."""
+    with torch.no_grad():
+        for dst, src in zip(out, torch.split(output, list(split_sizes), dim)):
+            dst.copy_(src.reshape(dst.shape))
+
+
+@impl_by_name("fsdp::chunk_cat")
+def chunk_cat(tensors, dim, num_chunks, *, out):
+    """The gradients, each cut in num_chunks along dim, catenated chunk by
+    chunk into the reduce-scatter's flat input (torch._chunk_cat)."""
+    parts = []
+    for t in tensors:
+        pad = -t.shape[dim] % num_chunks  # torch pads each tensor's dim to a multiple of num_chunks
+        if pad:
+            t = torch.cat([t, t.new_zeros(*t.shape[:dim], pad, *t.shape[dim + 1:])], dim)
+        parts.append(t.reshape(*t.shape[:dim], num_chunks, -1))
+    with torch.no_grad():
+        out.copy_(torch.cat(parts, dim + 1).reshape(out.shape))
