@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import torch_xla_core as txc
 from torch_xla_core import distributed as xd
+from torch_xla_core.distributed import collectives as cc
 
 pytestmark = pytest.mark.xdist_group("processes2")  # the launches of test_multiprocess.py and this, one at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "collectives_train.py")
@@ -177,3 +178,15 @@ def test_dist_functional_collectives_and_dtensor(ranks):
         assert d["dtensor_full"] == full.tolist()
         assert d["dtensor_mm"] == (full @ torch.arange(6.0).reshape(2, 3)).tolist()
         assert res["host"] == {"rendezvous": ["r0", "r1"], "mesh_reduce": 4.0}
+
+
+def test_torch_reduce_ops_map_to_core_reductions():
+    """One table for the 'xla' backend's ReduceOp objects and funcol's names (collectives.torch_reduce_op)."""
+    assert cc.torch_reduce_op(dist.ReduceOp(dist.ReduceOp.MAX), 2, "w") == ("max", 1.0)  # a ReduceOp object
+    assert cc.torch_reduce_op(dist.ReduceOp.AVG, 4, "w") == ("sum", 0.25)
+    assert [cc.torch_reduce_op(s, 2, "w") for s in ("avg", "ReduceOp.PRODUCT", "band", "bor", "min")] == [
+        ("sum", 0.5), ("mul", 1.0), ("and", 1.0), ("or", 1.0), ("min", 1.0)]
+    for op in (dist.ReduceOp.PREMUL_SUM, "premul_sum"):
+        with pytest.raises(NotImplementedError, match=r"(?i)all_reduce on xla tensors: reduce op .*premul_sum is not "
+                                                      r"supported \(sum, avg, product, min, max, band, bor are\)"):
+            cc.torch_reduce_op(op, 2, "all_reduce on xla tensors")

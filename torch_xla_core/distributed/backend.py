@@ -31,10 +31,6 @@ from .. import runtime
 from . import collectives as cc
 from . import processes
 
-_OPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "mul"), (dist.ReduceOp.MIN, "min"),
-        (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.BAND, "and"), (dist.ReduceOp.BOR, "or"))
-
-
 def _done(result):
     fut = torch.futures.Future()
     fut.set_result(result)
@@ -71,13 +67,7 @@ class ProcessGroupXla(dist.ProcessGroup):
         return cc.subgroup(self.ranks, f"'xla' process group {who}")
 
     def _reduce(self, op, who):
-        if op == dist.ReduceOp.AVG:
-            return "sum", 1.0 / self.size()
-        for known, name in _OPS:  # a ReduceOp compares equal to its RedOpType but does not hash as one
-            if op == known:
-                return name, 1.0
-        raise NotImplementedError(f"'xla' process group {who}: reduce op {getattr(op, 'op', op)} is not supported "
-                                  f"(SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR are)")
+        return cc.torch_reduce_op(op, self.size(), f"'xla' process group {who}")
 
     # --- collectives
     def allreduce(self, tensors, opts=None):

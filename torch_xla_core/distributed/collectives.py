@@ -80,6 +80,26 @@ def process_group(group, who: str):
     return subgroup(ranks, who), len(ranks)
 
 
+# torch's reduce ops: (the name funcol's schemas pass, the ReduceOp, the core reduction, whether it averages)
+_TORCH_REDUCE = (("sum", dist.ReduceOp.SUM, REDUCE_SUM, False), ("avg", dist.ReduceOp.AVG, REDUCE_SUM, True),
+                 ("product", dist.ReduceOp.PRODUCT, REDUCE_MUL, False), ("min", dist.ReduceOp.MIN, REDUCE_MIN, False),
+                 ("max", dist.ReduceOp.MAX, REDUCE_MAX, False), ("band", dist.ReduceOp.BAND, REDUCE_AND, False),
+                 ("bor", dist.ReduceOp.BOR, REDUCE_OR, False))
+
+
+def torch_reduce_op(op, n: int, who: str):
+    """(the core reduction, the scale of its result) for torch's reduce op
+    `op` over n processes (avg: a sum scaled by 1/n): a dist.ReduceOp (or
+    its RedOpType), or its name as funcol's schemas pass it ("sum",
+    "ReduceOp.AVG", ...)."""
+    for name, known, kind, mean in _TORCH_REDUCE:
+        # (a ReduceOp compares equal to its RedOpType but does not hash as one)
+        if (op.lower().rsplit(".", 1)[-1] == name) if isinstance(op, str) else op == known:
+            return kind, 1.0 / n if mean else 1.0
+    raise NotImplementedError(f"{who}: reduce op {getattr(op, 'op', op)} is not supported "
+                              f"({', '.join(r[0] for r in _TORCH_REDUCE)} are)")
+
+
 def _xla(t, who: str):
     if not isinstance(t, _tensor.XlaTensor):
         raise TypeError(f"{who}: expected an xla tensor, got a {type(t).__name__} on "

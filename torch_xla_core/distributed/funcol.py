@@ -15,41 +15,30 @@ from .._ops import impl, impl_by_name
 from . import collectives as cc
 
 _F = torch.ops._c10d_functional
-_REDUCE = {"sum": ("sum", False), "avg": ("sum", True), "product": ("mul", False), "min": ("min", False),
-           "max": ("max", False), "band": ("and", False), "bor": ("or", False)}
 
 
-def _group(group, who):
-    """(the replica groups, the size) of the process group (collectives.process_group)."""
-    return cc.process_group(group, f"{who} on xla tensors")
-
-
-def _reduce(op, who):
-    name = (op if isinstance(op, str) else getattr(op, "name", str(op))).lower().rsplit(".", 1)[-1]
-    if name not in _REDUCE:
-        raise NotImplementedError(f"{who} on xla tensors: reduce op {op!r} is not supported ({sorted(_REDUCE)})")
-    return _REDUCE[name]
+def _group(group, who, size=None):
+    """(the replica groups, the size) of the process group (collectives.process_group);
+    size: the caller's group_size, which must be the group's."""
+    groups, n = cc.process_group(group, f"{who} on xla tensors")
+    if size is not None and size != n:
+        raise ValueError(f"{who}: group_size={size} but the group has {n} processes")
+    return groups, n
 
 
 def _all_reduce(t, op, group, who="all_reduce"):
     groups, n = _group(group, who)
-    kind, mean = _reduce(op, who)
-    return cc.all_reduce(kind, t, scale=1.0 / n if mean else 1.0, groups=groups)
+    kind, scale = cc.torch_reduce_op(op, n, f"{who} on xla tensors")
+    return cc.all_reduce(kind, t, scale=scale, groups=groups)
 
 
 def _gather(t, group_size, group, who="all_gather_into_tensor"):
-    groups, n = _group(group, who)
-    if group_size != n:
-        raise ValueError(f"{who}: group_size={group_size} but the group has {n} processes")
-    return cc.all_gather(t, 0, groups)
+    return cc.all_gather(t, 0, _group(group, who, group_size)[0])
 
 
 def _scatter(t, op, group_size, group, who="reduce_scatter_tensor"):
-    groups, n = _group(group, who)
-    if group_size != n:
-        raise ValueError(f"{who}: group_size={group_size} but the group has {n} processes")
-    kind, mean = _reduce(op, who)
-    return cc.reduce_scatter(kind, t, 1.0 / n if mean else 1.0, 0, n, groups)
+    groups, n = _group(group, who, group_size)
+    return cc.reduce_scatter(*cc.torch_reduce_op(op, n, f"{who} on xla tensors"), 0, n, groups)
 
 
 @impl(_F.all_reduce.default)
