@@ -190,3 +190,13 @@ def test_torch_reduce_ops_map_to_core_reductions():
         with pytest.raises(NotImplementedError, match=r"(?i)all_reduce on xla tensors: reduce op .*premul_sum is not "
                                                       r"supported \(sum, avg, product, min, max, band, bor are\)"):
             cc.torch_reduce_op(op, 2, "all_reduce on xla tensors")
+
+
+@pytest.mark.parametrize("op,attrs,says", [
+    ("reduce_scatter", ("sum", -2, (0, 1), 2), "reduce_scatter: scatter dimension 0 of size 3"),
+    ("all_to_all", (-2, 1, (0, 1), 2), "all_to_all: split dimension 0 of size 3")])
+def test_a_split_dimension_that_does_not_divide_raises(op, attrs, says):
+    """The core's shape rule (csrc/ops/collective.cpp split_dim), when the node is built: the dim normalized."""
+    x = torch.zeros(3, 4).to("xla")
+    with pytest.raises(RuntimeError, match=says + " does not split into 2 equal parts"):
+        cc.collective(op, x, attrs, "w")

@@ -52,6 +52,18 @@ std::string replica_groups(const Node& n, size_t groups_attr) {
   return "replica_groups = " + i64_matrix(n.attr_dims(groups_attr), n.attr_int(groups_attr + 1));
 }
 
+// The dimension attribute `attr` of operand x normalized in place (a negative
+// dim counts from the end), checked to split into k equal parts; returns it.
+int64_t split_dim(Node& n, size_t attr, int64_t k, const std::string& what) {
+  const Node& x = *n.operands[0];
+  int64_t d = norm_dim(n, n.attr_int(attr), x.rank());
+  std::get<int64_t>(n.attrs[attr]) = d;
+  if (x.dims[size_t(d)] % k != 0)
+    op_error(n, what + " " + std::to_string(d) + " of size " + std::to_string(x.dims[size_t(d)]) +
+                    " does not split into " + std::to_string(k) + " equal parts");
+  return d;
+}
+
 void same_shape(Node& n) {
   n.dtype = n.operands[0]->dtype;
   n.dims = n.operands[0]->dims;
@@ -87,14 +99,9 @@ TXC_OP("all_gather", 1,
 
 TXC_OP("reduce_scatter", 1,
     [](Node& n) {
-      const Node& x = *n.operands[0];
       reduce_op(n, n.attr_str(0));
       check_groups(n, n.attr_dims(2), n.attr_int(3));
-      int64_t d = norm_dim(n, n.attr_int(1), x.rank()), k = n.attr_int(3);
-      std::get<int64_t>(n.attrs[1]) = d;
-      if (x.dims[size_t(d)] % k != 0)
-        op_error(n, "dimension " + std::to_string(d) + " of size " + std::to_string(x.dims[size_t(d)]) +
-                        " does not split into " + std::to_string(k) + " equal shards");
+      int64_t k = n.attr_int(3), d = split_dim(n, 1, k, "scatter dimension");
       same_shape(n);
       n.dims[size_t(d)] /= k;
     },
@@ -106,14 +113,10 @@ TXC_OP("reduce_scatter", 1,
 
 TXC_OP("all_to_all", 1,
     [](Node& n) {
-      const Node& x = *n.operands[0];
       check_groups(n, n.attr_dims(2), n.attr_int(3));
-      int64_t s = norm_dim(n, n.attr_int(0), x.rank()), c = norm_dim(n, n.attr_int(1), x.rank()), k = n.attr_int(3);
-      std::get<int64_t>(n.attrs[0]) = s;
+      int64_t k = n.attr_int(3), s = split_dim(n, 0, k, "split dimension");
+      int64_t c = norm_dim(n, n.attr_int(1), n.operands[0]->rank());
       std::get<int64_t>(n.attrs[1]) = c;
-      if (x.dims[size_t(s)] % k != 0)
-        op_error(n, "split dimension " + std::to_string(s) + " of size " + std::to_string(x.dims[size_t(s)]) +
-                        " does not split into " + std::to_string(k) + " equal chunks");
       same_shape(n);
       n.dims[size_t(s)] /= k;
       n.dims[size_t(c)] *= k;
