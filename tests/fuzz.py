@@ -569,14 +569,7 @@ def _dtypes_of(case):
     return {i.dtype for i in case.inputs}
 
 
-def _float_bitwise(case, cpu, xla):
-    return isinstance(cpu, NotImplementedError) and isinstance(xla, RuntimeError) and "floating" in str(xla)
-
-
 KNOWN: list[Known] = [
-    Known("elementwise", "bitwise_", "bitwise ops of floats: CPU's dispatch finds no Float kernel "
-          "(NotImplementedError), our shape rule refuses the dtype (RuntimeError naming the op); both refuse",
-          _float_bitwise),
     Known("views", "view(complex64)", "bitcasts to complex are refused (NotImplementedError: StableHLO's "
           "bitcast_convert takes no complex type; view_as_complex is the way)"),
     Known("views", "view(", "bitcasts from complex are refused (as above)",

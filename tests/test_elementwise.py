@@ -161,5 +161,43 @@ def test_shifts_match_cpu_for_every_amount(dtype):
         want, got = f(a, b), f(a.to(txc.device()), b.to(txc.device())).cpu()
         assert got.dtype == want.dtype and torch.equal(got, want), (dtype, want.tolist(), got.tolist())
     assert dict(txc.metrics.fallbacks()) == before
-    with pytest.raises(RuntimeError, match="bitwise_right_shift: not defined for floating-point"):
-        torch.ones(2, device=txc.device()) >> 1
+    with pytest.raises(NotImplementedError, match="bitwise_right_shift: not implemented for 'Float'"):
+        torch.ones(2, device=txc.device()) >> 1                # as CPU's "rshift_cpu" not implemented for 'Float'
+    for f in (torch.bitwise_not, lambda x: x & 3, lambda x: torch.bitwise_or(x.to(torch.complex64), 1), lambda x: 3 << x):
+        _same_outcome(f, torch.ones(2))
+
+
+_NO_BOOL_KERNEL = [torch.fmod, torch.remainder, torch.floor_divide, torch.bitwise_left_shift,
+                   torch.bitwise_right_shift, torch.sub, torch.rsub,
+                   lambda a, b: torch.div(a, b, rounding_mode="floor"),
+                   lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+                   lambda a, b: a.clone().fmod_(b), lambda a, b: a.clone().remainder_(b),
+                   lambda a, b: a.clone().sub_(b), lambda a, b: torch.sub(a, b, alpha=2)]
+
+
+_DIVIDES = set(_NO_BOOL_KERNEL[:3] + _NO_BOOL_KERNEL[7:11])
+
+
+@pytest.mark.parametrize("fn", _NO_BOOL_KERNEL)
+def test_ops_without_a_bool_kernel_match_cpu_on_bools(fn):
+    """fmod, remainder, floor division, shifts, sub and neg of bools: torch's
+    CPU kernels raise NotImplementedError (no 'Bool' kernel; sub refuses any
+    bool operand), at the call, not a compile failure later; where a bool
+    promotes with another dtype they compute, in that dtype, as CPU."""
+    a = torch.tensor([[True, False, True], [False, True, True]])
+    others = [a.flip(1), torch.tensor(True), torch.tensor([3, 1, 2], dtype=torch.int32),
+              torch.tensor([[2.5], [-1.5]], dtype=torch.float64), True, 2, 1.5]
+    for b in others:
+        for x, y in ((a, b), (b, a)):
+            if not isinstance(x, torch.Tensor) and fn not in (torch.remainder, torch.bitwise_left_shift, torch.sub):
+                continue  # no number-first overload
+            if fn in _DIVIDES and not torch.result_type(x, y).is_floating_point and (torch.as_tensor(y) == 0).any():
+                continue  # integer division by zero: CPU raises; the device does not check it (not this test)
+            _same_outcome(fn, x, y)
+    # refused at the call: no graph is left pending with an op that cannot compile
+    with pytest.raises(NotImplementedError, match="fmod: not implemented for 'Bool'"):
+        torch.fmod(a.to(txc.device()), True)
+    with pytest.raises(NotImplementedError, match="Negation, the `-` operator, on a bool tensor"):
+        -a.to(txc.device())
+    _same_outcome(torch.neg, a)
+    _same_outcome(torch.neg, a.to(torch.int8))

@@ -26,7 +26,12 @@ enum class Kind {
 // on its complex meaning); a row without it refuses complex tensors at trace
 // time, as torch does.
 // OPMATH: see "opmath" below (mul, div and its rounding modes).
-enum Flag : unsigned { COMPLEX = 1u, OPMATH = 2u };
+// NO_BOOL: torch has no bool kernel for the op ("fmod_cpu" not implemented
+// for 'Bool'): a bool compute dtype is refused at trace time (StableHLO's
+// remainder, negate and shifts refuse i1 only when compiling).
+// NO_BOOL_OPERAND: any bool operand is refused, as torch's sub_check does
+// (int - bool raises too).
+enum Flag : unsigned { COMPLEX = 1u, OPMATH = 2u, NO_BOOL = 4u, NO_BOOL_OPERAND = 8u };
 
 DType promoted(const Node& n) { return promoted_dtype(n.operands); }
 
@@ -45,6 +50,12 @@ void infer(Node& n, Kind k, unsigned flags) {
     op_error(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
   if (is_complex(c) && !(flags & COMPLEX))
     op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
+  if ((flags & NO_BOOL) && is_bool(c))
+    op_error(n, "not implemented for bool tensors, as in torch; cast the operands to an integer or floating dtype first");
+  if (flags & NO_BOOL_OPERAND)
+    for (const auto& o : n.operands)
+      if (is_bool(o->dtype))
+        op_error(n, "not supported with a bool operand, as in torch; use logical_xor (^) or logical_not (~) on masks");
   n.dims = std::move(d);
   n.dtype = (k == Kind::Compare || k == Kind::Logical) ? DType::Bool : k == Kind::ToReal ? real_part_dtype(c) : c;
 }
@@ -228,7 +239,7 @@ std::string complex_conj(LowerCtx& cx, const std::string& v, DType t, const Dims
 namespace {
 
 // -- unary --------------------------------------------------------------
-TXC_OP(simple("neg", 1, Kind::Same, "stablehlo.negate", COMPLEX));
+TXC_OP(simple("neg", 1, Kind::Same, "stablehlo.negate", COMPLEX | NO_BOOL));
 // abs of an unsigned integer is itself (stablehlo.abs takes signless integers only)
 TXC_OP(custom("abs", 1, Kind::ToReal,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
@@ -304,7 +315,7 @@ TXC_OP(custom("isnan", 1, Kind::Compare,
 
 // -- binary -------------------------------------------------------------
 TXC_OP(simple("add", 2, Kind::Same, "stablehlo.add", COMPLEX));
-TXC_OP(simple("sub", 2, Kind::Same, "stablehlo.subtract", COMPLEX));
+TXC_OP(simple("sub", 2, Kind::Same, "stablehlo.subtract", COMPLEX | NO_BOOL_OPERAND));
 TXC_OP(simple("mul", 2, Kind::Same, "stablehlo.multiply", COMPLEX | OPMATH));
 TXC_OP(simple("div", 2, Kind::Float, "stablehlo.divide", COMPLEX | OPMATH));
 TXC_OP(simple("maximum", 2, Kind::Same, "stablehlo.maximum"));
@@ -318,12 +329,12 @@ TXC_OP(simple("bitwise_xor", 2, Kind::Integral, "stablehlo.xor"));
 // the bit width gives 0 (left, and right on unsigned) or the sign fill
 // (right on signed), which is what StableHLO's shifts do with the
 // amount read as unsigned.
-TXC_OP(simple("bitwise_left_shift", 2, Kind::Integral, "stablehlo.shift_left"));
+TXC_OP(simple("bitwise_left_shift", 2, Kind::Integral, "stablehlo.shift_left", NO_BOOL));
 TXC_OP(custom("bitwise_right_shift", 2, Kind::Integral,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 const char* op = is_unsigned(c) ? "stablehlo.shift_right_logical" : "stablehlo.shift_right_arithmetic";
                 return cx.binary(op, a[0], a[1], c, n.dims);
-              }));
+              }, NO_BOOL));
 TXC_OP(simple("logical_and", 2, Kind::Logical, "stablehlo.and", COMPLEX));
 TXC_OP(simple("logical_or", 2, Kind::Logical, "stablehlo.or", COMPLEX));
 TXC_OP(simple("logical_xor", 2, Kind::Logical, "stablehlo.xor", COMPLEX));
@@ -338,7 +349,7 @@ TXC_OP(custom("div_trunc", 2, Kind::Same,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
                 return is_floating(c) ? round_toward_zero(cx, q, c, n.dims) : q;
-              }, OPMATH));
+              }, OPMATH | NO_BOOL));
 // Division rounding down (rounding_mode='floor', floor_divide).
 TXC_OP(custom("div_floor", 2, Kind::Same,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
@@ -348,15 +359,15 @@ TXC_OP(custom("div_floor", 2, Kind::Same,
                 auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
                 auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
                 return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), q_minus_1, q, c, n.dims);
-              }, OPMATH));
+              }, OPMATH | NO_BOOL));
 // Python-style modulus: result has the sign of the divisor (torch.remainder).
 TXC_OP(custom("remainder", 2, Kind::Same,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
                 auto r_plus_b = cx.binary("stablehlo.add", r, a[1], c, n.dims);
                 return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), r_plus_b, r, c, n.dims);
-              }));
-TXC_OP(simple("fmod", 2, Kind::Same, "stablehlo.remainder"));
+              }, NO_BOOL));
+TXC_OP(simple("fmod", 2, Kind::Same, "stablehlo.remainder", NO_BOOL));
 
 // -- special functions (aten ops that torch's decompositions turn into
 // prims; the Python side is torch_xla_core/_ops/special.py) --------------

@@ -20,7 +20,10 @@ another overload, for it; either way also for its in-place and out= variants
   INTEGRAL_PROMOTED the same, as the promoted dtype of the tensor arguments
                     says (binary math)
   BOOL              bool inputs (the first tensor argument)
-The declarations fill RULES: an overload ("aten::round.decimals") or a whole
+Refusals that a core row makes itself (csrc/ops/elementwise.cpp: fmod,
+remainder, shifts and bitwise ops of bools or floats) are worded with
+refusal() by their mapping's check= (_ops/elementwise.py), at no cost to the
+calls the core takes. The declarations fill RULES: an overload ("aten::round.decimals") or a whole
 packet ("aten::celu") -> (what it refuses, which argument's dtype decides).
 The dispatcher's resolver wraps the handlers of the listed overloads
 (_ops._entry); nothing else pays for the check. Listed: float math whose
@@ -89,6 +92,17 @@ def _decisive_dtype(args, mode):
     return d
 
 
+_OTHER_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def refusal(name, d, cast_to="a numeric"):
+    """The NotImplementedError of op `name` refusing dtype d, as torch's kernels refuse it."""
+    return NotImplementedError(
+        f"{name}: not implemented for '{_NAMES.get(d) or _OTHER_NAMES.get(d, d)}' ({d}): torch has no kernel for "
+        f"this dtype either (CPU and CUDA raise); cast the input to {cast_to} dtype first")
+
+
 def guard(func, h):
     """h, or h behind the dtype check of func's rule."""
     r = rule(func)
@@ -101,10 +115,7 @@ def guard(func, h):
     def checked(*args, **kwargs):
         d = _decisive_dtype(args, mode)
         if d is not None and refused(d):
-            raise NotImplementedError(
-                f"{name}: not implemented for '{_NAMES[d]}' ({d}): torch has no kernel for this dtype either "
-                f"(CPU and CUDA raise); cast the input to a "
-                f"{'floating' if kind == FLOATING else 'numeric'} dtype first")
+            raise refusal(name, d, "a floating" if kind == FLOATING else "a numeric")
         return h(*args, **kwargs)
     checked.__name__ = f"dtype_checked_{getattr(h, '__name__', 'handler')}"
     return checked

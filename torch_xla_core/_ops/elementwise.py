@@ -3,10 +3,60 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
 from .._dtypes import UnsupportedDtype, code
-from .. import _device, _tensor
+from .. import _device, _tensor, metrics
 from .._tensor import OP, XlaTensor, _make, _op, device_error
 from . import XLA, Arg, assign, aten, check_no_partial_overlap, convert, decomposed, full_like, impl, mapping
-from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED
+from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED, refusal
+
+# Dtypes that torch's kernels refuse (NotImplementedError) and the core rows
+# refuse at trace time (csrc/ops/elementwise.cpp: NO_BOOL, NO_BOOL_OPERAND,
+# Kind::Integral): each mapping's check= words the refusal as torch, at no
+# cost to the calls the core takes.
+_NEG_BOOL = ("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, "
+             "use the `~` or `logical_not()` operator instead.")
+_SUB_BOOLS = "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` " \
+             "operator instead."
+_SUB_BOOL = ("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, "
+             "use the `~` or `logical_not()` operator instead.")
+
+
+def _refuse_bool_result(name, a, b):
+    """Refuses a binary op that torch has no bool kernel for when its operands promote to bool."""
+    if torch.result_type(a, b) == torch.bool:
+        raise refusal(name, torch.bool)
+
+
+def _no_bool_result(name):
+    """check= of such an op."""
+    return lambda a, b, *_, **__: _refuse_bool_result(name, a, b)
+
+
+def _integral_only(name, bools=True):
+    """check= of a bitwise op (core Kind::Integral): torch has no floating or
+    complex kernel (nor a bool one for shifts: bools=False)."""
+    def check(a, b=None, *_, **__):
+        d = a.dtype if b is None else torch.result_type(a, b)
+        if d.is_floating_point or d.is_complex or (d == torch.bool and not bools):
+            raise refusal(name, d, "an integer")
+    return check
+
+
+def _check_neg(x, *_, **__):
+    if x.dtype == torch.bool:
+        raise NotImplementedError(f"neg: {_NEG_BOOL}")
+
+
+def _check_sub(a, b, *_, **__):
+    """torch's sub_check: no bool operand, tensor or number."""
+    bools = [isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool) for x in (a, b)]
+    if any(bools):
+        raise NotImplementedError(f"sub: {_SUB_BOOLS if all(bools) else _SUB_BOOL}")
+
+
+_CHECKS = {"neg": _check_neg, "fmod": _no_bool_result("fmod"), "remainder": _no_bool_result("remainder"),
+           "bitwise_left_shift": _integral_only("bitwise_left_shift", bools=False),
+           "bitwise_right_shift": _integral_only("bitwise_right_shift", bools=False),
+           **{n: _integral_only(n) for n in ("bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor")}}
 
 
 # Overloads that are one core op: mapping() rows (the C++ fast path and the
@@ -19,7 +69,7 @@ for _aten, _core in [
     ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("reciprocal", "reciprocal"),
     ("bitwise_not", "bitwise_not"), ("logical_not", "logical_not"), ("isnan", "isnan"),
 ]:
-    mapping(getattr(aten, _aten).default, op=_core, ranks=(XLA,))
+    mapping(getattr(aten, _aten).default, op=_core, ranks=(XLA,), check=_CHECKS.get(_core))
 
 for _aten, _core in [
     ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"), ("logical_and", "logical_and"),
@@ -28,22 +78,22 @@ for _aten, _core in [
     ("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"),
 ]:
     _packet = getattr(aten, _aten)
-    for _ov in ("Tensor", "Scalar", "default"):
+    for _ov in ("Tensor", "Scalar", "Scalar_Tensor", "default"):
         if _ov in _packet.overloads():
             _o = getattr(_packet, _ov)
             if any(str(a.type) == "Tensor" for a in _o._schema.arguments):  # eq.default etc. take numbers only
-                mapping(_o, op=_core)
+                mapping(_o, op=_core, check=_CHECKS.get(_core))
 
 # Shifts: torch's two spellings (bitwise_*_shift, the operators' __*shift__), every tensor overload.
 for _packet, _core in [(aten.bitwise_left_shift, "bitwise_left_shift"), (aten.__lshift__, "bitwise_left_shift"),
                        (aten.bitwise_right_shift, "bitwise_right_shift"), (aten.__rshift__, "bitwise_right_shift")]:
     for _ov in ("Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"):
         if _ov in _packet.overloads():
-            mapping(getattr(_packet, _ov), op=_core)
+            mapping(getattr(_packet, _ov), op=_core, check=_CHECKS[_core])
 
 _OP_ADD, _OP_SUB, _OP_MUL = OP.add, OP.sub, OP.mul
 add = mapping(aten.add.Tensor, aten.add.Scalar, op="add")
-sub = mapping(aten.sub.Tensor, aten.sub.Scalar, op="sub")
+sub = mapping(aten.sub.Tensor, aten.sub.Scalar, op="sub", check=_check_sub)
 mul = mapping(aten.mul.Tensor, aten.mul.Scalar, op="mul")
 div = mapping(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, op="div")
 
@@ -120,6 +170,7 @@ def sub_scaled(a, b, *, alpha=1):
 
 @impl(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(a, b, *, alpha=1):
+    _check_sub(a, b)
     return sub_scaled(b, a, alpha=alpha) if isinstance(b, XlaTensor) else _scaled(_OP_SUB, b, a, alpha)
 
 
@@ -127,6 +178,7 @@ def rsub(a, b, *, alpha=1):
 def div_mode(a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return div(a, b)
+    _refuse_bool_result(f"div(rounding_mode={rounding_mode!r})", a, b)
     if rounding_mode == "trunc":
         return _op(OP.div_trunc, (a, b), ())
     if rounding_mode == "floor":
@@ -136,6 +188,7 @@ def div_mode(a, b, *, rounding_mode=None):
 
 @impl(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(a, b):
+    _refuse_bool_result("floor_divide", a, b)
     return _op(OP.div_floor, (a, b), ())
 
 
@@ -374,7 +427,8 @@ def zero_(x):
 
 @impl(aten._local_scalar_dense.default)
 def local_scalar_dense(x):
-    return _tensor.to_cpu(x).item()
+    metrics.counter_add("scalar_read")  # a Python number read from the device (.item(), bool(t)): torch_xla's
+    return _tensor.to_cpu(x).item()     # aten::_local_scalar_dense counter (compat debug.metrics)
 
 
 @impl(aten.is_nonzero.default)
