@@ -6,10 +6,7 @@ issue 42's txc.optimizer_step example and DistributedDataParallel over the
 "xla" backend equal to one process on the whole batch (CPU, <= 1e-6), one
 execution per step, the step replayed under txc.compile, dist.* and
 functional collectives, DTensor, rendezvous and mesh_reduce."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +15,7 @@ import torch.distributed as dist
 import torch_xla_core as txc
 from torch_xla_core import distributed as xd
 from torch_xla_core.distributed import collectives as cc
+from launched_ranks import launched_ranks
 
 pytestmark = pytest.mark.xdist_group("processes2")  # the launches of test_multiprocess.py and this, one at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "collectives_train.py")
@@ -91,12 +89,7 @@ def test_the_xla_backend_is_registered_for_the_xla_device():
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("collectives")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
-    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "1", SCRIPT,
-                        str(out)], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)]
+    return launched_ranks(SCRIPT, 2, tmp_path_factory.mktemp("collectives"))
 
 
 

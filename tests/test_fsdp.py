@@ -6,16 +6,14 @@ per layer and on the root trains equal to DDP over the "xla" backend and
 to one process on the whole batch (CPU f32, <= 1e-6), with
 reshard_after_forward True and False, one execution per step holding the
 all-gathers and reduce-scatters, no CPU fallback; AdamW too."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torch_xla_core  # noqa: F401  (the xla device, the hooks)
 from torch_xla_core.distributed import _fsdp as fsdp
+from launched_ranks import launched_ranks
 
 pytestmark = pytest.mark.xdist_group("processes2")  # one multi-process launch at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
@@ -75,12 +73,7 @@ def test_storage_functions_skip_xla_tensors_only():
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
-    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "1", SCRIPT,
-                        str(out)], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)]
+    return launched_ranks(SCRIPT, 2, tmp_path_factory.mktemp("fsdp"))
 
 
 def _whole_batch(opt_cls, **kw):

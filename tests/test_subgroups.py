@@ -7,15 +7,13 @@ StableHLO replica groups, a 2-D DeviceMesh ("dp", "tp") built from the
 groups and torch's init_device_mesh("xla", (2, 2)) with DTensor on them
 against the full tensors, and the error of a group whose size does not
 divide the world's."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from torch_xla_core.distributed import collectives as cc
+from launched_ranks import launched_ranks
 
 pytestmark = pytest.mark.xdist_group("processes2")  # one multi-process launch at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "subgroups_train.py")
@@ -44,12 +42,7 @@ def test_a_sub_group_whose_size_does_not_divide_the_world_raises(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("subgroups")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
-    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "4", "--devices", "1", SCRIPT,
-                        str(out)], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(4)]
+    return launched_ranks(SCRIPT, 4, tmp_path_factory.mktemp("subgroups"))
 
 
 def test_sub_group_collectives_equal_gloo_on_the_same_ranks(ranks):
