@@ -204,6 +204,19 @@ def test_fallback_ops_are_counted_as_aten_ops(dev):
     assert "aten::unique_consecutive" in met.short_metrics_report(counter_names=["MarkStep"])
 
 
+def test_python_numbers_read_from_the_device_count_as_local_scalar_dense(dev):
+    """torch_xla lists .item() and bool(t) as the fallback aten::_local_scalar_dense."""
+    met.clear_all()
+    t = torch.tensor(100, device=dev) * 2
+    assert met.executed_fallback_ops() == [] and met.counter_value("aten::_local_scalar_dense") is None
+    assert t.item() == 200
+    if t:
+        t += 1
+    assert met.executed_fallback_ops() == ["aten::_local_scalar_dense"]
+    assert met.counter_value("aten::_local_scalar_dense") == 2
+    assert "aten::_local_scalar_dense" in met.short_metrics_report(counter_names=["MarkStep"])
+
+
 def test_profiler_spans_land_in_the_trace(tmp_path):
     xp.start_trace(str(tmp_path))
     with xp.Trace("my_span"):
@@ -369,6 +382,48 @@ def test_uneven_sharding_pads_the_last_pieces_and_results_equal_cpu():
     torch.testing.assert_close((w.global_tensor + 1).cpu(), torch.full((3, 2), 3.0))
     xs.clear_sharding(xm_)
     torch.testing.assert_close(xm_.cpu(), (m + 1) * 2)
+
+
+@on_devices(4)
+def test_load_local_shards_replaces_the_pieces_and_keeps_the_layout():
+    mesh = xs.Mesh(np.arange(4), (4,))
+    t = torch.arange(4.0) + 1
+    xt = xs.mark_sharding(t.to("xla"), mesh, (0,))
+    spec, shards = xt.sharding_spec, xt.local_shards
+    for s in shards:
+        s.data *= -1  # torch_xla's idiom: change the CPU piece, then load them all back
+    xt.load_local_shards_(shards)
+    torch.testing.assert_close(xt.cpu(), -t)
+    assert xt.sharding_spec == spec and xt.sharding_type == xs.ShardingType.TILED
+    torch.testing.assert_close((xt * 2).cpu(), -2 * t)
+    with pytest.raises(RuntimeError, match="3 values given for the 4 pieces"):
+        xt.load_local_shards_(shards[:-1])
+    for s in shards:
+        s.data = torch.randn(2)
+    with pytest.raises(RuntimeError, match=r"value 0 is torch.float32 \[2\]; its piece \(device 0\) is "):
+        xt.load_local_shards_(shards)
+    rep = xs.mark_sharding(t.to("xla"), mesh, (None,))
+    with pytest.raises(RuntimeError, match="not split over devices"):
+        rep.load_local_shards_(rep.local_shards)
+    odd = xs.mark_sharding(torch.arange(5.0).to("xla"), mesh, (0,))  # uneven: the padded pieces are loaded
+    pieces = odd.local_shards
+    odd.load_local_shards_([type(p)(p.data + 10, p.indices, p.shard_device, p.replica_id) for p in pieces])
+    torch.testing.assert_close(odd.cpu(), torch.arange(5.0) + 10)
+
+
+@on_devices(4)
+def test_minibatch_sharding_with_one_process_is_the_global_batch():
+    mesh = xs.get_1d_mesh("data")
+    batch = torch.arange(32.0).reshape(8, 4)
+    loader = pl.MpDeviceLoader([(batch,)], torch_xla.device(),
+                               input_sharding=xs.ShardingSpec(mesh, ("data", None), minibatch=True))
+    (x,) = next(iter(loader))
+    assert txc.sharding.get_sharding(x).partition_spec == ("data", None)
+    torch.testing.assert_close(x.cpu(), batch)
+    odd = pl.MpDeviceLoader([(batch[:3],)], torch_xla.device(),
+                            input_sharding=xs.ShardingSpec(mesh, ("data", None), minibatch=True))
+    with pytest.raises(RuntimeError, match="per-host batch size must be divisible by local runtime device count"):
+        next(iter(odd))
 
 
 @on_devices(4)

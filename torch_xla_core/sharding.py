@@ -310,6 +310,36 @@ def local_shard_values(t: torch.Tensor) -> list:
     return sorted(out, key=lambda p: p[0].device)
 
 
+def load_local_shards(t: torch.Tensor, values) -> torch.Tensor:
+    """Replaces t's values, piece by piece: `values` holds one CPU tensor
+    per piece on this process's devices, in local_shard_values's order and
+    each of its piece's shape (the padded one, for the last pieces of an
+    uneven layout). t keeps its layout; in place, returns t. Every process
+    gives its own pieces. A tensor on one device, or replicated, has no
+    pieces to load: RuntimeError, as a wrong count, shape or dtype."""
+    buf = _buffer(t)
+    if len(buf.sharding.device_set) == 1 or buf.sharding.is_fully_replicated:
+        raise RuntimeError("load_local_shards: the tensor is not split over devices (on one device, or "
+                           "replicated): copy the whole value in instead (t.copy_(value))")
+    devs = runtime.global_devices()
+    pieces = sorted(buf.addressable_shards, key=lambda s: devs.index(s.device))
+    values = list(values)
+    if len(values) != len(pieces):
+        raise RuntimeError(f"load_local_shards: {len(values)} values given for the {len(pieces)} pieces on this "
+                           f"process's devices: give one per piece, in local_shard_values's order")
+    local = runtime.devices()
+    arrays = []
+    for i, (p, v) in enumerate(zip(pieces, values)):
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(p.data.shape) or v.dtype != t.dtype:
+            got = f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise RuntimeError(f"load_local_shards: value {i} is {got}; its piece (device "
+                               f"{devs.index(p.device)}) is {t.dtype} {list(p.data.shape)}")
+        arrays.append(runtime.to_device(v.cpu(), local.index(p.device)))
+    new = jax.make_array_from_single_device_arrays(buf.shape, buf.sharding, arrays)
+    _whole(t).assign(_C.from_data(new, _dtypes.code(t.dtype), list(t.shape), 0))
+    return t
+
+
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     """Gathers t onto xla:0 alone (no sharding); in place, returns t."""
     buf = _buffer(t)

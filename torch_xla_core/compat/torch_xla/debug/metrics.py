@@ -26,10 +26,16 @@ def metric_names() -> list:
     return metrics.metric_names()
 
 
+# torch_xla runs .item() (aten::_local_scalar_dense) on the CPU and counts it
+# as a fallback; here it reads the value from the device, counted as scalar_read.
+_SCALAR_READ = "aten::_local_scalar_dense"
+
+
 def counter_value(name: str):
     """A counter's value, or None when it never counted; aten::<op> counts
-    the op's CPU fallbacks."""
-    return metrics.counter_value(name)
+    the op's CPU fallbacks (aten::_local_scalar_dense: Python numbers read
+    from the device, as torch_xla counts them)."""
+    return metrics.counter_value("scalar_read" if name == _SCALAR_READ else name)
 
 
 def counter_names() -> list:
@@ -37,8 +43,11 @@ def counter_names() -> list:
 
 
 def executed_fallback_ops() -> list:
-    """The operators that ran on the CPU as a fallback, as 'aten::<op>'."""
-    return sorted("aten::" + op for op in metrics.fallbacks())
+    """The operators that ran on the CPU as a fallback, as 'aten::<op>', with
+    aten::_local_scalar_dense once a Python number was read (torch_xla's
+    list has it then)."""
+    read = [_SCALAR_READ] if metrics.counter_value("scalar_read") else []
+    return sorted({"aten::" + op for op in metrics.fallbacks()} | set(read))
 
 
 def clear_counters() -> None:

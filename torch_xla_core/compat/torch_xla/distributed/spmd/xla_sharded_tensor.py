@@ -2,6 +2,7 @@
 computes as the sharded xla tensor it wraps (global_tensor) and tells how
 it is laid out (sharding_spec, sharding_type, local_shards)."""
 import collections
+import dataclasses
 import enum
 
 import torch
@@ -34,10 +35,16 @@ class ShardingType(enum.IntEnum):
         return cls.TILED if "devices=" in hlo else cls.UNKNOWN
 
 
-class XLAShard(collections.namedtuple("XLAShard", "data indices shard_device replica_id")):
-    """One device's piece: its values on the CPU (`data`), the slices of the
-    whole it holds (`indices`: a list of slices, Ellipsis when it holds all
-    of it), the device ('xla:i') and which replica of that piece it is."""
+@dataclasses.dataclass
+class XLAShard:
+    """One device's piece: its values on the CPU (`data`, which the user may
+    change or replace before load_local_shards_), the slices of the whole it
+    holds (`indices`: a list of slices, Ellipsis when it holds all of it),
+    the device ('xla:i') and which replica of that piece it is."""
+    data: torch.Tensor
+    indices: object
+    shard_device: str
+    replica_id: int
 
     @property
     def unpadded_data(self) -> torch.Tensor:
@@ -88,6 +95,12 @@ class XLAShardedTensor(torch.Tensor):
             out.append(XLAShard(data, indices, f"xla:{shard.device}", counts[key]))
             counts[key] += 1
         return out
+
+    def load_local_shards_(self, shards) -> None:
+        """Loads this process's pieces (local_shards, their data changed) into
+        the tensor, in place; the layout stays. RuntimeError for a missing
+        piece, a wrong shape, or a replicated tensor (as torch_xla)."""
+        sharding.load_local_shards(self.global_tensor, [s.data for s in shards])
 
     def __repr__(self, *, tensor_contents=None):
         return f"XLAShardedTensor({self.global_tensor!r})"

@@ -169,9 +169,13 @@ class ShardingSpec:
     (pl.MpDeviceLoader(loader, dev, input_sharding=ShardingSpec(mesh, spec)))."""
 
     def __init__(self, mesh: Mesh, partition_spec, minibatch: bool = False):
-        if minibatch:
-            raise NotImplementedError("ShardingSpec(minibatch=True): per-host batches of a multi-host mesh are "
-                                      "not supported; give the global batch")
+        """minibatch=True: each batch is this host's part of the global batch
+        (dim 0); with one process that is the global batch, which must then
+        split evenly over this process's devices (as torch_xla requires)."""
+        if minibatch and runtime.process_count() > 1:
+            raise NotImplementedError("ShardingSpec(minibatch=True) with several processes: per-process batches "
+                                      "are not assembled into a global one here; give each process the global "
+                                      "batch, or use torch.distributed with DDP")
         self.mesh, self.partition_spec, self.minibatch = mesh, tuple(partition_spec), minibatch
 
     def can_apply(self, t: torch.Tensor) -> bool:
@@ -181,4 +185,9 @@ class ShardingSpec:
         if not self.can_apply(t):
             raise ValueError(f"ShardingSpec: partition_spec {self.partition_spec} does not fit a tensor of "
                              f"shape {list(t.shape)}")
+        n = runtime.device_count()
+        if self.minibatch and t.dim() and t.shape[0] % n:
+            raise RuntimeError(f"When minibatch is configured, the per-host batch size must be divisible by local "
+                               f"runtime device count. Per host input data shape = {list(t.shape)}, "
+                               f"local_runtime_device_count = {n}")
         sharding.mark_sharding(t, self.mesh.core, self.partition_spec)
