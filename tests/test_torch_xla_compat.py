@@ -202,6 +202,10 @@ def test_fallback_ops_are_counted_as_aten_ops(dev):
     assert met.executed_fallback_ops() == ["aten::unique_consecutive"]
     assert met.counter_value("aten::unique_consecutive") == 1
     assert "aten::unique_consecutive" in met.short_metrics_report(counter_names=["MarkStep"])
+    a, b = torch.tensor([12, 18]), torch.tensor([8, 27])  # another namespace's op keeps its own name
+    torch.testing.assert_close(torch.ops.prims.gcd(a.to(dev), b.to(dev)).cpu(), torch.ops.prims.gcd(a, b))
+    assert met.executed_fallback_ops() == ["aten::unique_consecutive", "prims::gcd"]
+    assert met.counter_value("prims::gcd") == 1
 
 
 def test_python_numbers_read_from_the_device_count_as_local_scalar_dense(dev):

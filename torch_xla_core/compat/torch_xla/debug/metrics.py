@@ -35,7 +35,11 @@ def counter_value(name: str):
     """A counter's value, or None when it never counted; aten::<op> counts
     the op's CPU fallbacks (aten::_local_scalar_dense: Python numbers read
     from the device, as torch_xla counts them)."""
-    return metrics.counter_value("scalar_read" if name == _SCALAR_READ else name)
+    if name == _SCALAR_READ:
+        return metrics.counter_value("scalar_read")
+    if "::" in name and not name.startswith(("aten::", "xla::")):  # another library's op (torchvision::nms)
+        return metrics.counter_value("fallback::" + name)
+    return metrics.counter_value(name)
 
 
 def counter_names() -> list:
@@ -43,11 +47,12 @@ def counter_names() -> list:
 
 
 def executed_fallback_ops() -> list:
-    """The operators that ran on the CPU as a fallback, as 'aten::<op>', with
+    """The operators that ran on the CPU as a fallback, as 'aten::<op>' (another
+    library's as it names them: 'torchvision::nms'), with
     aten::_local_scalar_dense once a Python number was read (torch_xla's
     list has it then)."""
     read = [_SCALAR_READ] if metrics.counter_value("scalar_read") else []
-    return sorted({"aten::" + op for op in metrics.fallbacks()} | set(read))
+    return sorted({op if "::" in op else "aten::" + op for op in metrics.fallbacks()} | set(read))
 
 
 def clear_counters() -> None:
