@@ -6,29 +6,23 @@ restore the latest step; each process writes what it saw to argv[1]/rank<r>.json
 import json, os, sys
 import torch, torch.distributed as dist
 import torch_xla_core as txc, torch_xla_core.sharding as xs
+import mlp_job
 
 out = sys.argv[1]
 dist.init_process_group("gloo")
 rank = txc.global_ordinal()
 n = len(txc.runtime.global_devices())
-mesh = xs.Mesh(range(n), (2, n // 2), ("data", "model"))
+mesh = mlp_job.global_mesh((2, n // 2), ("data", "model"))
 
 
 def make():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to("xla")
-    xs.mark_sharding(model[0].weight, mesh, ("model", None))
-    xs.mark_sharding(model[2].weight, mesh, (None, "model"))
+    model = mlp_job.mlp(mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
 model, opt = make()
 mngr = txc.checkpoint.CheckpointManager(os.path.join(out, "ckpt"), keep=2)
-g = torch.Generator().manual_seed(1)
-for step in range(1, 4):
-    x, y = torch.randn(8, 16, generator=g).to("xla"), torch.randn(8, 8, generator=g).to("xla")
-    xs.mark_sharding(x, mesh, ("data", None)); xs.mark_sharding(y, mesh, ("data", None))
-    torch.nn.functional.mse_loss(model(x), y).backward(); opt.step(); opt.zero_grad(); txc.sync()
+for step, _ in enumerate(mlp_job.train(model, opt, mesh, 3), start=1):
     mngr.save(step, model=model, optimizer=opt)
 mngr.wait_until_finished()
 saved = {k: v.cpu() for k, v in model.state_dict().items()}

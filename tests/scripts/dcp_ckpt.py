@@ -9,28 +9,17 @@ import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
 import torch_xla_core as txc, torch_xla_core.sharding as xs
 from torch_xla_core import metrics
 from torch_xla_core.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
+import mlp_job
 
 out = sys.argv[1]
 dist.init_process_group("gloo")
 rank = txc.global_ordinal()
 n = len(txc.runtime.global_devices())
-mesh = xs.Mesh(range(n), (2, n // 2), ("data", "model"))
-
-
-def make():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to("xla")
-
-
-model = make()
-xs.mark_sharding(model[0].weight, mesh, ("model", None))
-xs.mark_sharding(model[2].weight, mesh, (None, "model"))
+mesh = mlp_job.global_mesh((2, n // 2), ("data", "model"))
+model = mlp_job.mlp(mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-g = torch.Generator().manual_seed(1)
-for _ in range(2):
-    x, y = torch.randn(8, 16, generator=g).to("xla"), torch.randn(8, 8, generator=g).to("xla")
-    xs.mark_sharding(x, mesh, ("data", None)); xs.mark_sharding(y, mesh, ("data", None))
-    torch.nn.functional.mse_loss(model(x), y).backward(); opt.step(); opt.zero_grad(); txc.sync()
+for _ in mlp_job.train(model, opt, mesh, 2):
+    pass
 
 metrics.clear()
 dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=os.path.join(out, "ckpt"),
@@ -41,7 +30,7 @@ saved = {k: v.cpu() for k, v in model.state_dict().items()}
 saved_avg = [opt.state[p]["exp_avg"].cpu() for p in model.parameters()]
 
 # load into a model laid out another way: a 1-D mesh, devices reversed, other specs
-model2 = make()
+model2 = mlp_job.mlp()
 mesh2 = xs.Mesh(list(reversed(range(n))), (n,), ("x",))
 xs.mark_sharding(model2[0].weight, mesh2, (None, "x"))
 xs.mark_sharding(model2[2].weight, mesh2, ("x", None))
