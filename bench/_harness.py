@@ -168,8 +168,10 @@ def host_steps(step, warmup: int, steps: int, executed=None, counters=None) -> d
     """Runs step() warmup + steps times and times the last `steps`: the wall
     time of each call and its host time (wall minus the growth of the
     runtime's "execute" timer, i.e. everything but device execution).
-    Returns medians in ms (host_ms, wall_ms, device_ms = their difference),
-    the last call's result and the metrics counters at the first timed step.
+    Returns medians in ms (host_ms, wall_ms, device_ms = their difference,
+    thread_cpu_ms: the calling thread's CPU time, which a loaded machine
+    swings less than wall time), the last call's result and the metrics
+    counters at the first timed step.
     executed() / counters(): the execute timer's seconds and the counters
     (default torch_xla_core's; another backend passes its own)."""
     import time
@@ -179,16 +181,17 @@ def host_steps(step, warmup: int, steps: int, executed=None, counters=None) -> d
         executed = executed or (lambda: txc.metrics.timers().get("execute", (0, 0.0))[1])
         counters = counters or txc.metrics.counters
 
-    host, wall, result, at_start = [], [], None, {}
+    host, wall, cpu, result, at_start = [], [], [], None, {}
     for i in range(warmup + steps):
         if i == warmup:
             at_start = counters()
-        e0, t0 = executed(), time.perf_counter()
+        e0, t0, c0 = executed(), time.perf_counter(), time.thread_time()
         result = step()
-        t1, e1 = time.perf_counter(), executed()
+        c1, t1, e1 = time.thread_time(), time.perf_counter(), executed()
         if i >= warmup:
             wall.append(t1 - t0)
             host.append((t1 - t0) - (e1 - e0))
+            cpu.append(c1 - c0)
     h, w = statistics.median(host), statistics.median(wall)
-    return {"host_ms": h * 1e3, "wall_ms": w * 1e3, "device_ms": (w - h) * 1e3, "result": result,
-            "counters_at_start": at_start}
+    return {"host_ms": h * 1e3, "wall_ms": w * 1e3, "device_ms": (w - h) * 1e3,
+            "thread_cpu_ms": statistics.median(cpu) * 1e3, "result": result, "counters_at_start": at_start}

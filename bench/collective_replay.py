@@ -6,22 +6,20 @@ replayed (txc.compile), in 2 processes (torch_xla_core.launch --nproc 2
 A program, not a test: it prints a table and writes JSON. The step is
 bench/_models.py's train_step on each model with txc.optimizer_step (the
 gradients' mean across processes: one all-reduce in the step's graph,
-issue 42), AdamW, each process on its own batch. Host ms per step = wall
-time of the step and its sync(wait=True) minus the "execute" timer (launch
-until the outputs are ready, the collective's wait on the other process
-included), medians over --steps after --warmup, as bench/replay.py; and
-the stepping thread's CPU time per step over the whole call (on a shared
-machine wall-clock host time swings with the other process's compute).
+issue 42), AdamW, each process on its own batch, timed by bench/replay.py's
+run_mode: host ms per step = wall time of the step and its sync(wait=True)
+minus the "execute" timer (launch until the outputs are ready, the
+collective's wait on the other process included), medians over --steps
+after --warmup; and the stepping thread's CPU time per step over the whole
+call (on a shared machine wall-clock host time swings with the other
+process's compute).
 
   python bench/collective_replay.py [--models mlp decoder] [--steps 20] [--warmup 3] [--out FILE.json]
 """
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,42 +27,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 import _harness  # noqa: E402  (persistent compile cache off; write_report)
-import torch  # noqa: E402
 
 import torch_xla_core as txc  # noqa: E402
-from _models import make_case, train_step  # noqa: E402
+from replay import run_mode as replay_mode  # noqa: E402  (bench/replay.py's timing of one mode)
 
 SCHEMA = "torch_xla_core/bench/collective_replay/1"
-
-
-def run_mode(name, mode, steps, warmup):
-    case = make_case(name).to(txc.device())
-    opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)  # the MLP loss is a plain sum
-    inputs = [x.detach() for x in case.inputs]
-
-    def step(m, o, inp, lf):
-        return train_step(m, o, inp, lf, opt_step=lambda: txc.optimizer_step(o))
-    if mode == "replayed":
-        fn = txc.compile(step, wait=True)
-    else:
-        def fn(m, o, inp, lf):
-            out = step(m, o, inp, lf)
-            txc.sync(wait=True)
-            return out
-    txc.metrics.clear()
-    cpu = []
-
-    def timed():
-        c0 = time.thread_time()
-        out = fn(case.model, opt, inputs, case.loss)
-        cpu.append(time.thread_time() - c0)
-        return out
-    r = _harness.host_steps(timed, warmup, steps)
-    c = txc.metrics.counters()
-    return {"host_ms": r["host_ms"], "wall_ms": r["wall_ms"], "device_ms": r["device_ms"],
-            "thread_cpu_ms": statistics.median(cpu[warmup:]) * 1e3,
-            "loss": r["result"].item(), "replays": c.get("replay", 0),
-            "executions_per_step": (c.get("execute", 0) - r["counters_at_start"].get("execute", 0)) / steps}
 
 
 def main():
@@ -82,7 +49,7 @@ def main():
     for name in a.models:
         r = {"model": name}
         for mode in ("traced", "replayed"):
-            r[mode] = run_mode(name, mode, a.steps, a.warmup)
+            r[mode] = replay_mode(name, mode, a.steps, a.warmup, opt_step=txc.optimizer_step)
         r["host_ratio"] = r["traced"]["host_ms"] / max(r["replayed"]["host_ms"], 1e-9)
         r["thread_cpu_ratio"] = r["traced"]["thread_cpu_ms"] / max(r["replayed"]["thread_cpu_ms"], 1e-9)
         rows.append(r)

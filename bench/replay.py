@@ -41,22 +41,31 @@ from _models import make_case, train_step as _step  # noqa: E402
 SCHEMA = "torch_xla_core/bench/replay/1"
 
 
-def run_mode(name, mode, steps, warmup):
+def run_mode(name, mode, steps, warmup, opt_step=None):
+    """One row's mode ("traced" or "replayed"): model `name`'s training step
+    timed by _harness.host_steps, the metrics cleared first. opt_step(opt):
+    the step's optimizer call (default opt.step(); bench/collective_replay.py
+    passes txc.optimizer_step)."""
     case = make_case(name).to(txc.device())
     opt = torch.optim.AdamW(case.model.parameters(), lr=1e-6)  # the MLP loss is a plain sum
-    loss_fn = case.loss
     inputs = [x.detach() for x in case.inputs]  # the batch (no input grads: a training step)
+
+    def step(m, o, inp, lf):
+        return _step(m, o, inp, lf, opt_step=opt_step and (lambda: opt_step(o)))
     if mode == "replayed":
-        fn = txc.compile(_step, wait=True)
+        fn = txc.compile(step, wait=True)
     else:
         def fn(m, o, inp, lf):
-            out = _step(m, o, inp, lf)
+            out = step(m, o, inp, lf)
             txc.sync(wait=True)
             return out
-    r = _harness.host_steps(lambda: fn(case.model, opt, inputs, loss_fn), warmup, steps)
+    txc.metrics.clear()
+    r = _harness.host_steps(lambda: fn(case.model, opt, inputs, case.loss), warmup, steps)
     c = txc.metrics.counters()
     return {"host_ms": r["host_ms"], "wall_ms": r["wall_ms"], "device_ms": r["device_ms"],
-            "loss": r["result"].item(), "replays": c.get("replay", 0), "compiles": c.get("compile", 0)}
+            "thread_cpu_ms": r["thread_cpu_ms"], "loss": r["result"].item(), "replays": c.get("replay", 0),
+            "compiles": c.get("compile", 0),
+            "executions_per_step": (c.get("execute", 0) - r["counters_at_start"].get("execute", 0)) / steps}
 
 
 def first_step(name):
@@ -106,7 +115,6 @@ def main():
     for name in a.models:
         r = {"model": name}
         for mode in ("traced", "replayed"):
-            txc.metrics.clear()
             r[mode] = run_mode(name, mode, a.steps, a.warmup)
         r["host_ratio"] = r["traced"]["host_ms"] / max(r["replayed"]["host_ms"], 1e-9)
         rows.append(r)
