@@ -173,7 +173,6 @@ def test_paged_attention_pallas_kernel_runs_per_shard():
 
 
 @on_devices(8)
-@pytest.mark.xfail(strict=False, reason="uneven sharding (issue 44) now reaches shard_map with an undivisible shape: the error names jax, not the setting; open")
 def test_per_shard_errors_name_the_setting_before_compiling():
     mesh = _mesh()
     q, k, v, seg = (t.to("xla") for t in _flash_inputs(h=4, hkv=2))
@@ -198,6 +197,9 @@ def test_per_shard_errors_name_the_setting_before_compiling():
     with pytest.raises(ValueError, match=r"dim 0 of size 6 is not divisible by 8 .*in_specs\[0\]"):
         kernels.call_jax(f, torch.ones(6, device="xla"), mesh=mesh, in_specs=[(("data", "model"),)],
                          out_specs=(("data", "model"),))
+    with pytest.raises(ValueError, match=r"flash_attention: partition_spec .* dim 0 of size 2 is not divisible "
+                                         r"by 4 .*q of shape \[2, 4, 16, 8\]"):
+        kernels.flash_attention(q[:2], k[:2], v[:2], partition_spec=("data", None, None, None), mesh=mesh)
     assert metrics.counters().get("compile", 0) == 0
     xs.set_global_mesh(mesh)  # torch_xla's default mesh for partition_spec without mesh=
     try:

@@ -207,6 +207,8 @@ def _shard_plan(op, q, partition_spec, mesh, batch_dim, head_dim, kv_heads, kv_n
             return None
         mesh, spec = known
         b, h = spec[batch_dim], spec[head_dim]
+        if b is not None and q.shape[batch_dim] % per_shard.axis_size(mesh, b):
+            b = None  # an uneven layout (padded pieces): the kernel runs on the whole batch
         if h is not None and kv_heads % per_shard.axis_size(mesh, h):
             h = None
         return (mesh, b, h) if (b, h) != (None, None) else None
@@ -218,6 +220,10 @@ def _shard_plan(op, q, partition_spec, mesh, batch_dim, head_dim, kv_heads, kv_n
     _need(not split, f"{op}: partition_spec {spec} splits dims {split} of q; per shard only its batch (dim "
                      f"{batch_dim}) and heads (dim {head_dim}) may be split: the kernel needs whole sequences and "
                      f"head_dim")
+    try:
+        per_shard.refuse_uneven(mesh, spec, q.shape, f"{op}: partition_spec {spec} on q")
+    except ValueError as e:
+        raise ValueError(f"{e} (q of shape {list(q.shape)})") from None
     h = spec[head_dim]
     _need(h is None or kv_heads % per_shard.axis_size(mesh, h) == 0,
           f"{op}: partition_spec splits q's heads over {h!r} ({per_shard.axis_size(mesh, h)} pieces), but "

@@ -106,6 +106,7 @@ def wrap(fn, fname, layout, tensors, mesh, in_specs, out_specs, check_vma=True) 
     for k, (t, s) in enumerate(zip(tensors, in_specs)):
         try:
             specs.append((None,) * t.dim() if s is None else xs._names(mesh, _spec(s), t, op=f"call_jax({fname})"))
+            refuse_uneven(mesh, specs[-1], t.shape, f"call_jax({fname})")
         except ValueError as e:
             raise ValueError(f"{e} (in_specs[{k}], tensor argument {k} of shape {list(t.shape)})") from None
     if isinstance(out_specs, list):
@@ -119,6 +120,19 @@ def wrap(fn, fname, layout, tensors, mesh, in_specs, out_specs, check_vma=True) 
         raise ValueError(f"call_jax({fname}): out_specs name unknown mesh axes {bad}; {mesh} has axes "
                          f"{list(mesh.axis_names)}")
     return PerShard(fn, layout, mesh, specs, outs, isinstance(out_specs, list), check_vma)
+
+
+def refuse_uneven(mesh, spec, shape, op) -> None:
+    """Refuses a spec that splits a dim of `shape` into unequal pieces: a
+    layout may (sharding.py pads the last pieces), but a function run per
+    shard sees every piece at one shape (jax.shard_map would refuse it while
+    lowering, naming none of ours)."""
+    for d, (n, e) in enumerate(zip(shape, spec)):
+        parts = axis_size(mesh, e)
+        if n % parts:
+            raise ValueError(f"{op}: dim {d} of size {n} is not divisible by {parts} (mesh axes {e!r}): a function "
+                             f"run per shard gets equal pieces; pad the dim to a multiple of {parts} or split it over "
+                             f"axes that divide it")
 
 
 def annotate(per_shard: PerShard, lts, specs):
