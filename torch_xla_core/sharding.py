@@ -37,10 +37,10 @@ import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _C, _dtypes, _spmd, _tensor, runtime
-from ._tensor import XlaTensor
+from ._tensor import XlaTensor, storage_buffer, whole_storage
 
 __all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "local_shard_values",
-           "clear_sharding",
+           "clear_sharding", "load_local_shards",
            "Shard", "set_global_mesh", "get_global_mesh"]
 
 _global_mesh = None
@@ -177,7 +177,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mark_sharding: mesh must be a torch_xla_core.sharding.Mesh, got {type(mesh).__name__}")
     names = _names(mesh, partition_spec, t)
-    lt = _whole(t)
+    lt = whole_storage(t)
     if lt is None:
         raise ValueError("mark_sharding: t is a view of part of another tensor; shard the tensor it views "
                          "(or a clone)")
@@ -232,7 +232,7 @@ def known_spec(t):
     known while tracing: device data laid out over a mesh, or a value
     mark_sharding annotated last; else None (a pending value's layout is
     chosen by the compiler later)."""
-    lt = _whole(t) if isinstance(t, XlaTensor) else None
+    lt = whole_storage(t) if isinstance(t, XlaTensor) else None
     if lt is None:
         return None
     if lt.is_data:
@@ -247,28 +247,10 @@ def known_spec(t):
     return None
 
 
-def _whole(t: XlaTensor):
-    """t's storage as a LazyTensor when t is all of it (itself or aliases of
-    it, as nn.Parameter makes), else None."""
-    lt = t._lt
-    if not lt.is_view:
-        return lt
-    return lt.root() if all(v == "alias" for v in lt.view_ops) else None
-
-
-def _buffer(t: XlaTensor):
-    if not isinstance(t, XlaTensor):
-        raise ValueError(f"expected an xla tensor, got a tensor on {t.device}")
-    lt = _whole(t)
-    if lt is not None and lt.is_data:
-        return lt.data
-    return _tensor.materialize(t)
-
-
 def get_sharding(t: torch.Tensor):
     """How t lies on the devices (computing it first if pending): a
     ShardingSpec, or None when t is on one device."""
-    buf = _buffer(t)
+    buf = storage_buffer(t)
     s = buf.sharding
     if len(s.device_set) == 1:
         return None
@@ -294,7 +276,7 @@ def _mesh_of(jm) -> Mesh:
 def local_shards(t: torch.Tensor) -> list:
     """t's pieces as they lie on this process's devices: Shard(device (its
     global ordinal), index, shape)."""
-    buf = _buffer(t)
+    buf = storage_buffer(t)
     devs = runtime.global_devices()
     return sorted((Shard(devs.index(s.device), s.index, tuple(s.data.shape)) for s in buf.addressable_shards),
                   key=lambda s: s.device)
@@ -303,7 +285,7 @@ def local_shards(t: torch.Tensor) -> list:
 def local_shard_values(t: torch.Tensor) -> list:
     """(Shard, its values as a CPU tensor) for each of t's pieces on this
     process's devices, in device order."""
-    buf = _buffer(t)
+    buf = storage_buffer(t)
     devs = runtime.global_devices()
     out = [(Shard(devs.index(s.device), s.index, tuple(s.data.shape)), runtime.to_host(s.data))
            for s in buf.addressable_shards]
@@ -317,7 +299,7 @@ def load_local_shards(t: torch.Tensor, values) -> torch.Tensor:
     uneven layout). t keeps its layout; in place, returns t. Every process
     gives its own pieces. A tensor on one device, or replicated, has no
     pieces to load: RuntimeError, as a wrong count, shape or dtype."""
-    buf = _buffer(t)
+    buf = storage_buffer(t)
     if len(buf.sharding.device_set) == 1 or buf.sharding.is_fully_replicated:
         raise RuntimeError("load_local_shards: the tensor is not split over devices (on one device, or "
                            "replicated): copy the whole value in instead (t.copy_(value))")
@@ -336,14 +318,14 @@ def load_local_shards(t: torch.Tensor, values) -> torch.Tensor:
                                f"{devs.index(p.device)}) is {t.dtype} {list(p.data.shape)}")
         arrays.append(runtime.to_device(v.cpu(), local.index(p.device)))
     new = jax.make_array_from_single_device_arrays(buf.shape, buf.sharding, arrays)
-    _whole(t).assign(_C.from_data(new, _dtypes.code(t.dtype), list(t.shape), 0))
+    whole_storage(t).assign(_C.from_data(new, _dtypes.code(t.dtype), list(t.shape), 0))
     return t
 
 
 def clear_sharding(t: torch.Tensor) -> torch.Tensor:
     """Gathers t onto xla:0 alone (no sharding); in place, returns t."""
-    buf = _buffer(t)
+    buf = storage_buffer(t)
     if len(buf.sharding.device_set) > 1:
         one = runtime.move(buf, 0) if tuple(buf.shape) == tuple(t.shape) else runtime.to_device(_tensor.to_cpu(t))
-        _whole(t).assign(_C.from_data(one, _dtypes.code(t.dtype), list(t.shape), 0))
+        whole_storage(t).assign(_C.from_data(one, _dtypes.code(t.dtype), list(t.shape), 0))
     return t
