@@ -40,9 +40,12 @@ def _make(op, operands, attrs=()):
     return _C.op(op, operands, attrs, True)
 
 
-def _view(op, base, attrs=()):
+def lazy_view(op, base, attrs=()):
     """_view_op's value as a LazyTensor."""
     return _C.view(op, base, attrs, True)
+
+
+_view = lazy_view  # its old name, which _ops' modules still import (they move to lazy_view with _ops' split)
 
 _mws = torch.Tensor._make_wrapper_subclass
 _TENSOR_DATA = torch._C.TensorBase.data
@@ -217,6 +220,26 @@ def sync_lazy(lts=None, wait=False) -> None:
 
 
 capture = None  # a txc.compile recording under way (replay's _Session): it sees host reads and uploads
+
+
+def whole_storage(t: XlaTensor):
+    """t's storage as a LazyTensor when t is all of it (itself or aliases of
+    it, as nn.Parameter makes), else None."""
+    lt = t._lt
+    if not lt.is_view:
+        return lt
+    return lt.root() if all(v == "alias" for v in lt.view_ops) else None
+
+
+def storage_buffer(t: XlaTensor):
+    """The device buffer of t's value: its storage's own when t is all of a
+    computed storage (no copy, no launch), else materialize(t)."""
+    if not isinstance(t, XlaTensor):
+        raise ValueError(f"expected an xla tensor, got a tensor on {t.device}")
+    lt = whole_storage(t)
+    if lt is not None and lt.is_data:
+        return lt.data
+    return materialize(t)
 
 
 def materialize(t: XlaTensor):

@@ -58,9 +58,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, ReadItem, SavePlan, T
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from . import _C, _dtypes, _tensor, metrics, runtime
-from ._tensor import XlaTensor
+from ._tensor import XlaTensor, storage_buffer, whole_storage
 from .serialization import fsync_dir, remove_stale, temp_name
-from .sharding import _buffer, _whole
 
 __all__ = ["SPMDSavePlanner", "SPMDLoadPlanner", "AtomicFileSystemWriter", "StagedTensor"]
 
@@ -81,7 +80,7 @@ def _compute(tensors) -> None:
     graph per tensor)."""
     pending = []
     for t in tensors:
-        lt = _whole(t) or t._lt  # a parameter is an alias of its storage: compute the storage
+        lt = whole_storage(t) or t._lt  # a parameter is an alias of its storage: compute the storage
         if not lt.is_data:
             pending.append(lt)
     if pending:
@@ -152,7 +151,7 @@ class StagedTensor:
     was, each piece once."""
 
     def __init__(self, t: XlaTensor):
-        buf = _buffer(t)
+        buf = storage_buffer(t)
         self.shape, self.dtype = tuple(t.shape), t.dtype
         self._buf = buf  # held: a buffer referred to from Python is never donated (its shards would go with it)
         self.pieces = {}  # offsets -> (sizes, device buffer, then host tensor, then None once written)
@@ -291,8 +290,8 @@ class _Target:
 
     def __init__(self, fqn, t: XlaTensor):
         self.fqn, self.t = fqn, t
-        self.buf = _buffer(t)
-        self.whole = _whole(t)
+        self.buf = storage_buffer(t)
+        self.whole = whole_storage(t)
         self.pieces = {}   # offsets -> (sizes, shards holding that piece)
         if self.whole is None:  # a view of part of a storage: read all of it, copy it in (install)
             self.pieces[(0,) * t.dim()] = (tuple(t.shape), [])

@@ -151,6 +151,18 @@ def process_count() -> int:
     return jax.process_count()
 
 
+def process_index() -> int:
+    """This process's rank among them (0 alone)."""
+    backend()
+    return jax.process_index()
+
+
+def started() -> bool:
+    """Whether the runtime has started (the first xla op starts it; a
+    started runtime cannot join other processes)."""
+    return _backend is not None
+
+
 def replica_devices(device_index: int) -> tuple:
     """The device ids of a graph with collectives across processes
     (executor Key.replicas): one replica per process, in rank order, each on

@@ -427,7 +427,7 @@ def _shared(source, cpu, offset, size, stride):
 def _strided_view(root, n, offset, size, stride):
     """as_strided(root.reshape(-1), size, stride, offset) from the core's view
     ops (reshape, slice, permute, expand), or None when that needs a gather."""
-    view, OP = _tensor._view, _tensor.OP
+    view, OP = _tensor.lazy_view, _tensor.OP
 
     def flat():
         return root.alias() if root.shape == (n,) else view(OP.reshape, root, ([n],))
@@ -457,7 +457,7 @@ def _blocked(root, flat, n, offset, sizes, strides):
     """The elements offset + sum(k_i * strides[i]) (k_i < sizes[i], strides
     descending) as slices of the storage reshaped to blocks whose strides are
     those strides; dims in stride order. None if they do not fit such blocks."""
-    view, OP = _tensor._view, _tensor.OP
+    view, OP = _tensor.lazy_view, _tensor.OP
     radix = list(strides)
     if not radix or radix[-1] != 1:
         radix.append(1)

@@ -172,7 +172,7 @@ def _create(opts, backend_options=None):
     """The backend's creator (extended_api: torch's _DistributedBackendOptions):
     a ProcessGroupXla named as torch names the group (funcol resolves
     groups by name; torch does not name a group a creator returns)."""
-    n, me = runtime.process_count(), processes._rank()  # noqa: SLF001
+    n, me = runtime.process_count(), runtime.process_index()
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
     if opts.group_size > n:
         raise RuntimeError(f"init_process_group('xla'): world_size={opts.group_size} but the xla runtime has {n} "
@@ -190,7 +190,7 @@ def _xla_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
     """init_method='xla://': rank and world size from the xla runtime; the
     store is torch's env:// one (MASTER_ADDR/MASTER_PORT, set by torchrun
     and torch_xla_core.launch), or a private one when run alone."""
-    n, rank = runtime.process_count(), processes._rank()  # noqa: SLF001
+    n, rank = runtime.process_count(), runtime.process_index()
     if n == 1:
         yield dist.HashStore(), 0, 1
         return

@@ -117,7 +117,7 @@ def collective(op: str, t, attrs, who: str):
     """The core collective `op` of xla tensor t (a new tensor, no autograd)."""
     _xla(t, who)
     executor.use_collectives()
-    return _tensor._op(getattr(_tensor.OP, op), (t._lt,), tuple(attrs))
+    return _tensor.op(op, t._lt, attrs=tuple(attrs))
 
 
 def _reduced(reduce_type, t, scale, flat, size, who):

@@ -33,7 +33,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas=()) -> list:
     rendezvous named `tag`, and returns their payloads, position i holding
     rank i's (of the ranks taking part, in order). The n-th rendezvous of a
     tag in one process meets the n-th of the others."""
-    n, rank = runtime.process_count(), _rank()
+    n, rank = runtime.process_count(), runtime.process_index()
     ranks = sorted(replicas) if replicas else list(range(n))
     if rank not in ranks:
         raise ValueError(f"rendezvous({tag!r}): this process (rank {rank}) is not among replicas={list(replicas)}")
@@ -71,11 +71,6 @@ def _to_cpu(data):
     return torch.utils._pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, data)
 
 
-def _rank() -> int:
-    runtime.backend()
-    return distributed.global_state.process_id if runtime.process_count() > 1 else 0
-
-
 def spawn(fn, args=(), nprocs=None, join=True, daemon=False, start_method="spawn"):
     """torch_xla's xmp.spawn: fn(rank, *args) in each of `nprocs` processes
     on this machine (None or 1: in this process), joined into one job (each
@@ -85,7 +80,7 @@ def spawn(fn, args=(), nprocs=None, join=True, daemon=False, start_method="spawn
     join=False, torch.multiprocessing's context instead."""
     if nprocs is None or nprocs == 1:
         return {0: fn(0, *args)}
-    if runtime._backend is not None:  # noqa: SLF001 (whether the runtime started: it cannot be re-joined)
+    if runtime.started():  # (a started runtime cannot join other processes)
         raise RuntimeError("spawn: this process has already started the xla runtime; call spawn before any "
                            "xla tensor is made (torch_xla's xmp.spawn has the same rule)")
     env = {"TXC_NUM_PROCESSES": str(nprocs), "TXC_COORDINATOR": f"127.0.0.1:{_free_port()}",
