@@ -19,8 +19,18 @@ says where jax's coordination service is (process 0 hosts it there).
   SLURM_JOB_ID % 4096 + 61440 (jax's convention; JAX_COORDINATOR_PORT
   overrides), 127.0.0.1 when the step has one node.
 - By hand: TXC_NUM_PROCESSES, TXC_PROCESS_ID, TXC_COORDINATOR, TXC_LOCAL_RANK.
-A job of one process joins nothing."""
+A job of one process joins nothing.
+
+A job torchrun restarts (--max-restarts) meets again in the same store:
+torch's agent keeps one TCPStore for every round (torch 2.14's static and
+c10d rendezvous), so a key written in the last round is still there. Every
+key this module writes is per round (TORCHELASTIC_RESTART_COUNT), and
+isolate_restarts() does the same for init_process_group's store: without it a
+restarted process could read the last round's gloo address of another and
+fail with 'Gloo connectFullMesh failed ... Connection refused' once gloo's
+connect timeout ran out (torch up to 2.4 prefixed the store per attempt)."""
 import dataclasses
+import importlib
 import ipaddress
 import os
 import socket
@@ -126,13 +136,13 @@ def coordinator(job: Job, timeout: float) -> str:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.bind((host.strip("[]"), 0))
             addr = _hostport(host, s.getsockname()[1])
-        store.set(_KEY, addr)
+        store.set(_key(), addr)
         return addr
-    # A restarted job's store still holds the last round's address until process 0 writes its own: an
-    # address nothing listens on yet is read again (the new process 0 may not have started its service)
+    # the key is this round's; an address nothing listens on yet is read again (process 0 may not have
+    # started its service)
     deadline = time.monotonic() + timeout
     while True:
-        addr = store.get(_KEY).decode()
+        addr = store.get(_key()).decode()
         if _listening(addr):
             return addr
         if time.monotonic() > deadline:
@@ -140,6 +150,38 @@ def coordinator(job: Job, timeout: float) -> str:
                               f"{job.master[0]}:{job.master[1]}, but nothing listens there after {timeout:g} s "
                               f"(TXC_DISTRIBUTED_TIMEOUT): process 0 did not start it")
         time.sleep(0.05)
+
+
+def _restart() -> str | None:
+    """This round's number when torchrun restarted the job (TORCHELASTIC_RESTART_COUNT > 0)."""
+    n = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return n if n not in (None, "", "0") else None
+
+
+def _key() -> str:
+    n = _restart()
+    return _KEY if n is None else f"{_KEY}/round{n}"
+
+
+def isolate_restarts() -> None:
+    """Makes init_process_group's env:// store per round in a job torchrun
+    restarted (see the module docstring): the keys a process group writes
+    (gloo's addresses) go under 'torch_xla_core/round<N>/'. Installed at import
+    (_install.py); a first round is left as torch makes it."""
+    # the module (torch.distributed.rendezvous as an attribute is its function of that name)
+    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    env = handlers.get("env")
+    if env is None or getattr(env, "_txc_rounds", False):
+        return
+
+    def per_round(url, *args, **kwargs):
+        for store, rank, world in env(url, *args, **kwargs):
+            n = _restart()
+            if n is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                store = dist.PrefixStore(f"torch_xla_core/round{n}", store)
+            yield store, rank, world
+    per_round._txc_rounds = True
+    handlers["env"] = per_round
 
 
 def _listening(addr: str) -> bool:

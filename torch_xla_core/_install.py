@@ -15,12 +15,14 @@ in order (torch_xla_core/__init__.py calls install() once):
   8. torch.compile(backend="torch_xla_core"): installed when torch._dynamo
      is imported (dynamo.py; importing it eagerly costs 1-2 s);
   9. torch.distributed's "xla" backend and xla:// init method, and
-     handlers for torch's functional collectives (distributed/).
+     handlers for torch's functional collectives (distributed/);
+ 10. init_process_group's env:// store per round in a job torchrun
+     restarted (_cluster.isolate_restarts).
 
 This module is the top of the layers (ARCHITECTURE.md): it may import any."""
 import torch
 
-from . import _device, _ops, _tensor, _tying, amp, config, distributed, dynamo, serialization
+from . import _cluster, _device, _ops, _tensor, _tying, amp, config, distributed, dynamo, serialization
 from ._ops import engine
 
 _done = False
@@ -49,4 +51,5 @@ def install() -> None:
     _tying.install()
     dynamo.install_hook()
     distributed.install()
+    _cluster.isolate_restarts()
     _done = True
