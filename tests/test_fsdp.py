@@ -5,7 +5,9 @@ in two processes (one launch, tests/scripts/fsdp_train.py), fully_shard
 per layer and on the root trains equal to DDP over the "xla" backend and
 to one process on the whole batch (CPU f32, <= 1e-6), with
 reshard_after_forward True and False, one execution per step holding the
-all-gathers and reduce-scatters, no CPU fallback; AdamW too."""
+all-gathers and reduce-scatters, no CPU fallback; AdamW too; in four
+processes (tests/scripts/hsdp_train.py), HSDP on a 2-D mesh equal to one
+process."""
 import os
 
 import pytest
@@ -17,6 +19,7 @@ from launched_ranks import launched_ranks
 
 pytestmark = pytest.mark.xdist_group("processes2")  # one multi-process launch at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
+HSDP_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hsdp_train.py")
 
 
 def test_fsdp_ops_equal_torchs_cpu_kernels():
@@ -114,3 +117,15 @@ def test_fully_shard_with_adamw(ranks):
     want = _whole_batch(torch.optim.AdamW, lr=0.01)[-1]
     for res in ranks:
         _close(res["fsdp_adam"], want)
+
+
+def test_hsdp_on_a_2d_mesh_trains_equal_to_one_process(tmp_path):
+    """fully_shard on init_device_mesh("xla", (2, 2)): sharded over dim 1
+    (all-gather, reduce-scatter over its sub-groups), replicated over dim 0
+    (all-reduce of the reduced shards), each of 4 ranks on a quarter."""
+    want = _whole_batch(torch.optim.SGD, lr=0.1)[-1]
+    for res in launched_ranks(HSDP_SCRIPT, 4, tmp_path):
+        assert res["shard"] == [8, 8]
+        _close(res["params"], want)
+        assert res["executions"] == [1, 1, 1]
+        assert res["collectives"] == {"all_gather": 4, "reduce_scatter": 2, "all_reduce": 2}
