@@ -17,7 +17,6 @@ import torch_xla_core as txc
 BUDGET = int(os.environ.get("TXC_FUZZ_CASES", "300"))
 
 
-@pytest.mark.xfail(strict=False, reason="finding open: fmod on bool inputs fails to compile (case 0:42, stablehlo.remainder refuses i1); fix the lowering, then drop this mark")
 def test_fixed_seed_budget_has_no_finding():
     """Cases run in child processes: a crash is a finding, not a dead test run."""
     res = fuzz.run(BUDGET, seed=0, batch=250, log=lambda *_: None)
@@ -94,6 +93,15 @@ def test_indexing_zero_size_tensors(dev):
         _same(dev, fn, z, empty)
     _same(dev, lambda x, i: x[i], torch.zeros(0), empty)
     _same(dev, lambda x, i: x.index_put((i,), torch.tensor(1.0)), torch.zeros(0, 3), empty)
+    # indices into a dim of size 0: IndexError at the call, as CPU (was RuntimeError; case 0:230)
+    x, i0, i1 = torch.zeros(1, 0, dtype=torch.bfloat16), torch.tensor([0, -1]), torch.tensor([0])
+    _same(dev, lambda x, a, b: x[a, b], x, i0, i1)
+    _same(dev, lambda x, b: x[:, b], x, i1)
+    _same(dev, lambda x, a, b: x.index_put((a, b), torch.tensor(1.0, dtype=x.dtype, device=x.device)), x, i0, i1)
+    # index_add into a tensor of no elements adds nothing, whatever the index (CPU's kernel; case 0:281)
+    src = torch.ones(3, 1, 1, dtype=torch.float16)
+    for i in (torch.tensor([0]), torch.tensor([5])):
+        _same(dev, lambda x, i, s: x.index_add(1, i, s), torch.zeros(3, 0, 1, dtype=torch.float16), i, src)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bool, torch.int64])
@@ -171,3 +179,18 @@ def test_a_device_checked_index_raises_at_the_read_right_after(dev):
     with pytest.raises(RuntimeError, match="gather: index out of range"):
         torch.gather(x, 0, bad.reshape(2, 1)).sum().item()
     assert x[torch.tensor([1]).to(dev)].cpu().shape == (1, 3)  # the next read is clean
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_fills_wrap_or_refuse_numbers_as_cpu(dev, dtype):
+    """A number an integer dtype cannot hold: uint8 takes integers down to
+    -255 wrapped (-2 fills 254; it failed to compile, case 1:109), anything
+    else out of range (NaN, inf, -2.5 into uint8) raises torch's overflow error."""
+    x = torch.zeros(3, dtype=dtype)
+    m = torch.tensor([True, False, True])
+    for v in (-2, 2, 127, 300, -300, -255, -256, 70000.0, 2.5, -2.5, 2 ** 40, math.inf, math.nan):
+        for fn in (lambda t: torch.full((3,), v, dtype=dtype, device=t.device), lambda t: t.clone().fill_(v),
+                   lambda t: t.scatter(0, torch.tensor([1], device=t.device), value=v),
+                   lambda t: t.masked_fill(m.to(t.device), v), lambda t: t.index_fill(0, torch.tensor([0], device=t.device), v)):
+            _same(dev, fn, x)
+    _same(dev, lambda t: t.scatter(-1, torch.zeros(0, dtype=torch.long, device=t.device), value=-2), x[:1])

@@ -160,6 +160,26 @@ def test_scatter_reduce_int():
         assert_matches_cpu(lambda x, i: x.scatter_reduce(1, i, x[:, 1:] * 3, r), x, i)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_scatter_reduce_mean_of_integers_rounds_down_as_cpu(dtype):
+    """torch divides an integer mean by its count with floor division
+    (-7 / 2 -> -4); it was refused (the fuzzer's case 1:57). Bools raise as CPU."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-50, 50, (4, 5), generator=g).to(dtype)
+    src = torch.randint(-50, 50, (6, 5), generator=g).to(dtype)
+    i = torch.randint(0, 4, (6, 5), generator=g)
+    for include_self in (True, False):
+        want = x.scatter_reduce(0, i, src, "mean", include_self=include_self)
+        got = x.to(txc.device()).scatter_reduce(0, i.to(txc.device()), src.to(txc.device()), "mean",
+                                                include_self=include_self).cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want), (include_self, want, got)
+    b = torch.tensor([True, False])
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        b.scatter_reduce(0, torch.tensor([0]), b[:1], "mean")
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        b.to(txc.device()).scatter_reduce(0, torch.tensor([0]).to(txc.device()), b[:1].to(txc.device()), "mean")
+
+
 def test_masked_scatter_and_select():
     x = rand(3, 4)
     mask = x.detach() > 0

@@ -138,6 +138,8 @@ std::string LowerCtx::literal(double v, DType t) {
     // Saturate: int64's highest value is 2^63 as a double, and converting
     // that to long long is undefined (x86 gives the lowest value).
     long long i = v >= 9223372036854775807.0 ? LLONG_MAX : v <= -9223372036854775808.0 ? LLONG_MIN : (long long)v;
+    // unsigned: modulo 2^bits, as a C cast of the integer (torch fills uint8 with -2 as 254); MLIR refuses "-2"
+    if (is_unsigned(t)) i &= (1LL << bit_width(t)) - 1;
     std::snprintf(buf, sizeof buf, "%lld", i);
     return buf;
   }

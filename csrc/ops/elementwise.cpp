@@ -226,6 +226,18 @@ Emit nan_ignoring(const char* hlo) {
 }
 }  // namespace
 
+// floor(a / b) as torch's div(rounding_mode='floor') in dtype t: floats as
+// ATen's div_floor_floating, integers from the truncating quotient, one less
+// where the remainder's sign differs from b's (also used by ops/index.cpp:
+// scatter_reduce's integer mean).
+std::string floor_divide(LowerCtx& cx, const std::string& a, const std::string& b, DType t, const Dims& d) {
+  if (is_floating(t)) return floor_divide_floats(cx, a, b, t, d);
+  auto q = cx.binary("stablehlo.divide", a, b, t, d);
+  auto r = cx.binary("stablehlo.remainder", a, b, t, d);
+  auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, t, d), t, d);
+  return cx.select(remainder_needs_floor(cx, r, b, t, d), q_minus_1, q, t, d);
+}
+
 // The complex conjugate of v (dtype t); v itself for real t (also used by ops/complex.cpp).
 std::string complex_conj(LowerCtx& cx, const std::string& v, DType t, const Dims& d) {
   if (!is_complex(t)) return v;
@@ -352,14 +364,8 @@ TXC_OP(custom("div_trunc", 2, Kind::Same,
               }, OPMATH | NO_BOOL));
 // Division rounding down (rounding_mode='floor', floor_divide).
 TXC_OP(custom("div_floor", 2, Kind::Same,
-              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-                if (is_floating(c)) return floor_divide_floats(cx, a[0], a[1], c, n.dims);
-                auto q = cx.binary("stablehlo.divide", a[0], a[1], c, n.dims);
-                // integers: q = a / b truncates; one less where the remainder says so
-                auto r = cx.binary("stablehlo.remainder", a[0], a[1], c, n.dims);
-                auto q_minus_1 = cx.binary("stablehlo.subtract", q, cx.constant(1, c, n.dims), c, n.dims);
-                return cx.select(remainder_needs_floor(cx, r, a[1], c, n.dims), q_minus_1, q, c, n.dims);
-              }, OPMATH | NO_BOOL));
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return floor_divide(cx, a[0], a[1], c, n.dims); },
+              OPMATH | NO_BOOL));
 // Python-style modulus: result has the sign of the divisor (torch.remainder).
 TXC_OP(custom("remainder", 2, Kind::Same,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {

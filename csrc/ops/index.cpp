@@ -13,6 +13,8 @@
 #include "ops/registry.h"
 
 namespace txc {
+std::string floor_divide(LowerCtx& cx, const std::string& a, const std::string& b, DType t, const Dims& d);  // ops/elementwise.cpp
+
 namespace {
 
 std::string iota(LowerCtx& cx, const Dims& d, int64_t dim) {
@@ -306,7 +308,9 @@ TXC_OP("scatter", 3,
            std::string c = cx.convert(cnt, DType::I64, t, x.dims);
            std::string one = cx.constant(1, t, x.dims);
            c = cx.select(touched, c, one, t, x.dims);
-           return cx.binary("stablehlo.divide", out, c, t, x.dims);
+           // integers round down, as torch's div_(count, "floor")
+           return is_floating(t) || is_complex(t) ? cx.binary("stablehlo.divide", out, c, t, x.dims)
+                                                   : floor_divide(cx, out, c, t, x.dims);
          }
          return sc(base, upd, t, body);
        });

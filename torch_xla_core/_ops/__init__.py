@@ -547,9 +547,30 @@ def sizes(shape):
 
 _complex = complex  # the builtin (this package's attribute `complex` is the op family, once loaded)
 
+# The numbers torch fills an integer dtype with (c10's checked_convert): in
+# range, or for uint8 an integer down to -255 (wrapped: -2 fills 254; a
+# negative float overflows); NaN never.
+_INT_FILL = {torch.uint8: (-255, 255, "uint8_t"), torch.int8: (-2**7, 2**7 - 1, "int8_t"),
+             torch.int16: (-2**15, 2**15 - 1, "int16_t"), torch.int32: (-2**31, 2**31 - 1, "int"),
+             torch.int64: (-2**63, 2**63 - 1, "int64_t")}
+
+
+def check_fill(value, dtype):
+    """Refuses a number that dtype cannot hold, as torch's fills do (full, fill_, masked_fill, scatter)."""
+    lim = _INT_FILL.get(dtype)
+    if lim is None or not isinstance(value, (int, float)):
+        return
+    lo, hi = lim[:2]
+    if isinstance(value, float):
+        lo, hi = (0.0 if dtype == torch.uint8 else float(lo)), float(hi)
+    if not lo <= value <= hi:
+        raise RuntimeError(f"value cannot be converted to type {lim[2]} without overflow")
+
 
 def full(shape, value, dtype):
-    """A new value of `shape` filled with `value` (a factory's core)."""
+    """A new value of `shape` filled with `value` (a factory's core), refused
+    as torch refuses a number the dtype cannot hold."""
+    check_fill(value, dtype)
     if isinstance(value, _complex) or dtype.is_complex:  # the imaginary part rides as a 4th attribute
         value = _complex(value)
         if not dtype.is_complex:

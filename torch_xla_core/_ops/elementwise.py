@@ -5,7 +5,8 @@ import torch
 from .._dtypes import UnsupportedDtype, code
 from .. import _device, _tensor, metrics
 from .._tensor import OP, XlaTensor, _make, _op, device_error
-from . import XLA, Arg, assign, aten, check_no_partial_overlap, convert, decomposed, full_like, impl, mapping
+from . import (XLA, Arg, assign, aten, check_fill, check_no_partial_overlap, convert, decomposed, full_like, impl,
+               mapping)
 from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED, refusal
 
 # Dtypes that torch's kernels refuse (NotImplementedError) and the core rows
@@ -345,6 +346,7 @@ def masked_fill(x, mask, value):
     if isinstance(value, XlaTensor) and value.dim() != 0:
         raise RuntimeError("masked_fill only supports a 0-dimensional value tensor, "
                            f"but got tensor with {value.dim()} dimension(s).")
+    check_fill(value, x.dtype)
     val = value if not isinstance(value, XlaTensor) else convert(value, x.dtype)
     r = where(mask, val, x)
     return convert(r, x.dtype)

@@ -13,6 +13,8 @@ indexing). Out-of-range indices raise torch's error: at once for host index
 tensors, and for device ones at the sync that computes them (a deferred
 check, see _checks.py) for index, index_put, index_select, gather, the
 scatter family, index_add/copy/fill and embedding."""
+import math
+
 import torch
 
 from .. import _checks, _tensor, metrics
@@ -20,6 +22,7 @@ from .._dtypes import code
 from .._tensor import OP, XlaTensor, _make, _view, wrap
 from . import aten, call, impl
 from .factory import full
+from .dtype_rules import refusal
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -91,6 +94,9 @@ def _indices(x, indices, op):
             dims.append(d)
             lts.append(_index_lt(i, op, -x.shape[d], x.shape[d]))
             d += 1
+    empty = [e for e in dims if x.shape[e] == 0]
+    if empty and all(math.prod(lt.shape) for lt in lts):  # (the core refuses it too, as a RuntimeError)
+        raise IndexError(f"{op}: index is out of bounds for dimension {empty[0]} with size 0")
     return dims, lts
 
 
@@ -193,6 +199,8 @@ def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
 @impl(aten.index_add.default)
 @_checks.staged
 def index_add(x, dim, index, source, *, alpha=1):
+    if x.numel() == 0 and index.dim() <= 1:  # CPU's kernel adds nothing and reads no index (case 0:281)
+        return _op(OP.alias, (x._lt,))
     if alpha != 1:
         source = call(aten.mul.Tensor, source, alpha)
     return _put_along("index_add", x, dim, index, source, True)
@@ -294,9 +302,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"scatter_reduce(): reduce argument must be one of sum, prod, mean, amax, amin, "
                            f"got {reduce}")
-    if reduce == "mean" and not (x.is_floating_point() or x.is_complex()):
-        raise NotImplementedError("scatter_reduce(reduce='mean') of integer tensors is not supported on the xla "
-                                  "device (torch rounds with floor division)")
+    if reduce == "mean" and x.dtype == torch.bool:  # integers: the core rounds down, as torch
+        raise refusal("scatter_reduce(reduce='mean')", torch.bool)
     return _scatter("scatter_reduce", x, dim, index, src, reduce, include_self)
 
 
