@@ -15,7 +15,11 @@ in a process of its own (a fresh allocator peak, no state shared):
   inductor     torch.compile(model) on CUDA (on CPU only when asked for)
   traced       ours: the step traced every call, txc.sync()
   txc_compile  ours: txc.compile(step) (records the step, then replays it)
-  dynamo       ours: torch.compile(model, backend="torch_xla_core")
+  dynamo       ours: torch.compile(model, backend="torch_xla_core") ("dynamo, model only": AdamW traced per op)
+  dynamo_opt   ours: the model and opt.step each torch.compile'd, zero_grad(set_to_none=True)
+               ("dynamo, model + torch.compile(opt.step)")
+  dynamo_step  ours: torch.compile(train_step) of the whole step with
+               torch._dynamo.config.compiled_autograd ("dynamo, whole step")
 
 A runtime may carry options after a colon, comma-separated, each run as its
 own row: `cublas` (XLA_FLAGS=--xla_gpu_enable_triton_gemm=false: cuBLAS for
@@ -35,7 +39,9 @@ length, peak the device's dense bf16 FLOP/s (989 TFLOP/s for H100/H200;
 allocator's peak; ours: PJRT's peak_bytes_in_use where the device reports
 it; CPU: none, the process's max RSS is in the JSON); and for ours the
 replay counters of the timed steps (txc.metrics "replay", "replay_trace",
-"replay_refused", "compile"): whether capture engaged. host ms: the time
+"replay_refused", "compile"): whether capture engaged, and launches and
+device->host transfers per timed step (txc.metrics "execute",
+"transfer_to_host"; the step's sync included). host ms: the time
 the host spends per timed step until the step's sync returns (tracing and
 binding; ours' sync does not wait, so XLA's compute of the step is not in
 it unless the host waited on it), beside ms/step (wall, the device's
@@ -55,7 +61,9 @@ denormals (without it the bf16 eager step ran 10-20x slower here).
                         [--tiny] [--layers N] [--batch N] [--seq N] [--timeout S] [--out FILE.json]
 
 --tiny: 2 layers, hidden 64, 4 heads (2 kv), vocabulary 256, batch 2 x 32
-(the CPU smoke run of CI and tests/test_bench_llama.py).
+(the CPU smoke run of CI and tests/test_bench_llama.py). --hidden N scales
+the hidden and intermediate sizes (issue 43's CPU Llama: --tiny --layers 8
+--hidden 128 --seq 64).
 """
 import argparse
 import json
@@ -69,7 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # first steps compile, as bench/_harness.py keeps it
 
 SCHEMA = "torch_xla_core/bench/llama/1"
-OURS = ("traced", "txc_compile", "dynamo")
+OURS = ("traced", "txc_compile", "dynamo", "dynamo_opt", "dynamo_step")
 RUNTIMES = ("cuda_eager", "cpu_eager", "inductor") + OURS
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, by device name
 ISSUE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
@@ -122,6 +130,17 @@ def train_step(model, opt, ids):
     return loss.detach()
 
 
+def compiled_opt_step(opt_step):
+    """The step with the optimizer's step torch.compile'd (opt_step)."""
+    def step(model, opt, ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt_step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
+
+
 def run_one(spec, cfg, batch, seq, steps, warmup):
     """In this process: one runtime's measurements (a dict)."""
     import torch
@@ -150,8 +169,13 @@ def run_one(spec, cfg, batch, seq, steps, warmup):
     step, fwd = train_step, model
     if name == "inductor":
         fwd = torch.compile(model)
-    elif name == "dynamo":
+    elif name in ("dynamo", "dynamo_opt"):
         fwd = torch.compile(model, backend="torch_xla_core")
+        if name == "dynamo_opt":
+            step = compiled_opt_step(torch.compile(opt.step, backend="torch_xla_core"))
+    elif name == "dynamo_step":
+        torch._dynamo.config.compiled_autograd = True
+        step = torch.compile(train_step, backend="torch_xla_core")
     elif name == "txc_compile":
         step = txc.compile(train_step)
 
@@ -196,6 +220,8 @@ def run_one(spec, cfg, batch, seq, steps, warmup):
         r["graph_bytes"] = graph_bytes  # the compiled step's argument + output + temp - alias bytes
         for k in ("replay", "replay_trace", "replay_refused", "compile"):
             r[k] = c1.get(k, 0) - c0.get(k, 0)
+        r["launches_per_step"] = (c1.get("execute", 0) - c0.get("execute", 0)) / steps
+        r["transfers_per_step"] = (c1.get("transfer_to_host", 0) - c0.get("transfer_to_host", 0)) / steps
         r["sdpa_flash"] = c1.get("sdpa_flash", 0)
         r["env"] = {k: os.environ.get(k) for k in ("XLA_FLAGS", "TXC_SDPA_KERNEL", "PJRT_DEVICE")}
     return r
@@ -213,18 +239,18 @@ def mfu(r, peak_tflops):
     return r["flops_per_token"] * r["tokens_per_s"] / (peak * 1e12)
 
 
-def host_ratio(rows, key="host_ms_per_step"):
-    """Traced host ms per step over txc_compile's (key: the wall or the thread CPU figure), or None."""
+def host_ratio(rows, key="host_ms_per_step", num="traced", den="txc_compile"):
+    """num's host ms per step over den's (key: the wall or the thread CPU figure), or None."""
     host = {r["runtime"]: r.get(key) for r in rows}
-    t, c = host.get("traced"), host.get("txc_compile")
+    t, c = host.get(num), host.get(den)
     return t / c if t and c else None
 
 
 def default_runtimes():
     import torch
     if torch.cuda.is_available():
-        return ["cuda_eager", "inductor", "traced", "txc_compile", "dynamo"]
-    return ["cpu_eager", "traced", "txc_compile", "dynamo"]
+        return ["cuda_eager", "inductor", "traced", "txc_compile", "dynamo", "dynamo_opt", "dynamo_step"]
+    return ["cpu_eager", "traced", "txc_compile", "dynamo", "dynamo_opt", "dynamo_step"]
 
 
 def run_process(spec, args, timeout):
@@ -243,8 +269,8 @@ def run_process(spec, args, timeout):
 
 
 def table(rows, peak_tflops):
-    head = (f"{'runtime':<28} {'ms/step':>9} {'host ms':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'first s':>8} "
-            f"{'replay':>7} {'traced':>7} {'refused':>8} {'loss':>8}")
+    head = (f"{'runtime':<28} {'ms/step':>9} {'host ms':>8} {'CPU ms':>7} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} "
+            f"{'first s':>8} {'replay':>7} {'traced':>7} {'refused':>8} {'launch':>7} {'xfer':>5} {'loss':>8}")
     print(head)
     for r in rows:
         if "ms_per_step" not in r:
@@ -254,19 +280,23 @@ def table(rows, peak_tflops):
         gib = f"{r['peak_bytes'] / 2**30:.2f}" if r.get("peak_bytes") else "-"
         rep = [str(r[k]) if k in r else "-" for k in ("replay", "replay_trace", "replay_refused")]
         host = f"{r['host_ms_per_step']:.2f}" if r.get("host_ms_per_step") is not None else "-"
-        print(f"{r['runtime']:<28} {r['ms_per_step']:>9.2f} {host:>8} {r['tokens_per_s']:>10.0f} "
+        cpu = f"{r['host_thread_cpu_ms_per_step']:.2f}" if r.get("host_thread_cpu_ms_per_step") is not None else "-"
+        per = [f"{r[k]:.1f}" if k in r else "-" for k in ("launches_per_step", "transfers_per_step")]
+        print(f"{r['runtime']:<28} {r['ms_per_step']:>9.2f} {host:>8} {cpu:>7} {r['tokens_per_s']:>10.0f} "
               f"{(f'{100 * m:.1f}%' if m is not None else '-'):>6} {gib:>9} {r['first_step_s']:>8.1f} "
-              f"{rep[0]:>7} {rep[1]:>7} {rep[2]:>8} {r['loss']:>8.4f}")
+              f"{rep[0]:>7} {rep[1]:>7} {rep[2]:>8} {per[0]:>7} {per[1]:>5} {r['loss']:>8.4f}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runtimes", nargs="+", help="default: cuda_eager inductor traced txc_compile dynamo "
-                                                  "with CUDA, else cpu_eager traced txc_compile dynamo")
+    ap.add_argument("--runtimes", nargs="+", help="default: cuda_eager inductor traced txc_compile dynamo dynamo_opt "
+                                                  "dynamo_step with CUDA, else cpu_eager traced txc_compile dynamo "
+                                                  "dynamo_opt dynamo_step")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="2 layers, hidden 64, batch 2 x 32 (CPU smoke)")
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--hidden", type=int, help="hidden size (the intermediate size scales with it)")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--peak-tflops", type=float, help="the device's dense bf16 TFLOP/s for MFU")
@@ -277,6 +307,9 @@ def main():
     cfg = dict(TINY if a.tiny else ISSUE)
     if a.layers:
         cfg["num_hidden_layers"] = a.layers
+    if a.hidden:
+        cfg["intermediate_size"] = cfg["intermediate_size"] * a.hidden // cfg["hidden_size"]
+        cfg["hidden_size"] = a.hidden
     batch = a.batch or (2 if a.tiny else 8)
     seq = a.seq or (32 if a.tiny else 1024)
     cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], seq)
@@ -288,7 +321,8 @@ def main():
     for s in specs:
         parse_spec(s)
     passthrough = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(batch), "--seq", str(seq),
-                   "--layers", str(cfg["num_hidden_layers"])] + (["--tiny"] if a.tiny else [])
+                   "--layers", str(cfg["num_hidden_layers"]), "--hidden", str(cfg["hidden_size"])] + (
+                      ["--tiny"] if a.tiny else [])
     rows = []
     for s in specs:
         print(f"... {s}", file=sys.stderr, flush=True)
@@ -303,13 +337,20 @@ def main():
     if ratio is not None:
         print(f"host ms per step, traced / txc_compile: {ratio:.1f}x wall, {cpu_ratio:.1f}x thread CPU time "
               f"(issue 29's target on CPU: >= 20x)")
+    dyn = {}
+    for name, den in (("dynamo", "txc_compile"), ("dynamo", "traced"), ("dynamo_opt", "txc_compile"),
+                      ("dynamo_step", "txc_compile")):
+        w, c = host_ratio(rows, num=name, den=den), host_ratio(rows, "host_thread_cpu_ms_per_step", name, den)
+        if w is not None:
+            dyn[f"{name}/{den}"] = {"wall": w, "thread_cpu": c}
+            print(f"host ms per step, {name} / {den}: {w:.2f}x wall, {c:.2f}x thread CPU time")
     import platform
     import datetime
     import torch
     doc = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "python": platform.python_version(), "torch": torch.__version__, "config": cfg, "batch": batch,
            "seq": seq, "steps": a.steps, "warmup": a.warmup, "rows": rows, "host_ratio_traced_captured": ratio,
-           "host_thread_cpu_ratio_traced_captured": cpu_ratio}
+           "host_thread_cpu_ratio_traced_captured": cpu_ratio, "host_ratios_dynamo": dyn}
     try:
         import transformers
         import jax

@@ -25,11 +25,11 @@ import sys
 
 import torch
 
-from . import _C, _checks, _tensor, runtime
+from . import _C, _checks, _tensor, executor, runtime
 
 _SCALARS = (bool, int, float, str, type(None))
 GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard compares every element)
-_ALIAS = _C.op_ids()["alias"]
+_ALIAS, _FULL = _C.op_ids()["alias"], _C.op_ids()["full"]
 
 
 class Refused(Exception):
@@ -326,7 +326,9 @@ def install_scheduler_hook() -> None:
     def step(self, *args, **kwargs):
         s = _tensor.capture
         if s is None:
-            return orig(self, *args, **kwargs)
+            r = orig(self, *args, **kwargs)
+            _bind_lrs(self)
+            return r
         caller = sys._getframe(1).f_locals.get("self")
         if args or kwargs or type(self).step is not step or isinstance(caller, cls):
             s.refuse(f"it steps an LR scheduler ({type(self).__name__}.step with arguments, or from another "
@@ -339,7 +341,38 @@ def install_scheduler_hook() -> None:
     cls.step = step
 
 
+def _bind_lrs(sched) -> None:
+    """After a scheduler's step outside a recording: a device lr it filled
+    with a number (a lifted optimizer's: replay, torch.compile(opt.step))
+    holds that number's buffer, and so does its copy in _last_lr; else the
+    next sync computes them in a graph with the number in it (one compile
+    per new value)."""
+    last = getattr(sched, "_last_lr", None)
+    for i, g in enumerate(sched.optimizer.param_groups):
+        lr = g.get("lr")
+        if type(lr) is _tensor.XlaTensor and not lr._lt.is_data and _number_to_data(lr._lt):
+            copy = last[i] if isinstance(last, list) and i < len(last) else None
+            if type(copy) is _tensor.XlaTensor and not copy._lt.is_data and not copy.shape:
+                copy._lt.assign(lr._lt)  # (the same immutable buffer: a later fill_ of either is its own)
+
+
 # --- buffers, recordings and what a replay returns ------------------------------------
+
+def _number_to_data(lt) -> bool:
+    """A pending 0-d value made from one number alone (an lr that a scheduler
+    filled, autograd's seed of a loss) becomes the device buffer of that
+    number (runtime.scalar's, kept per value and never donated): no launch,
+    and the value is not part of any graph or guard. False: lt is
+    something else."""
+    c = lt.constant
+    if c is None or c[0] != _FULL or lt.shape or executor._multi:  # (one device: the number's buffer is on xla:0)
+        return False
+    attrs = c[1]
+    value = complex(attrs[0], attrs[3]) if len(attrs) > 3 else attrs[0]
+    lt.assign(_C.from_data(runtime.scalar(value, lt.dtype), lt.dtype, []))
+    return True
+
+
 
 def _buffer(t):
     """The device buffer holding t's value, or None (pending, or a view that

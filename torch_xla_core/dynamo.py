@@ -23,11 +23,28 @@ executable, and later calls only bind buffers and execute:
   uploaded once and become inputs, and aten.view becomes aten.reshape (our
   tensors' strides may differ from what the meta kernels said; the graph is
   functional, so a copy of the same values is equivalent).
+- No sync inside a step: a graph's call launches its executable once.
+  Inputs that traced ops left pending are not synced first where that can
+  be avoided: autograd's zero tangents and ones_like seeds (values made from
+  attributes alone, _constants) are built inside the recorded graph
+  (guarded by their node hash), a 0-d number (an lr a scheduler filled) is
+  bound as that number's device buffer (replay.py), and views (the
+  forward's saved views of its outputs) are read through their chains.
+  Anything else pending (clip_grad_norm_'s scaled grads) is launched first
+  without waiting. Deferred checks are left to the user's sync or value
+  read (replay.Compiled's inner).
+- torch.compile(opt.step): an Adam-family optimizer over xla parameters
+  gets capturable=True and a device lr before dynamo traces it (as
+  txc.compile does), so its graph replays and an LR scheduler stepping
+  between calls needs no new graph. A whole step compiled with
+  torch._dynamo.config.compiled_autograd: dynamo (torch 2.11-2.15) breaks
+  the frame at .backward(), so the forward, compiled autograd's backward
+  and the optimizer come as a graph each, and each replays.
 - What replay refuses (a graph that reads a value on the host, uploads
-  host data, or has CPU tensors among its inputs, e.g. an optimizer's CPU
-  step counts: use capturable=True for a compiled opt.step) is traced on
-  every call instead, with a warning once (replay.py's docstring lists the
-  cases). A graph whose inputs are all CPU tensors just runs, untouched.
+  host data, or has CPU tensors among its inputs, e.g. the CPU step counts
+  of an optimizer that cannot move them) is traced on every call instead,
+  with a warning once (replay.py's docstring lists the cases). A graph
+  whose inputs are all CPU tensors just runs, untouched.
 - Metrics: "dynamo_graph" (graphs handed over), and replay's "replay",
   "replay_record", "replay_trace", "replay_refused" per graph call.
   dynamo.WAIT = True makes each graph call block until the device is done
@@ -62,7 +79,8 @@ import warnings
 
 import torch
 
-from . import _compat, metrics, replay
+from . import _C, _compat, metrics, replay
+from ._replay_session import _own_storage
 from ._tensor import XlaTensor
 
 __all__ = ["backend", "install", "make_traceable", "NAME"]
@@ -124,6 +142,23 @@ def make_traceable() -> None:
             return init.fget(self) or getattr(self, "_txc_xla", False) or not _accelerator_available()
         avoid_device_init._txc = True
         fake_tensor.FakeTensorMode.avoid_device_init = property(avoid_device_init)
+
+    # torch.compile(opt.step): an Adam-family optimizer over xla parameters
+    # gets its step counts and lr on the device before dynamo traces it, as
+    # txc.compile does (replay.lift_optimizer): with CPU step counts its graph cannot
+    # replay, and a Python lr is baked into the graph (a scheduler's every
+    # new value a new graph); dynamo itself does this only for CUDA/XPU.
+    from torch._dynamo.variables import optimizer as dynamo_optimizer  # lazy: with dynamo, as above
+    opt_var = dynamo_optimizer.OptimizerVariable
+    if not getattr(opt_var.__init__, "_txc", False):
+        opt_init = opt_var.__init__
+
+        def __init__(self, value, *args, **kwargs):
+            if all(type(p) is XlaTensor for g in value.param_groups for p in g["params"]):
+                replay.lift_optimizer(value)
+            opt_init(self, value, *args, **kwargs)
+        __init__._txc = True
+        opt_var.__init__ = __init__
 
     # aot_autograd compiles against fake tensors of type torch.Tensor; at run
     # time the tangents are XlaTensors: the same tensor as far as it goes.
@@ -195,15 +230,59 @@ def _prepare(gm):
 class _FxCall:
     """Calls an FX graph module with its uploaded constants (a callable
     without __code__: replay.Compiled then guards only its arguments, not
-    the graph's globals)."""
+    the graph's globals). made: the inputs built inside the graph
+    (_constants), as ((index, node hash), ...): guarded by value, rebuilt
+    from self.making ({index: (op, attrs)}) when the graph is traced."""
 
     def __init__(self, gm, kind):
         self.gm = gm
         self.consts = _prepare(gm)
+        self.making = {}
+        self.written = _written_inputs(gm)
         self.__qualname__ = self.__name__ = f"torch.compile {kind} graph"
 
-    def __call__(self, *args):
+    def __call__(self, made, *args):
+        if made:
+            args = list(args)
+            for i, _ in made:  # (in index order)
+                op, attrs = self.making[i]
+                args.insert(i, _C.op(op, (), attrs))
         return self.gm(*args)
+
+
+def _written_inputs(gm) -> frozenset:
+    """The indices of the graph's inputs that it writes in place (with
+    keep_inference_input_mutations, aot_autograd's copy_ into an input: an
+    optimizer's state and step counts)."""
+    index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    written = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+            for a, arg in zip(n.target._schema.arguments, n.args):
+                if a.alias_info is not None and a.alias_info.is_write and arg in index:
+                    written.add(index[arg])
+    return frozenset(written)
+
+
+def _constants(a, written):
+    """The inputs among `a` that are pending values made from attributes
+    alone, of one or more dimensions (autograd's zero tangents of outputs
+    that got no gradient, torch.ones_like seeds): ((index, node hash), ...)
+    and {index: (op, attrs)}. A replay builds them inside its graph instead
+    of syncing them first (a launch of their own). Not the inputs the graph
+    writes (`written`: an optimizer's new zero state): the write must reach
+    the caller's tensor. 0-d ones (an lr that a scheduler filled) are left to
+    replay.py, which binds a number's buffer: their value is not guarded."""
+    made, making = [], {}
+    for i, x in enumerate(a):
+        if type(x) is XlaTensor and i not in written:
+            lt = x._lt
+            if not lt.is_data and lt.shape:
+                c = lt.constant
+                if c is not None:
+                    made.append((i, lt.hash))
+                    making[i] = c
+    return tuple(made), making
 
 
 class _Graph:
@@ -224,11 +303,18 @@ class _Graph:
             self._plain = not any(isinstance(x, XlaTensor) for x in a)
             if not self._plain:
                 self._fx = _FxCall(self._gm, self._kind)
-                self._compiled = replay.Compiled(self._fx, lift_optimizers=False, wait=WAIT)
+                self._compiled = replay.Compiled(self._fx, lift_optimizers=False, wait=WAIT, inner=True)
         if self._plain:
             return self._gm(*a)
+        for i in self._fx.written:  # a lone view written in place (Module.to's parameters) gets a storage of its
+            if type(a[i]) is XlaTensor and a[i]._lt.is_view:  # own, so that the replay can donate its buffer
+                _own_storage(a[i])                               # (other views are read through their chains)
+        made, making = _constants(a, self._fx.written)
+        if made:
+            self._fx.making = making
+            a = [x for i, x in enumerate(a) if i not in making]
         with torch.no_grad():  # aot_autograd's graphs are differentiated already; autograd is its wrapper's
-            return self._compiled(*a, *self._fx.consts)
+            return self._compiled(made, *a, *self._fx.consts)
 
 
 def _compiler(kind):

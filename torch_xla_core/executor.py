@@ -325,12 +325,15 @@ class _Progress:
             sys.stderr.flush()
 
 
-def sync(lts=None, wait=False) -> None:
+def sync(lts=None, wait=False, read_checks=True) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
     every live one) in one compiled graph per device; they then hold device
-    data."""
+    data. read_checks=False: the deferred checks of earlier syncs are left
+    for a later sync or value read (a replay inside a step launching what
+    traced ops computed before it)."""
     with _lock:
-        _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
+        if read_checks:
+            _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
         with metrics.timed("sync"):
             if not _multi:
                 _run(plan(lts), wait)
@@ -413,12 +416,14 @@ def execute(launch: Launch, wait: bool = False):
     return outs, t0
 
 
-def run_recorded(launch: Launch, wait: bool = False):
+def run_recorded(launch: Launch, wait: bool = False, read_checks: bool = True):
     """execute() for a replay (torch_xla_core/replay.py): a recorded
     executable on new parameters, after the ready deferred checks of earlier
-    runs are read, as at a sync's start."""
+    runs are read, as at a sync's start (read_checks=False: a graph inside
+    the user's step, a dynamo graph's, leaves them to the step's sync)."""
     with _lock:
-        _checks.verify(block=False)
+        if read_checks:
+            _checks.verify(block=False)
         return execute(launch, wait)
 
 

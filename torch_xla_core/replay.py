@@ -113,7 +113,7 @@ from . import _C, _dtypes, _random, _tensor, config, executor, metrics
 from . import _replay_session as _S
 from ._ops.engine import Engine as _Engine
 from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
-from ._replay_session import _returned, _root_buffer
+from ._replay_session import _number_to_data, _returned, _root_buffer
 from ._tensor import XlaTensor as _XlaTensor
 
 __all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
@@ -145,9 +145,10 @@ def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
 # --- the walk: every input tensor, where it lives, and the signature ----------
 
 class _Walk:
-    __slots__ = ("sig", "kinds", "owners", "keys", "tensors", "refusal")
+    __slots__ = ("sig", "kinds", "owners", "keys", "tensors", "refusal", "views")
 
-    def __init__(self):
+    def __init__(self, views=False):
+        self.views = views  # every input view is read through its chain (Compiled's inner), lone ones too
         self.sig = []
         # per input slot where it lives (csrc/py/replay.cpp's Where): its kind (_ARG .. _GROUP), owner, key
         self.kinds, self.owners, self.keys = [], [], []
@@ -168,7 +169,7 @@ class _Walk:
         inputs) and, for a view sharing its storage, its view ops, storage
         dims, strides and offset (it reads that storage). None when an input
         is not an xla tensor (then self.refusal says which)."""
-        tensor_sig, bad = _C.replay_signature(self.tensors, _XlaTensor)
+        tensor_sig, bad = _C.replay_signature(self.tensors, _XlaTensor, self.views)
         if tensor_sig is None:
             t = self.tensors[bad]
             self.refusal = self.refusal or f"a {t.device.type} tensor {list(t.shape)} is an input; move it to xla"
@@ -251,8 +252,8 @@ def _captured(fn):
     return out
 
 
-def _walk(fn, args, kwargs) -> _Walk:
-    w = _Walk()
+def _walk(fn, args, kwargs, views=False) -> _Walk:
+    w = _Walk(views)
     seen = set()
     mm = torch.nn.modules.module
     w.sig.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
@@ -274,8 +275,9 @@ def _walk(fn, args, kwargs) -> _Walk:
 
 # --- lifting host state to device tensors ---------------------------------------
 
-def _lift(opt) -> None:
-    """Adam-family optimizers: step counts and lr on the device (see above)."""
+def lift_optimizer(opt) -> None:
+    """Adam-family optimizers: step counts and lr on the device (see above;
+    dynamo.py does the same for torch.compile(opt.step))."""
     if type(opt).__name__ not in _LIFTABLE or getattr(opt, "_txc_lifted", False):
         return
     for g in opt.param_groups:
@@ -299,11 +301,14 @@ def _lift(opt) -> None:
 class Compiled:
     """A function whose calls replay recorded graphs (see the module docstring)."""
 
-    def __init__(self, fn, lift_optimizers=True, wait=False):
+    def __init__(self, fn, lift_optimizers=True, wait=False, inner=False):
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._lift = lift_optimizers
         self._wait = wait
+        # a graph inside the user's step (dynamo's): it reads no deferred checks (the step's sync does), and its
+        # input views, lone ones too (the forward's saved views of its outputs), are read through their chains
+        self._inner = inner
         self._recordings = {}   # signature -> [_Recording]: variants told apart by the values they read
         self._refused = {}      # signature -> reason
         self._warned = set()
@@ -320,7 +325,7 @@ class Compiled:
         if self._lift:
             for a in list(args) + list(kwargs.values()) + [v for _, v in _captured(src)]:
                 if isinstance(a, torch.optim.Optimizer):
-                    _lift(a)
+                    lift_optimizer(a)
         if not config.get("TXC_REPLAY"):  # trace every call (same lifting: same numerics)
             metrics.counter_add("replay_trace")
             return self._run(args, kwargs)
@@ -332,7 +337,7 @@ class Compiled:
         if collecting:
             gc.disable()
         try:
-            w = _walk(src, args, kwargs)
+            w = _walk(src, args, kwargs, self._inner)
             sig = w.signature()
             recs = self._recordings.get(sig) if w.refusal is None else None
             if recs is not None:
@@ -380,7 +385,7 @@ class Compiled:
     def _record(self, sig, pre, src, args, kwargs):
         metrics.counter_add("replay_trace")
         for t in pre.tensors:
-            if t is not None:
+            if t is not None and not (self._inner and t._lt.is_view):
                 _own_storage(t)  # a lone view gets a storage of its own; a shared one is read through its chain
         _tensor.sync_lazy()  # inputs become device data; nothing else pending
         if _random._state is None:
@@ -436,7 +441,7 @@ class Compiled:
         from the session's segments: where each output goes, what it returns.
         The recording is None when the step is transitional (its outputs have
         another signature than its inputs: optimizer state or grads appeared)."""
-        post = _walk(src, args, kwargs)
+        post = _walk(src, args, kwargs, self._inner)
         leaves = []
         tpl = _flatten(out, leaves)
         inputs = {id(t) for t in pre.tensors}
@@ -446,7 +451,8 @@ class Compiled:
             raise _Refused("it returns a tensor that requires grad and that no backward pass in the step "
                            "consumed: replay covers whole steps (forward, backward and optimizer) and no_grad "
                            "functions; return the loss after loss.backward(), or loss.detach()")
-        shared = [t for t in post.tensors if t is not None and not _own_storage(t)]  # views read through chains
+        shared = [t for t in post.tensors  # views read through chains
+                  if t is not None and (self._inner and t._lt.is_view or not _own_storage(t))]
         host = {j for j, t in enumerate(leaves) if not isinstance(t, _XlaTensor)}  # constants (below)
         views = {j: t._lt for j, t in enumerate(leaves) if j not in host and not _own_storage(t)}  # re-made
         gc.collect()  # garbage of the trace holds no pending values
@@ -557,17 +563,25 @@ class Compiled:
     def _replay(self, recs, w):
         tensors = w.tensors
         pending = False
-        if not _C.replay_ready(tensors):  # (the common case, every input device data, in one C++ pass)
+        if not _C.replay_ready(tensors, self._inner):  # (the common case, every input device data: one C++ pass)
             for t in tensors:
                 if t is not None and not t._lt.is_data and _buffer(t) is None:  # pending, or a view
-                    if _own_storage(t) or _root_buffer(t) is None:  # (a shared view reads its storage)
-                        pending = True
+                    if self._inner and t._lt.is_view:  # read through its chain, lone or not
+                        pending = pending or _root_buffer(t) is None
+                    elif _own_storage(t) and not _number_to_data(t._lt) or _root_buffer(t) is None:
+                        pending = True  # (a shared view reads its storage)
         st = _random._state
         if st is None:
             st = _random._state = _random._upload(_random.initial_seed())
         if not st.is_data or pending:
-            _tensor.sync_lazy(wait=self._wait)  # values written since (a scheduler's lr.fill_): compute them first
+            # values computed since by traced ops (clip_grad_norm_'s scaling of the grads): launched first, without
+            # waiting and without reading deferred checks (the user's sync or value read does)
+            executor.sync(wait=self._wait, read_checks=False)
             st = _random._state
+            if self._inner:  # a view's chain over its storage's old pending value holds that graph, and with it
+                for t in tensors:  # the nodes of inputs that may be donated (a parameter a saved activation read)
+                    if t is not None and t._lt.is_view:
+                        t._lt.hash  # (reading its value rebuilds the chain over the storage's new buffer)
         for rec in recs:
             if _C.replay_exclusive(tensors, rec.donated) >= 0:
                 return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
@@ -633,7 +647,7 @@ class Compiled:
                       else executor.Launch(seg.exe, params))
             del params  # (the inputs' buffers: donated ones must not stay referenced past the launch)
             try:
-                o, _ = executor.run_recorded(launch, wait=self._wait and s == last)
+                o, _ = executor.run_recorded(launch, wait=self._wait and s == last, read_checks=not self._inner)
             except BaseException:
                 if release:
                     rec.plan.unrelease(tensors, w.kinds, w.owners)

@@ -2,6 +2,7 @@
 #include "py/lazy.h"
 #include <algorithm>
 #include <new>
+#include <pybind11/stl.h>
 #include "ir/memory.h"
 #include "ops/registry.h"
 #include "py/data.h"
@@ -77,6 +78,25 @@ void bind_lazy(py::module_& m) {
          return v->op == data_op ? py_data(*v) : py::none();
        }));
   prop("op", py::cpp_function([](LazyTensor& t) { return op_def(t.value()->op).name; }));
+  // A pending value made from attributes alone (no operand, no body, no payload: full, iota), as (op id,
+  // attributes): _C.op(op, (), attrs) makes an equal node; None otherwise (device data, a number, a view, a
+  // value computed from others). A replay of a dynamo graph builds such inputs inside its graph (dynamo.py).
+  prop("constant", py::cpp_function([](LazyTensor& t) -> py::object {
+         static const uint16_t scalar = op_id("scalar"), error = op_id("error"), placeholder = op_id("placeholder");
+         const NodePtr& v = t.value();
+         if (t.is_view() || !v->operands.empty() || v->body || v->data || v->op == data_op || v->op == scalar ||
+             v->op == error || v->op == placeholder)
+           return py::none();
+         py::tuple attrs(v->attrs.size());
+         for (size_t i = 0; i < v->attrs.size(); ++i) {
+           const Attr& a = v->attrs[i];
+           if (auto* n = std::get_if<int64_t>(&a)) attrs[i] = py::int_(*n);
+           else if (auto* d = std::get_if<double>(&a)) attrs[i] = py::float_(*d);
+           else if (auto* s = std::get_if<std::string>(&a)) attrs[i] = py::str(*s);
+           else attrs[i] = py::cast(std::get<Dims>(a));
+         }
+         return py::make_tuple(int(v->op), attrs);
+       }));
   // may this tensor's buffer be donated (lazy.h)
   prop("data_exclusive", py::cpp_function(&data_exclusive));
   prop("memory_kind", py::cpp_function([](LazyTensor& t) { return memory_kind_name(memory_kind_of(*t.value())); }));

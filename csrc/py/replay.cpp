@@ -4,14 +4,15 @@
 // tensor (a 64-layer MLP with AdamW: ~1300), so these loops were most of a
 // replay's host time.
 //
-//   replay_signature(tensors, xla_type) -> (bytes, -1) | (None, i)
+//   replay_signature(tensors, xla_type, views=False) -> (bytes, -1) | (None, i)
 //       the guard's tensor part: per slot None, or the value's dims and
 //       dtype, requires_grad, the first slot holding the same buffer or
 //       storage (aliasing among inputs), and for a view that shares its
-//       storage its view ops, storage dims, strides and offset. (None, i)
-//       when tensors[i] is not an xla tensor.
-//   replay_ready(tensors) -> bool        every input is device data (or an
-//       alias of a whole storage that is): nothing to compute before binding
+//       storage (views=True: any view) its view ops, storage dims, strides
+//       and offset. (None, i) when tensors[i] is not an xla tensor.
+//   replay_ready(tensors, views=False) -> bool   every input is device data
+//       (or an alias of a whole storage that is; views=True: any view of a
+//       storage that is): nothing to compute before binding
 //   replay_exclusive(tensors, slots) -> int   the first slot whose buffer is
 //       held elsewhere (may not be donated), or -1
 //   ReplayPlan(binds, inplace, others, specs)   a recording's bindings and
@@ -179,7 +180,7 @@ class FirstSlot {
   int shift_;
 };
 
-py::tuple signature(py::list tensors, py::handle xla_type) {
+py::tuple signature(py::list tensors, py::handle xla_type, bool views) {
   static PyObject* requires_grad = PyUnicode_InternFromString("requires_grad");
   std::string sig;
   sig.reserve(tensors.size() * 48);
@@ -203,7 +204,9 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
     if (is_data(v)) {
       key = buffer_of(v);
     } else if (lt.is_view()) {
-      bool lone = lt.storage().use_count() == 1 && py::cast<bool>(t.attr("is_contiguous")());
+      // a lone view gets a storage of its own before binding (replay.py _own_storage), unless views are read
+      // through their chains (a dynamo graph's inputs: the forward's saved views of its outputs)
+      bool lone = !views && lt.storage().use_count() == 1 && py::cast<bool>(t.attr("is_contiguous")());
       const NodePtr& root = lt.storage()->value;
       key = is_data(root) ? static_cast<const void*>(buffer_of(root)) : static_cast<const void*>(lt.storage().get());
       for (NodePtr n = v; n != root; n = n->operands.at(0))  // the view ops, from t back to its storage
@@ -233,12 +236,12 @@ py::tuple signature(py::list tensors, py::handle xla_type) {
   return py::make_tuple(py::bytes(sig), -1);
 }
 
-bool ready(py::list tensors) {
+bool ready(py::list tensors, bool views) {
   for (py::handle t : tensors) {
     if (t.is_none()) continue;
     LazyTensor& lt = lazy_of_wrapper(t);
     if (is_data(lt.value())) continue;
-    if (lt.is_view() && alias_only(lt) && is_data(lt.storage()->value)) continue;
+    if (lt.is_view() && (views || alias_only(lt)) && is_data(lt.storage()->value)) continue;
     return false;
   }
   return true;
@@ -610,8 +613,8 @@ class ReplayPlan {
 }  // namespace
 
 void bind_replay(py::module_& m) {
-  m.def("replay_signature", &signature, py::arg("tensors"), py::arg("xla_type"));
-  m.def("replay_ready", &ready, py::arg("tensors"));
+  m.def("replay_signature", &signature, py::arg("tensors"), py::arg("xla_type"), py::arg("views") = false);
+  m.def("replay_ready", &ready, py::arg("tensors"), py::arg("views") = false);
   m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
   py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
       .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list>(),
