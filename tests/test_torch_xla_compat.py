@@ -99,7 +99,9 @@ import torch_xla_core.compat.torch_xla.distributed.spmd as xs  # noqa: E402
 import torch_xla_core.compat.torch_xla.experimental.scan as scan_module  # noqa: E402
 import torch_xla_core.compat.torch_xla.experimental.scan_layers as scan_layers_module  # noqa: E402
 import torch_xla_core.compat.torch_xla.runtime as xr  # noqa: E402
+import torch_xla_core.compat.torch_xla.utils.serialization as xser  # noqa: E402
 import torch_xla_core.compat.torch_xla.utils.utils as xu  # noqa: E402
+from torch_xla_core.compat.torch_xla.experimental import custom_kernel  # noqa: E402
 from multidevice import on_devices  # noqa: E402
 
 
@@ -298,6 +300,74 @@ def test_utils_helpers(monkeypatch):
     seen = []
     xu.for_each_instance(tree, lambda v: isinstance(v, torch.Tensor), seen.append)
     assert len(seen) == 2
+
+
+class _Box:
+    def __init__(self, inner, peer=None):
+        self.inner, self.peer = inner, peer
+
+
+def test_for_each_instance_walks_keys_objects_and_cycles_once_per_object():
+    shared = _Box(["s", 1.5])
+    data = {"k": [shared, shared, ("t", 2.5)], 7: _Box({"x": "y"}, shared)}
+    data[7].peer.peer = data[7]  # a cycle through objects' attributes
+    visited = []
+    xu.for_each_instance(data, lambda v: isinstance(v, (str, int, float)), lambda v: visited.append(v))
+    # dict keys too; a shared object once; the cycle ends
+    assert sorted(map(str, visited)) == sorted(["k", "s", "1.5", "t", "2.5", "7", "x", "y"])
+    out = xu.for_each_instance_rewrite(data, lambda v: isinstance(v, str), str.upper)
+    assert set(out) == {"K", 7} and out["K"][0] is out["K"][1] and out["K"][0] is not shared
+    assert out["K"][0].inner == ["S", 1.5] and out[7].inner == {"X": "Y"} and out[7].peer is out["K"][0]
+    assert out[7].peer.peer is out[7] and shared.inner == ["s", 1.5]  # rebuilt, cycles kept, input untouched
+
+
+def test_send_cpu_data_to_device_rebuilds_data_wrappers(dev):
+    class Pack(xu.DataWrapper):
+        def __init__(self, pack):
+            super().__init__()
+            self.pack = pack
+
+        def get_tensors(self):
+            return [self.pack.data, self.pack.sorted_indices, self.pack.unsorted_indices]
+
+        def from_tensors(self, tensors):
+            return nn.utils.rnn.PackedSequence(tensors[0], self.pack.batch_sizes, tensors[1], tensors[2])
+
+    batch = torch.tensor([[1.0, 2, 3], [4, 5, 0], [6, 0, 0]]).unsqueeze(-1)
+    pack = nn.utils.rnn.pack_padded_sequence(batch, [3, 2, 1], batch_first=True)
+    moved = xm.send_cpu_data_to_device(Pack(pack), dev)
+    assert isinstance(moved, nn.utils.rnn.PackedSequence) and moved.data.device.type == "xla"
+    assert moved.batch_sizes.device.type == "cpu"
+    torch.testing.assert_close(moved.data.cpu(), pack.data)
+    one = xm.send_cpu_data_to_device(torch.ones(2), dev)  # a lone tensor comes back in a list
+    assert isinstance(one, list) and one[0].device.type == "xla"
+    d = xm.send_cpu_data_to_device({"a": torch.ones(2)}, dev)
+    assert isinstance(d, dict) and d["a"].device.type == "xla"
+
+
+def test_repeat_with_fixed_output_size_truncates_or_fills_without_a_host_read(dev):
+    for total, reps in [(20, [0, 1, 2, 0, 4, 0, 6, 7, 8, 9]), (100, [0, 5, 2, 0, 4, 9, 6, 7, 8, 0])]:
+        met.clear_all()
+        x, r = torch.randn(len(reps)), torch.tensor(reps)
+        base = torch.repeat_interleave(x, r)[:total]
+        want = torch.cat((base, x[-1].repeat(total - base.shape[0])))
+        got = custom_kernel.repeat_with_fixed_output_size(x.to(dev), r.to(dev), total)
+        assert got.shape == (total,) and met.executed_fallback_ops() == [] and txc.metrics.counters().get(
+            "transfer_to_host") is None
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="one repeat count per element"):
+        custom_kernel.repeat_with_fixed_output_size(torch.ones(3, device=dev), torch.ones(2, device=dev), 4)
+
+
+def test_xser_save_and_load_a_state_dict(dev, tmp_path):
+    model = nn.Linear(4, 3)
+    xmodel = nn.Linear(4, 3).to(dev)
+    xmodel.load_state_dict(model.state_dict())
+    xser.save(xmodel.state_dict(), str(tmp_path / "m.pt"))
+    loaded = xser.load(str(tmp_path / "m.pt"))
+    assert all(v.device.type == "cpu" for v in loaded.values())
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(loaded[k], v, rtol=0, atol=0)
 
 
 # --- distributed.spmd on 4 devices ---------------------------------------------

@@ -10,6 +10,7 @@ import torch.utils._pytree as pytree
 from .... import _random, _tensor, metrics, runtime, serialization
 from ...._tensor import XlaTensor
 from .. import runtime as _xr
+from ..utils import utils as _utils
 from . import xla_env_vars  # noqa: F401
 
 # torch_xla's collectives and optimizer_step (the gradients' mean across processes, then the step)
@@ -94,16 +95,21 @@ def fork_rng(device=None, enabled: bool = True):
 
 
 def send_cpu_data_to_device(datas, device, input_sharding=None):
-    """Every CPU tensor in the pytree `datas` moved to `device` (a list, as
-    torch_xla returns it); input_sharding (a spmd.ShardingSpec) lays them out."""
+    """Every CPU tensor in `datas` (a pytree; a DataWrapper's get_tensors(),
+    rebuilt with its from_tensors) moved to `device`; input_sharding (a
+    spmd.ShardingSpec) lays them out. As torch_xla: a lone tensor comes back
+    in a list, anything else as the same structure."""
     def move(x):
+        if isinstance(x, _utils.DataWrapper):
+            return x.from_tensors([move(t) for t in x.get_tensors()])
         if isinstance(x, torch.Tensor) and not isinstance(x, XlaTensor):
             x = x.to(device)
             if input_sharding is not None:
                 input_sharding.apply(x)
         return x
-    out = pytree.tree_map(move, datas)
-    return out if isinstance(datas, (list, tuple)) and not hasattr(datas, "_fields") else [out]
+    if type(datas) is torch.Tensor:
+        datas = [datas]
+    return pytree.tree_map(move, datas)
 
 
 def add_step_closure(closure, args=(), run_async: bool = False) -> None:

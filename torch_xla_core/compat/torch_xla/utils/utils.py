@@ -1,6 +1,7 @@
 """torch_xla.utils.utils (xu): the small helpers torch_xla's scripts use
 (environment lookups of the caller's own variables, list coercion,
 synthetic data loaders, timing, a temporary folder, pytree walks)."""
+import copy
 import os
 import shutil
 import sys
@@ -107,35 +108,63 @@ def _eprint(*args):
     print(*args, file=sys.stderr)
 
 
-def _walk(value, select_fn, fn, rewrite, seen):
+def _visit(value, select_fn, fn, seen):
+    """for_each_instance's walk: each object once (by id), dict keys
+    included, into containers and objects' attributes."""
+    if id(value) in seen:
+        return
+    seen[id(value)] = value
+    if select_fn(value):
+        fn(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _visit(k, select_fn, fn, seen)
+            _visit(v, select_fn, fn, seen)
+    elif isinstance(value, (list, tuple, set)):
+        for v in value:
+            _visit(v, select_fn, fn, seen)
+    elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.Tensor)):
+        for v in list(vars(value).values()):
+            _visit(v, select_fn, fn, seen)
+
+
+def _rewrite(value, select_fn, fn, seen):
+    """for_each_instance_rewrite's walk: the same order as _visit; containers
+    and objects are rebuilt (objects as copy.copy with their attributes
+    rewritten), each object once, cycles kept."""
     if id(value) in seen:
         return seen[id(value)]
     if select_fn(value):
-        out = fn(value)
-    elif isinstance(value, (list, tuple)):
-        items = [_walk(v, select_fn, fn, rewrite, seen) for v in value]
-        out = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        out = seen[id(value)] = fn(value)
     elif isinstance(value, dict):
-        out = type(value)((k, _walk(v, select_fn, fn, rewrite, seen)) for k, v in value.items())
+        out = seen[id(value)] = type(value)()
+        for k, v in value.items():
+            k = _rewrite(k, select_fn, fn, seen)
+            out[k] = _rewrite(v, select_fn, fn, seen)
     elif isinstance(value, set):
-        out = {_walk(v, select_fn, fn, rewrite, seen) for v in value}
-    elif not rewrite and hasattr(value, "__dict__") and not isinstance(value, (type, torch.Tensor)):
-        seen[id(value)] = value
-        for v in vars(value).values():
-            _walk(v, select_fn, fn, rewrite, seen)
-        out = value
+        out = seen[id(value)] = type(value)()
+        for v in value:
+            out.add(_rewrite(v, select_fn, fn, seen))
+    elif isinstance(value, (list, tuple)):
+        items = [_rewrite(v, select_fn, fn, seen) for v in value]
+        out = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        seen[id(value)] = out
+    elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.Tensor)):
+        out = seen[id(value)] = copy.copy(value)
+        for k, v in list(vars(out).items()):
+            setattr(out, k, _rewrite(v, select_fn, fn, seen))
     else:
-        out = value
-    seen[id(value)] = out
+        out = seen[id(value)] = value
     return out
 
 
 def for_each_instance(value, select_fn, fn) -> None:
-    """Calls fn on every object inside `value` (lists, tuples, dicts, sets,
-    object attributes) for which select_fn is true, once each."""
-    _walk(value, select_fn, fn, False, {})
+    """Calls fn on every object inside `value` (lists, tuples, sets, dicts'
+    keys and values, objects' attributes) for which select_fn is true, once
+    per object (by identity), as torch_xla does."""
+    _visit(value, select_fn, fn, {})
 
 
 def for_each_instance_rewrite(value, select_fn, fn):
     """`value` rebuilt with every object select_fn picks replaced by fn(object)."""
-    return _walk(value, select_fn, fn, True, {})
+    return _rewrite(value, select_fn, fn, {})
