@@ -1,0 +1,164 @@
+"""Training steps on the torch.compile route (torch_xla_core/dynamo.py, issue
+43): the replay counters of the zoo's Llama per step (launches, device->host
+transfers before the user's sync), torch.compile(opt.step) with an LR
+scheduler stepping between calls, zero_grad(set_to_none=True) and
+clip_grad_norm_, and a whole step compiled with compiled autograd: each
+replays, with parameters equal to CPU eager's."""
+import copy
+
+import pytest
+import torch
+
+import torch_xla_core as txc
+from torch_xla_core import executor
+
+from models import MLP
+from test_hf_models import _deterministic, _inputs, _model, _to
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    executor.clear_cache()
+    yield
+    torch._dynamo.reset()
+    torch._dynamo.config.compiled_autograd = False
+
+
+_NAMES = ("execute", "transfer_to_host", "replay", "replay_trace", "replay_refused", "compile")
+
+
+def _counts():
+    c = txc.metrics.counters()
+    return {n: c.get(n, 0) for n in _NAMES}
+
+
+def _minus(a, b):
+    return {n: a[n] - b[n] for n in _NAMES}
+
+
+def _assert_params_close(cpu, xla):
+    for (name, p_c), p_x in zip(cpu.named_parameters(), xla.parameters()):
+        torch.testing.assert_close(p_x.detach().cpu(), p_c.detach(), atol=2e-5, rtol=2e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_zoo_llama_model_compiled_launches_once_per_graph_and_reads_nothing_before_the_sync(dev):
+    """Model compiled, AdamW traced per op: from the third step on, each step
+    launches the forward's and the backward's replays and the user's sync
+    (3), and transfers nothing to the host before that sync (no sync inside
+    the step, no deferred check read there); losses and parameters equal CPU
+    eager's."""
+    torch.manual_seed(0)
+    model, kind = _model("llama")
+    cpu = _deterministic(model)
+    xla = copy.deepcopy(cpu).to(dev)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (cpu, xla)]
+    compiled = torch.compile(xla, backend="torch_xla_core")
+    g = torch.Generator().manual_seed(1)
+    steps = []
+    for _ in range(5):
+        x = _inputs(kind, g)
+        ref = cpu(**x).loss
+        ref.backward()
+        opts[0].step()
+        opts[0].zero_grad()
+        c0 = _counts()
+        loss = compiled(**_to(dev, x)).loss
+        loss.backward()
+        opts[1].step()
+        opts[1].zero_grad()
+        c1 = _counts()
+        txc.sync()
+        steps.append((_minus(c1, c0), _minus(_counts(), c0)))
+        torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-4, atol=1e-4)
+    for in_step, with_sync in steps[2:]:
+        assert in_step["transfer_to_host"] == 0, steps
+        assert in_step["execute"] == 2 and with_sync["execute"] == 3, steps  # forward, backward; the sync
+        assert with_sync["replay"] == 2 and with_sync["replay_trace"] == 0 and with_sync["compile"] == 0, steps
+    _assert_params_close(cpu, xla)
+
+
+@pytest.mark.parametrize("clip", ["eager", "compiled"])
+def test_compiled_opt_step_with_scheduler_set_to_none_and_clipping_replays_like_cpu(clip, dev):
+    """torch.compile(opt.step) (clip_grad_norm_ before it, traced per op or
+    inside the compiled function), LambdaLR stepping between calls,
+    zero_grad(set_to_none=True): from the third step on the optimizer's graph
+    replays, a new lr compiles nothing (no graph with the number in it), and
+    the parameters equal CPU eager's after every step."""
+    m = MLP()
+    mx = copy.deepcopy(m).to(dev)
+    opt_c = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_x = torch.optim.AdamW(mx.parameters(), lr=1e-2)
+    sched_c, sched_x = (torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (opt_c, opt_x))
+
+    def clip_and_step():
+        torch.nn.utils.clip_grad_norm_(mx.parameters(), 0.05)
+        opt_x.step()
+
+    if clip == "compiled":
+        step = torch.compile(clip_and_step, backend="torch_xla_core")
+    else:
+        compiled_step = torch.compile(opt_x.step, backend="torch_xla_core")
+
+        def step():
+            torch.nn.utils.clip_grad_norm_(mx.parameters(), 0.05)
+            compiled_step()
+    g = torch.Generator().manual_seed(2)
+    deltas = []
+    for _ in range(5):
+        x = torch.randn(6, 16, generator=g)
+        m(x).square().mean().backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+        opt_c.step()
+        opt_c.zero_grad(set_to_none=True)
+        sched_c.step()
+        mx(x.to(dev)).square().mean().backward()
+        c0 = _counts()
+        step()
+        opt_x.zero_grad(set_to_none=True)
+        sched_x.step()
+        txc.sync()
+        deltas.append(_minus(_counts(), c0))
+        assert all(p.grad is None for p in mx.parameters())
+        _assert_params_close(m, mx)
+    assert opt_x.param_groups[0]["lr"].device.type == "xla"  # lifted: the lr is a graph input, not a constant
+    torch.testing.assert_close(opt_x.param_groups[0]["lr"].cpu(), torch.tensor(opt_c.param_groups[0]["lr"]))
+    for d in deltas[2:]:
+        assert d["replay"] >= 1 and d["replay_trace"] == 0 and d["compile"] == 0, deltas
+        assert d["transfer_to_host"] == 0, deltas
+
+
+def test_whole_step_with_compiled_autograd_replays_like_cpu(dev):
+    """torch.compile of forward, loss.backward() and opt.step() with
+    torch._dynamo.config.compiled_autograd: dynamo breaks the frame at
+    .backward(), so the forward, compiled autograd's backward and the
+    optimizer come as graphs of their own; from the third step on each
+    replays (no trace, no compile) and the parameters equal CPU eager's."""
+    m = MLP()
+    mx = copy.deepcopy(m).to(dev)
+    opt_c = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_x = torch.optim.AdamW(mx.parameters(), lr=1e-2)
+
+    def train_step(model, opt, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    torch._dynamo.config.compiled_autograd = True
+    step = torch.compile(train_step, backend="torch_xla_core")
+    g = torch.Generator().manual_seed(3)
+    deltas = []
+    for _ in range(5):
+        x = torch.randn(6, 16, generator=g)
+        ref = train_step(m, opt_c, x)
+        c0 = _counts()
+        loss = step(mx, opt_x, x.to(dev))
+        txc.sync()
+        deltas.append(_minus(_counts(), c0))
+        torch.testing.assert_close(loss.cpu(), ref, atol=1e-5, rtol=1e-5)
+    _assert_params_close(m, mx)
+    for d in deltas[2:]:
+        assert d["replay"] >= 3 and d["replay_trace"] == 0 and d["compile"] == 0, deltas
+        assert d["transfer_to_host"] == 0, deltas
