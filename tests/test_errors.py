@@ -89,6 +89,16 @@ def test_negative_sizes_raise_torchs_error(name, dev):
     assert str(got.value) == str(want.value)  # "Trying to create tensor with negative dimension -1: [-1, 3]"
 
 
+@pytest.mark.parametrize("numel,shape", [(0, (-1, 0)), (0, (3, 0, -1, 0)), (4, (-1, 0)), (4, (-1, 3))])
+def test_reshape_that_cannot_infer_its_size_raises_with_torchs_words(numel, shape, dev):
+    with pytest.raises(RuntimeError) as want:
+        torch.ones(numel).view(*shape)
+    with pytest.raises(RuntimeError) as got:
+        torch.ones(numel, device=dev).view(*shape)
+    words = "can be any value and is ambiguous" if numel == 0 else "is invalid for input of size"
+    assert words in str(want.value) and words in str(got.value)
+
+
 @pytest.mark.parametrize("value,spec", [(1.23456, ".3f"), (1.5, "8.2e"), (7, ">4d"), (7, "x"), (True, ""),
                                         (-0.5, "+.1%"), (3.0, "")])
 def test_format_of_0d_tensor_matches_cpu(value, spec, dev):

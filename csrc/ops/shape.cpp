@@ -98,6 +98,9 @@ TXC_OP("reshape", 1,
            else known *= want[i];
          }
          if (infer >= 0) {
+           if (known == 0 && x.numel() == 0)  // torch's wording (infer_size)
+             op_error(n, "cannot reshape tensor of 0 elements into shape " + dims_str(want) +
+                             " because the unspecified dimension size -1 can be any value and is ambiguous");
            if (known == 0 || x.numel() % known)
              op_error(n, "shape " + dims_str(want) + " is invalid for input of size " + std::to_string(x.numel()));
            want[infer] = x.numel() / known;
