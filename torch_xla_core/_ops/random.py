@@ -241,14 +241,27 @@ def random_from_(self, from_, to, *, generator=None):
 
 # --- factories (device="xla": PrivateUse1 kernels) ---------------------------
 
+_COMPLEX_PART = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _complex_draw(kind, dtype, size, a, b, generator):
+    """A complex draw as torch makes it: real and imaginary parts drawn
+    independently (kind, a, b) in the part dtype."""
+    return torch.view_as_complex(_draw(kind, _COMPLEX_PART[dtype], [*sizes(size), 2], a, b, generator))
+
+
 def _randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = _dt(dtype)
+    if dtype in _COMPLEX_PART:  # each part N(0, 1/2): unit variance in all, as torch
+        return _complex_draw(NORMAL, dtype, size, 0.0, math.sqrt(0.5), generator)
     _float_check("randn", dtype)
     return _draw(NORMAL, dtype, size, 0.0, 1.0, generator)
 
 
 def _rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     dtype = _dt(dtype)
+    if dtype in _COMPLEX_PART:  # each part uniform on [0, 1), as torch
+        return _complex_draw(UNIFORM, dtype, size, 0.0, 1.0, generator)
     _float_check("rand", dtype)
     return _draw(UNIFORM, dtype, size, 0.0, 1.0, generator)
 
