@@ -320,3 +320,25 @@ def test_gather_and_scatter_take_int32_indices_like_cpu():
     assert_matches_cpu(lambda t, idx, s: t.scatter_add(1, idx, s), x, i, src)
     with pytest.raises(RuntimeError, match=r"gather\(\): Expected dtype int32/int64 for index"):
         torch.gather(x.detach().to(txc.device()), 1, i.float().to(txc.device()))
+
+
+@pytest.mark.parametrize("xshape,ishapes,dims", [
+    ((10, 0, 10, 10), [(5, 0, 5), (5, 1, 1)], (1, 3)),  # the indices broadcast to an empty shape
+    ((0, 0, 10, 0), [(5, 5, 0), (5, 5, 1)], (1, 3)),
+    ((10, 3), [(0,)], (0,)),
+])
+def test_indices_that_select_nothing_are_not_range_checked_as_cpu(xshape, ishapes, dims, dev):
+    """Out-of-range values in index tensors whose broadcast shape is empty are
+    never read: CPU returns the empty result, and so do we (no error at the sync)."""
+    x = torch.rand(xshape)
+    idx = [torch.randint(50, 100, s) for s in ishapes]  # every value out of range
+    key = [slice(None)] * len(xshape)
+    xkey = list(key)
+    for d, i in zip(dims, idx):
+        key[d], xkey[d] = i, i.to(dev)
+    want = x[tuple(key)]
+    got = x.to(dev)[tuple(xkey)]
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want)
+    with pytest.raises(IndexError, match="index out of range"):  # a used index is still checked
+        torch.rand(10).to(dev)[torch.tensor([50]).to(dev)].cpu()

@@ -67,6 +67,18 @@ def _check_mask(x, mask, d):
                              f"the indexed tensor {list(x.shape)} at index {d + j}")
 
 
+def _selects_nothing(indices) -> bool:
+    """Whether integer index tensors broadcast to an empty shape (no mask
+    among them): the result is empty and none of their values is used."""
+    ints = [i.shape for i in indices if i is not None]
+    if not ints or any(i.dtype in (torch.bool, torch.uint8) for i in indices if i is not None):
+        return False
+    try:
+        return math.prod(torch.broadcast_shapes(*ints)) == 0
+    except RuntimeError:  # shapes that do not broadcast: the core op says so
+        return False
+
+
 def _indices(x, indices, op):
     """aten's Optional[Tensor] index list -> (dims, index operands); boolean
     masks become their nonzero() coordinates (a host sync)."""
@@ -75,6 +87,7 @@ def _indices(x, indices, op):
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {n})")
     dims, lts = [], []
     d = 0
+    check = None if _selects_nothing(indices) else op  # as CPU: no index is read, none is checked
     for i in indices:
         if i is None:
             d += 1
@@ -92,7 +105,7 @@ def _indices(x, indices, op):
             d += i.dim()
         else:
             dims.append(d)
-            lts.append(_index_lt(i, op, -x.shape[d], x.shape[d]))
+            lts.append(_index_lt(i, check, -x.shape[d], x.shape[d]))
             d += 1
     empty = [e for e in dims if x.shape[e] == 0]
     if empty and all(math.prod(lt.shape) for lt in lts):  # (the core refuses it too, as a RuntimeError)
