@@ -197,20 +197,21 @@ def test_a_launched_job_listens_on_loopback_only(tmp_path):
     assert [(str(ip), port) for ip, port in everything if not loopback(ip)] == []
 
 
-@pytest.mark.parametrize("dead", [1, 0])
-def test_a_dead_peer_raises_in_the_waiting_call(tmp_path, dead):
+@pytest.mark.parametrize("dead,devices", [(1, 2), (0, 2), (1, 1)])
+def test_a_dead_peer_raises_in_the_waiting_call(tmp_path, dead, devices):
     """One process ends (os._exit(3)) while the other waits on a collective
     step: the survivor's .item() raises PeerLostError naming the dead one
     (the ring link between them closed) well within TXC_COLLECTIVE_TIMEOUT,
     it saves and exits by itself (status 5, through peers.exit: torchrun's
     SIGTERM, which follows, leaves it be), and the launcher exits with the
     dead one's status. Process 0 too: jax's coordination service lives in
-    the launcher, so its death aborts no one."""
+    the launcher, so its death aborts no one. With one device a process,
+    gloo's error comes out at the launch, not the wait: PeerLostError too."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
     env["TXC_COLLECTIVE_TIMEOUT"] = "20"
     script = os.path.join(os.path.dirname(__file__), "scripts", "dead_peer.py")
-    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", "2", script,
-                        str(tmp_path), str(dead)], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "torch_xla_core.launch", "--nproc", "2", "--devices", str(devices),
+                        script, str(tmp_path), str(dead)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr[-4000:]
     assert f"torch_xla_core.launch: process {dead} of 2 exited with status 3" in r.stderr
     assert "ends now (os._exit) with status 5" in r.stderr  # the survivor ended by itself

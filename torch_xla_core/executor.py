@@ -381,6 +381,7 @@ def _naming_failures(cut):
     except (recompiles.RecompileLimitError, _spmd.UnpartitionedAnnotation, peers.PeerLostError):
         raise
     except Exception as e:
+        peers.explain_failure(e, "running a graph")  # a collective failed on a dead peer's closed connection
         if cut is None:
             raise
         raise _failure(cut, e) from None

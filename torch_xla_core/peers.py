@@ -305,11 +305,11 @@ def _wait_one(b, what):
         except RuntimeError as e:  # a collective that failed as its peer died (gloo: connection closed)
             if getattr(b, "is_deleted", lambda: False)():  # a donated buffer: not ours to explain
                 raise
-            _explain(e, what)
+            explain_failure(e, what)
             raise
 
 
-def _explain(e: BaseException, what: str) -> None:
+def explain_failure(e: BaseException, what: str) -> None:
     """Raises PeerLostError for an error that a peer's death caused (the
     ring's notice, a poll away, is given 2 s to arrive); returns if no
     peer is known dead."""
@@ -352,7 +352,7 @@ def blocking(fn, what: str):
     if "error" in out:
         e = out["error"]
         if isinstance(e, Exception):
-            _explain(e, what)
+            explain_failure(e, what)
         raise e
     return out["value"]
 
