@@ -27,3 +27,14 @@ def _seed():
     torch.manual_seed(0)
     txc.metrics.clear()
     txc._checks.clear()  # a test that leaves a violated check must not fail the next one
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches and our executable cache emptied around a test (the
+    dynamo route's tests: pytestmark = pytest.mark.usefixtures("fresh_dynamo"))."""
+    torch._dynamo.reset()
+    txc.executor.clear_cache()
+    yield
+    torch._dynamo.reset()
+    torch._dynamo.config.compiled_autograd = False

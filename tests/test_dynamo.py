@@ -15,17 +15,12 @@ import torch
 import torch.nn.functional as F
 
 import torch_xla_core as txc
-from torch_xla_core import _C, executor
+from torch_xla_core import _C
 
 from models import MLP
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    executor.clear_cache()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _counts(*names):

@@ -10,19 +10,12 @@ import pytest
 import torch
 
 import torch_xla_core as txc
-from torch_xla_core import executor
 
 from models import MLP
 from test_hf_models import _deterministic, _inputs, _model, _to
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    executor.clear_cache()
-    yield
-    torch._dynamo.reset()
-    torch._dynamo.config.compiled_autograd = False
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 _NAMES = ("execute", "transfer_to_host", "replay", "replay_trace", "replay_refused", "compile")
