@@ -38,6 +38,34 @@ def test_each_collective_lowers_to_its_stablehlo_op():
         torch.testing.assert_close(o.cpu().reshape(-1), torch.arange(4.0))
 
 
+def _lines_with(hlo, text):
+    return [i for i, line in enumerate(hlo.splitlines()) if text in line]
+
+
+def test_collectives_run_in_trace_order_each_after_the_previous():
+    # Traced: all_reduce of x, then all_gather of y; the graph walk reaches the
+    # all_gather first (operand 0 of the add). Processes whose graphs differ
+    # elsewhere must still take them in the order they were called, so the
+    # lowering emits them in trace order and the all_gather's input passes
+    # through an optimization barrier with the all_reduce's result.
+    x, y = torch.arange(4.0, device="xla"), torch.arange(6.0, device="xla")
+    a = xd.all_reduce("sum", x)
+    b = xd.all_gather(y)
+    out = b.sum() + a.sum()
+    hlo = txc.debug.stablehlo([out])
+    (reduce_at,), (gather_at,) = _lines_with(hlo, '"stablehlo.all_reduce"'), _lines_with(hlo, '"stablehlo.all_gather"')
+    assert reduce_at < gather_at
+    (barrier_at,) = _lines_with(hlo, '"stablehlo.optimization_barrier"')
+    lines = hlo.splitlines()
+    reduced = lines[reduce_at].split(" = ")[0].strip()
+    tied = lines[barrier_at].split(" = ")[0].strip().split(":")[0]
+    assert reduce_at < barrier_at < gather_at and f", {reduced})" in lines[barrier_at]
+    assert f'"stablehlo.all_gather"({tied}#0)' in lines[gather_at]
+    assert out.item() == 6.0 + 15.0  # one process: each collective is its input
+    # one collective: nothing to order, no barrier
+    assert "optimization_barrier" not in txc.debug.stablehlo([xd.all_reduce("sum", x)])
+
+
 def test_a_list_is_reduced_in_place_in_one_collective_per_dtype():
     ts = [torch.ones(2, device="xla"), torch.full((3,), 2.0, device="xla"), torch.ones(2, dtype=torch.int32,
                                                                                         device="xla")]

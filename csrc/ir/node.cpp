@@ -1,11 +1,17 @@
 // Node construction and structural hashing.
 #include "ir/node.h"
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <functional>
 #include "ir/op.h"
 
 namespace txc {
+
+uint64_t next_seq() {
+  static std::atomic<uint64_t> count{0};
+  return count.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 int64_t Node::numel() const {
   int64_t n = 1;
@@ -100,6 +106,7 @@ NodePtr make_scalar(double value, DType dtype, bool wrapped, double imag) {
   auto n = std::make_shared<Node>();
   n->op = scalar;
   n->origin = t_origin;
+  n->seq = next_seq();
   n->dtype = dtype;
   n->scalar = value;
   n->scalar_imag = imag;
@@ -113,6 +120,7 @@ NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, 
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->seq = next_seq();
   n->dtype = dtype;
   n->dims = std::move(dims);
   n->data = std::move(data);
@@ -126,6 +134,7 @@ NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, 
 NodePtr copy_node(const Node& from, std::vector<NodePtr> operands) {
   check_operands(operands);
   auto n = std::make_shared<Node>(from);
+  n->seq = next_seq();
   n->operands = std::move(operands);
   n->hash = node_hash(*n);
   return n;
@@ -137,6 +146,7 @@ NodePtr placed_on(const NodePtr& n, int16_t device) {
     throw std::runtime_error("cannot place a value of xla:" + std::to_string(n->device) + " on xla:" +
                              std::to_string(device));
   auto c = std::make_shared<Node>(*n);
+  c->seq = next_seq();
   c->device = device;  // not hashed: c->hash stays n's
   if (device > 0) g_multi_device = true;
   return c;
@@ -164,6 +174,7 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->seq = next_seq();
   n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
@@ -178,6 +189,7 @@ NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
+  n->seq = next_seq();
   n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);

@@ -67,6 +67,11 @@ struct Node {
   // built (an index into origin_names(); 0 = none). Not hashed: it only names
   // ops in errors (a failed compile, an out-of-memory).
   uint32_t origin = 0;
+  // When the node was built: a process-wide count every constructor takes
+  // (next_seq()), so an operand's seq is below its users'. Not hashed: the
+  // lowering emits ordered ops (collectives across replicas, OpDef::ordered)
+  // in this order, each after the previous one, as the user traced them.
+  uint64_t seq = 0;
   // Sub-graph ops (a scan loop): the body they run; its hash is part of n.hash.
   std::shared_ptr<const Body> body;
 
@@ -150,6 +155,7 @@ bool is_error(const Node& n);
 // builds it (the extension API v1 still offers rehash(n) for nodes an
 // extension builds by hand).
 uint64_t node_hash(const Node& n);
+uint64_t next_seq();  // Node::seq of the next node built
 
 std::string dims_str(const Dims& d);  // "[2, 3]" for errors
 

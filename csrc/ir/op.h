@@ -41,6 +41,11 @@ struct OpDef {
   // make_node before the shape rule and the hash, so a node never changes
   // after it is built.
   DType (*number_dtype)(const std::vector<NodePtr>& operands) = nullptr;
+  // A collective across replicas (ops/collective.cpp): the lowering emits
+  // ordered ops in trace order (Node::seq), each one's input tied to the
+  // previous one's result (LowerCtx::ordered_in), so every process runs them
+  // in the order its program traced them, whatever else its graph holds.
+  bool ordered = false;
 };
 
 uint16_t register_op(OpDef def);

@@ -1,10 +1,12 @@
 // StableHLO text emission (see emitter.h).
 #include "lower/emitter.h"
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include "ir/memory.h"
 #include "ir/op.h"
 
@@ -202,7 +204,17 @@ std::string LowerCtx::lower_node(const Node& n) {
   const OpDef& def = op_def(n.op);
   if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
   if (n.numel() == 0) return constant(0, n.dtype, n.dims);
-  return def.lower(*this, n);
+  std::string r = def.lower(*this, n);
+  if (def.ordered) last_ordered_ = {r, type(n)};
+  return r;
+}
+
+std::string LowerCtx::ordered_in(const Node& n, size_t i) {
+  const std::string& v = in(n, i);
+  if (last_ordered_.first.empty()) return v;
+  std::string t = type(*n.operands.at(i));
+  const auto& [prev, prev_t] = last_ordered_;
+  return op_multi("stablehlo.optimization_barrier", {v, prev}, {t, prev_t}, {t, prev_t}) + "#0";
 }
 
 std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<std::string>& args) {
@@ -210,10 +222,12 @@ std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<s
     throw std::runtime_error("lower_body: " + std::to_string(args.size()) + " arguments for a body of " +
                              std::to_string(b.params.size()) + " parameters");
   for (size_t i = 0; i < b.params.size(); ++i) set_name(b.params[i].get(), args[i]);
+  auto outer_ordered = std::exchange(last_ordered_, {});  // a body's ordered ops chain among themselves
   for (const Node* n : b.order) {
     if (named(n)) continue;  // a parameter
     set_name(n, lower_node(*n));
   }
+  last_ordered_ = std::move(outer_ordered);
   std::vector<std::string> outs;
   for (const auto& o : b.outputs) outs.push_back(name_of(o.get()));
   for (const Node* n : b.order) ids_.erase(n);  // the body may be lowered again (another loop over it)
@@ -268,6 +282,21 @@ std::string LowerCtx::memo(const std::string& key, const std::function<std::stri
   return v;
 }
 
+// The order lower_graph emits the walk's nodes in (indices into order): the
+// walk's post-order, or with two or more ordered ops (collectives) the order
+// the nodes were built in (Node::seq; an operand is built before its users,
+// so this is an order of the graph too), which puts the ordered ops in trace
+// order for ordered_in's chain.
+static std::vector<size_t> emission_order(const std::vector<const Node*>& order) {
+  std::vector<size_t> idx(order.size());
+  for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+  size_t ordered = 0;
+  for (const Node* n : order) ordered += op_def(n->op).ordered;
+  if (ordered >= 2)
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return order[a]->seq < order[b]->seq; });
+  return idx;
+}
+
 std::string lower_graph(const std::vector<const Node*>& order, const std::vector<const Node*>& params,
                         const std::vector<const Node*>& outputs, const LowerOptions& options,
                         std::vector<int>* line_node, const std::vector<std::pair<const Node*, int>>* shared) {
@@ -310,7 +339,7 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     for (; counted < cx.body_.size(); ++counted)
       if (cx.body_[counted] == '\n') line_node->push_back(-1);
   }
-  for (size_t k = 0; k < order.size(); ++k) {
+  for (size_t k : emission_order(order)) {
     const Node* n = order[k];
     if (cx.named(n)) continue;  // a parameter
     cx.set_name(n, cx.lower_node(*n));

@@ -25,6 +25,10 @@ class LowerCtx {
  public:
   // SSA name of operand i of n (already lowered).
   const std::string& in(const Node& n, size_t i) const { return name_of(n.operands.at(i).get()); }
+  // Operand i of an ordered op (OpDef::ordered), passed with the previous
+  // ordered op's result of this region through a stablehlo.optimization_barrier:
+  // XLA cannot start it before that one has finished. The first one's is in(n, i).
+  std::string ordered_in(const Node& n, size_t i);
   // SSA name of a lowered node.
   const std::string& name_of(const Node* n) const { return names_.at(size_t(ids_.at(n))); }
   static std::string type(DType t, const Dims& d);
@@ -125,6 +129,7 @@ class LowerCtx {
   std::string body_;
   int indent_ = 4;
   std::unordered_map<std::string, std::string> memo_;  // memo(): key -> SSA name, this region
+  std::pair<std::string, std::string> last_ordered_;  // the last ordered op's result and type (lower_node)
 
  private:
   int counter_ = 0;

@@ -10,9 +10,12 @@
 //   collective_permute(x; pairs)
 // `groups` is the replica groups flattened (group_size ids per group), `pairs`
 // the (source, target) pairs flattened; `reduce` is torch_xla's name: sum,
-// mul, min, max, and, or. All are part of the node's hash. Every replica
-// compiles the same program, so the collectives meet in the same order
-// without the token chain torch_xla threads through them.
+// mul, min, max, and, or. All are part of the node's hash. Each is an
+// ordered op (OpDef::ordered): the lowering chains a graph's collectives in
+// trace order, as torch_xla threads a token through them, so processes
+// whose graphs differ elsewhere (shapes, per-rank ops) still meet in the
+// order their programs called them (gloo and NCCL match collectives by order:
+// two processes taking them in different orders wait on each other forever).
 #include <string>
 #include "lower/emitter.h"
 #include "ops/registry.h"
@@ -64,6 +67,13 @@ int64_t split_dim(Node& n, size_t attr, int64_t k, const std::string& what) {
   return d;
 }
 
+// A collective's row: one operand, ordered.
+OpDef collective(const char* name, InferFn infer, LowerFn lower) {
+  OpDef d{name, 1, std::move(infer), std::move(lower)};
+  d.ordered = true;
+  return d;
+}
+
 void same_shape(Node& n) {
   n.dtype = n.operands[0]->dtype;
   n.dims = n.operands[0]->dims;
@@ -71,7 +81,7 @@ void same_shape(Node& n) {
 
 }  // namespace
 
-TXC_OP("all_reduce", 1,
+TXC_OP(collective("all_reduce",
     [](Node& n) {
       reduce_op(n, n.attr_str(0));
       check_groups(n, n.attr_dims(1), n.attr_int(2));
@@ -79,11 +89,11 @@ TXC_OP("all_reduce", 1,
     },
     [](LowerCtx& cx, const Node& n) {
       std::string ty = LowerCtx::type(n);
-      return cx.op("stablehlo.all_reduce", {cx.in(n, 0)}, {ty}, ty, replica_groups(n, 1),
+      return cx.op("stablehlo.all_reduce", {cx.ordered_in(n, 0)}, {ty}, ty, replica_groups(n, 1),
                    cx.combiner(n.dtype, reduce_op(n, n.attr_str(0))));
-    });
+    }));
 
-TXC_OP("all_gather", 1,
+TXC_OP(collective("all_gather",
     [](Node& n) {
       const Node& x = *n.operands[0];
       check_groups(n, n.attr_dims(1), n.attr_int(2));
@@ -93,11 +103,11 @@ TXC_OP("all_gather", 1,
       n.dims[size_t(d)] *= n.attr_int(2);
     },
     [](LowerCtx& cx, const Node& n) {
-      return cx.op("stablehlo.all_gather", {cx.in(n, 0)}, {LowerCtx::type(*n.operands[0])}, LowerCtx::type(n),
+      return cx.op("stablehlo.all_gather", {cx.ordered_in(n, 0)}, {LowerCtx::type(*n.operands[0])}, LowerCtx::type(n),
                    "all_gather_dim = " + std::to_string(n.attr_int(0)) + " : i64, " + replica_groups(n, 1));
-    });
+    }));
 
-TXC_OP("reduce_scatter", 1,
+TXC_OP(collective("reduce_scatter",
     [](Node& n) {
       reduce_op(n, n.attr_str(0));
       check_groups(n, n.attr_dims(2), n.attr_int(3));
@@ -106,12 +116,12 @@ TXC_OP("reduce_scatter", 1,
       n.dims[size_t(d)] /= k;
     },
     [](LowerCtx& cx, const Node& n) {
-      return cx.op("stablehlo.reduce_scatter", {cx.in(n, 0)}, {LowerCtx::type(*n.operands[0])}, LowerCtx::type(n),
+      return cx.op("stablehlo.reduce_scatter", {cx.ordered_in(n, 0)}, {LowerCtx::type(*n.operands[0])}, LowerCtx::type(n),
                    "scatter_dimension = " + std::to_string(n.attr_int(1)) + " : i64, " + replica_groups(n, 2),
                    cx.combiner(n.dtype, reduce_op(n, n.attr_str(0))));
-    });
+    }));
 
-TXC_OP("all_to_all", 1,
+TXC_OP(collective("all_to_all",
     [](Node& n) {
       check_groups(n, n.attr_dims(2), n.attr_int(3));
       int64_t k = n.attr_int(3), s = split_dim(n, 0, k, "split dimension");
@@ -122,13 +132,13 @@ TXC_OP("all_to_all", 1,
       n.dims[size_t(c)] *= k;
     },
     [](LowerCtx& cx, const Node& n) {
-      return cx.op("stablehlo.all_to_all", {cx.in(n, 0)}, {LowerCtx::type(*n.operands[0])}, LowerCtx::type(n),
+      return cx.op("stablehlo.all_to_all", {cx.ordered_in(n, 0)}, {LowerCtx::type(*n.operands[0])}, LowerCtx::type(n),
                    "split_dimension = " + std::to_string(n.attr_int(0)) + " : i64, concat_dimension = " +
                        std::to_string(n.attr_int(1)) + " : i64, split_count = " + std::to_string(n.attr_int(3)) +
                        " : i64, " + replica_groups(n, 2));
-    });
+    }));
 
-TXC_OP("collective_permute", 1,
+TXC_OP(collective("collective_permute",
     [](Node& n) {
       const Dims& pairs = n.attr_dims(0);
       if (pairs.size() % 2 != 0) op_error(n, "pairs must be (source, target) pairs");
@@ -141,7 +151,7 @@ TXC_OP("collective_permute", 1,
       const Dims& pairs = n.attr_dims(0);
       std::string props = "source_target_pairs = " +
                           (pairs.empty() ? std::string("dense<> : tensor<0x2xi64>") : i64_matrix(pairs, 2));
-      return cx.op("stablehlo.collective_permute", {cx.in(n, 0)}, {ty}, ty, props);
-    });
+      return cx.op("stablehlo.collective_permute", {cx.ordered_in(n, 0)}, {ty}, ty, props);
+    }));
 
 }  // namespace txc

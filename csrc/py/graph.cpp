@@ -61,9 +61,9 @@ void bind_graph(py::module_& m) {
            "axis names) each.")
       .def("collectives",
            [](const GraphCut& c) {
-             static const std::vector<uint16_t> ops = {op_id("all_reduce"), op_id("all_gather"),
-                                                       op_id("reduce_scatter"), op_id("all_to_all"),
-                                                       op_id("collective_permute")};
+             std::vector<uint16_t> ops;
+             for (size_t op = 0; op < all_ops().size(); ++op)
+               if (all_ops()[op].ordered) ops.push_back(uint16_t(op));
              return c.nodes_of(ops).size();
            },
            "How many collectives across replicas (ops/collective.cpp) the cut holds, scan bodies included.")
