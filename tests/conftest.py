@@ -17,6 +17,19 @@ import torch_xla_core as txc  # noqa: E402
 pytest_plugins = ("conformance.plugin",)
 
 
+# pyproject's opt-in markers: a test marked with one runs only when `-m` names it
+# (`pytest -m slow tests/test_replay_steps.py`); the default run skips it, saying how.
+OPT_IN = ("slow", "packaging", "release")
+
+
+def pytest_collection_modifyitems(config, items):
+    chosen = config.getoption("-m") or ""
+    for item in items:
+        for marker in OPT_IN:
+            if marker not in chosen and item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=f"marked {marker}: runs with `pytest -m {marker}`"))
+
+
 @pytest.fixture
 def dev():
     return txc.device()

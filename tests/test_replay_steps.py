@@ -179,7 +179,19 @@ def _replays_like_cpu(cpu, dev, inputs, what, steps=4):
     assert c["replay"] == steps - 2 and c.get("replay_refused", 0) == 0, (what, c)
 
 
-@pytest.mark.parametrize("name", ZOO)
+# The default run (CI's budget) takes a model per family through txc.compile and fewer through dynamo; the
+# rest of the zoo is marked slow (`pytest -m slow tests/test_replay_steps.py`; test_hf_models.py trains every
+# model of the zoo traced). wav2vec2: its CTC loss runs eagerly after a graph break (masked_select), and dynamo
+# must leave our handlers and jax alone there (dynamo.install: trace_rules).
+REPLAY_DEFAULT = {"llama", "qwen2_moe", "mamba", "bert", "t5", "vit", "whisper", "wav2vec2"}
+DYNAMO_DEFAULT = {"llama", "qwen2_moe", "bert", "t5", "vit", "wav2vec2"}
+
+
+def _zoo(default):
+    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in ZOO]
+
+
+@pytest.mark.parametrize("name", _zoo(REPLAY_DEFAULT))
 def test_hf_training_step_replays(name, dev):
     """Every model of the zoo (test_hf_models.py): the whole step (forward,
     backward, AdamW) replays from the third call on, and its losses track
@@ -260,25 +272,11 @@ def test_a_read_of_inputs_is_a_guard_compared_on_every_replay(dev):
     assert c["replay"] == 2 and c["replay_guard_miss"] == 1, c
 
 
-# The dynamo route on the zoo, but for one model that txc.compile (above) replays: wav2vec2's CTC targets
-# (masked_select: a shape read from values) make dynamo trace into our nonzero handler, which recurses.
-
-
-# One model per family in the default run (CI's budget); `pytest -m slow` runs the whole zoo (~3 more minutes).
-# wav2vec2: its CTC loss runs eagerly after a graph break (masked_select), and dynamo must leave our handlers and
-# jax alone there (dynamo.install: trace_rules).
-DYNAMO_DEFAULT = {"llama", "qwen2_moe", "mamba", "bert", "deberta_v2", "longformer", "t5", "vit", "clip", "whisper",
-                  "wav2vec2"}
-
-
-@pytest.mark.parametrize("name", [n if n in DYNAMO_DEFAULT else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in ZOO])
-def test_hf_training_step_replays_through_dynamo(name, dev, request):
+@pytest.mark.parametrize("name", _zoo(DYNAMO_DEFAULT))
+def test_hf_training_step_replays_through_dynamo(name, dev):
     """torch.compile(model, backend="torch_xla_core") on every model of the
     zoo: dynamo's forward and backward graphs replay from their second call on
     (a graph each; some models make more), no refusal, losses tracking CPU."""
-    if name not in DYNAMO_DEFAULT and "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("the rest of the zoo through dynamo runs with `pytest -m slow`")
     torch.manual_seed(0)
     torch._dynamo.reset()
     model, kind = _model(name)

@@ -16,6 +16,10 @@ import torch.utils._pytree as pytree
 import torch_xla_core as txc
 from torch_xla_core._dtypes import UnsupportedDtype
 from conformance._opinfo import RANDOM
+from util import opinfo_shard
+
+# Each OpInfo-wide test runs as this many cases, a slice of the ops each (util.opinfo_shard)
+OUT_SHARDS, INT64_OUT_SHARDS, INPLACE_SHARDS = 3, 2, 6
 
 # Outputs that are not unique, so CPU and the device may both be right:
 # eigenvectors (any sign / phase per vector).
@@ -32,9 +36,8 @@ def _to(x, device):
     return pytree.tree_map(move, x)
 
 
-def _cases():
-    from torch.testing._internal.common_methods_invocations import op_db
-    for op in op_db:
+def _cases(shards, shard):
+    for op in opinfo_shard(shards, shard):
         name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
         if not op.supports_out or op.name in RANDOM or name in RANDOM:
             continue
@@ -56,11 +59,12 @@ def _empty_like(want, device, dtype=None):
                            if isinstance(t, torch.Tensor) else t, want)
 
 
-def test_opinfo_out_variants_match_cpu(dev):
+@pytest.mark.parametrize("shard", range(OUT_SHARDS))
+def test_opinfo_out_variants_match_cpu(dev, shard):
     bad, checked = [], 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for op, name, s, want in _cases():
+        for op, name, s, want in _cases(OUT_SHARDS, shard):
             try:
                 out = _empty_like(want, dev)
             except Exception:  # noqa: BLE001  (a dtype the device does not hold: float8, uint64)
@@ -92,17 +96,18 @@ def test_opinfo_out_variants_match_cpu(dev):
             except AssertionError as e:
                 bad.append(f"{name}: values differ: {str(e).splitlines()[0]}")
     assert not bad, "\n".join(bad)
-    assert checked >= 250, checked  # (the cases are really there)
+    assert checked >= 250 // OUT_SHARDS * 3 // 4, checked  # (the cases are really there)
 
 
-def test_opinfo_float_results_into_int64_out_as_on_cpu(dev):
+@pytest.mark.parametrize("shard", range(INT64_OUT_SHARDS))
+def test_opinfo_float_results_into_int64_out_as_on_cpu(dev, shard):
     """torch's rule: a float result into an int64 out raises ("can't be
     cast"), except where the op computes in out's dtype (sum, cumsum, ...):
     the device raises exactly where CPU does."""
     differ, raised = [], 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for op, name, s, want in _cases():
+        for op, name, s, want in _cases(INT64_OUT_SHARDS, shard):
             if not isinstance(want, torch.Tensor) or not want.dtype.is_floating_point:
                 continue
             got = {}
@@ -120,7 +125,7 @@ def test_opinfo_float_results_into_int64_out_as_on_cpu(dev):
                 differ.append(f"{name}: CPU {got['cpu']}, xla {got[dev]}")
             raised += got["cpu"] == "error"
     assert not differ, "\n".join(differ)
-    assert raised >= 100, raised
+    assert raised >= 100 // INT64_OUT_SHARDS * 3 // 4, raised
 
 
 @pytest.mark.parametrize("name", ["sum", "cumsum", "prod", "cumprod"])
@@ -162,15 +167,15 @@ INPLACE_KNOWN = {# refused by name on the device: integer means (torch truncates
                  ("addbmm", torch.float32), ("addbmm", torch.int64), ("baddbmm", torch.int64)}
 
 
-def test_opinfo_inplace_variants_match_cpu(dev):
+@pytest.mark.parametrize("shard", range(INPLACE_SHARDS))
+def test_opinfo_inplace_variants_match_cpu(dev, shard):
     """Every OpInfo in-place variant (float32 and int64, 3 samples each): the same
     values as CPU in self, self returned, and an error exactly where CPU
     raises one (the listed differences aside), without a CPU fallback."""
-    from torch.testing._internal.common_methods_invocations import op_db
     bad, checked = [], 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for op in op_db:
+        for op in opinfo_shard(INPLACE_SHARDS, shard):
             name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
             if op.inplace_variant is None or op.name in RANDOM or name in RANDOM:
                 continue
@@ -212,4 +217,4 @@ def test_opinfo_inplace_variants_match_cpu(dev):
                 bad.append(f"{name}: CPU fallback {txc.metrics.fallbacks()}")
             txc.metrics.clear()
     assert not bad, "\n".join(bad)
-    assert checked >= 400, checked
+    assert checked >= 400 // INPLACE_SHARDS * 3 // 4, checked  # (the cases are really there)

@@ -83,3 +83,12 @@ def assert_scan_layers_match_loop(layers, x, dev, atol=1e-5, grad_atol=None):
     for p, g in zip(layers_x.parameters(), grads_c):
         torch.testing.assert_close(p.grad.cpu(), g, atol=grad_atol, rtol=grad_atol)
     assert not txc.metrics.fallbacks()
+
+
+def opinfo_shard(shards: int, shard: int) -> list:
+    """Every `shards`-th op of PyTorch's OpInfo database, from the `shard`-th:
+    an OpInfo-wide test parametrized over its shards runs as that many cases,
+    which pytest-xdist spreads over its workers (one case would hold one
+    worker for minutes at the end of the suite)."""
+    from torch.testing._internal.common_methods_invocations import op_db  # lazy: ~1 s, only these tests
+    return op_db[shard::shards]
