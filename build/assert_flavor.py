@@ -35,7 +35,7 @@ def main() -> int:
     pkg = types.ModuleType("torch_xla_core")
     pkg.__path__ = list(spec.submodule_search_locations)
     sys.modules["torch_xla_core"] = pkg
-    from torch_xla_core import build_info
+    from torch_xla_core._runtime import build_info
 
     info = build_info.build_info()
     version = md.version("torch_xla_core")

@@ -80,7 +80,7 @@ CheckError = wheels.CheckError
 SDIST_MUST_HOLD = ["pyproject.toml", "CMakeLists.txt", "LICENSE", "README.md",
                    "PKG-INFO", "build/cmake/torch_xla_coreConfig.cmake.in",
                    "csrc/module.cpp", "csrc/build_info.cpp", "torch_xla_core/_version.py",
-                   "torch_xla_core/build_info.py"]
+                   "torch_xla_core/_runtime/build_info.py"]
 _PROBE_VERSION = "import sys, sysconfig, os; print(sys.implementation.name, " \
                  "'%d.%d' % sys.version_info[:2], os.path.exists(os.path.join(" \
                  "sysconfig.get_paths()['include'], 'Python.h')))"

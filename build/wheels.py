@@ -217,7 +217,8 @@ root = sys.argv[1]
 sys.path.insert(0, root)
 pkg = types.ModuleType("torch_xla_core"); pkg.__path__ = [root + "/torch_xla_core"]
 sys.modules["torch_xla_core"] = pkg
-from torch_xla_core import _C, build_info
+from torch_xla_core import _C
+from torch_xla_core._runtime import build_info
 info = build_info.build_info()
 info["_C_file"] = _C.__file__
 print(json.dumps(info))
@@ -320,7 +321,7 @@ def check(flavor: fl.Flavor, d: Path | None = None) -> dict:
 _INSTALLED_PROBE = r"""
 import importlib, json, sys
 import torch_xla_core as t
-mod = importlib.import_module("torch_xla_core.build_info")
+mod = importlib.import_module("torch_xla_core._runtime.build_info")
 info = mod.build_info()
 # The package re-exports it as torch_xla_core.build_info() once wired.
 info["_package_build_info"] = callable(getattr(t, "build_info", None))

@@ -124,7 +124,7 @@ def test_installed_build_info_is_consistent():
     import torch_xla_core
     from torch_xla_core import _C
 
-    bi = importlib.import_module("torch_xla_core.build_info")  # the module
+    bi = importlib.import_module("torch_xla_core._runtime.build_info")  # the module
     info = bi.build_info()
     assert set(info) >= {"flavor", "cxx11_abi", "compiler", "version",
                          "torch", "jax", "jaxlib"}
@@ -141,16 +141,15 @@ def test_installed_build_info_is_consistent():
 
 
 def test_package_reexports_build_info():
-    """`torch_xla_core.build_info()` stays a function, also after the
-    submodule torch_xla_core.build_info has been imported (importing a
-    submodule sets the package attribute of the same name to the module,
-    unless __init__ imported it first: `from .build_info import build_info`)."""
+    """`torch_xla_core.build_info()` stays a function, also after its
+    module torch_xla_core._runtime.build_info has been imported (that binds
+    `_runtime.build_info`, not the root's attribute)."""
     import importlib
 
     import torch_xla_core as t
 
     first = t.build_info()
-    importlib.import_module("torch_xla_core.build_info")
+    importlib.import_module("torch_xla_core._runtime.build_info")
     assert callable(t.build_info), "torch_xla_core.build_info is the module now"
     assert t.build_info() == first
     assert first["flavor"] in FLAVORS

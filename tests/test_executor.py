@@ -16,6 +16,7 @@ import torch
 
 import torch_xla_core as txc
 from torch_xla_core import compile_cache, executor, runtime
+from torch_xla_core._runtime import dtypes as _dtypes
 
 
 def _count(name):
@@ -83,7 +84,7 @@ def test_unlocated_failure_finds_the_failing_tensor_by_halves(dev, monkeypatch):
 def test_a_real_compile_failure_is_named(dev):
     # A core op XLA refuses, built straight from the core (torch ops never
     # make it): stablehlo.iota has no bool results.
-    bad = txc._tensor.op("iota", attrs=(txc._dtypes.code(torch.bool), [3], 0))
+    bad = txc._tensor.op("iota", attrs=(_dtypes.code(torch.bool), [3], 0))
     fine = torch.ones(2, device=dev) + 1
     with pytest.raises(executor.GraphError, match=r"core op 'iota' bool\[3\].*stablehlo\.iota"):
         txc.sync()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_xla_core as txc
-from torch_xla_core import _compat
+from torch_xla_core._runtime import torch_compat as _compat
 
 
 @pytest.mark.parametrize("make", [

@@ -189,7 +189,7 @@ def cross_module_private_uses(root=ROOT):
 
 # Where no module uses another's private name (issue 39: a name another module uses is public in its module).
 # The rest of the package gets there with the restructure; add each module or folder as it does.
-NO_PRIVATE_USES = ("torch_xla_core/distributed/", "torch_xla_core/compat/", "torch_xla_core/checkpoint.py",
+NO_PRIVATE_USES = ("torch_xla_core/_runtime/", "torch_xla_core/distributed/", "torch_xla_core/compat/", "torch_xla_core/checkpoint.py",
                    "torch_xla_core/distributed_checkpoint.py", "torch_xla_core/serialization.py")
 
 

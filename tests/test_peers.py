@@ -1,4 +1,4 @@
-"""torch_xla_core/peers.py without processes: where a job's listeners bind
+"""torch_xla_core/_runtime/peers.py without processes: where a job's listeners bind
 for a coordinator address and the settings, and how a wait turns a peer's
 death (a ring link closing without a goodbye) into PeerLostError. The processes
 themselves: tests/test_multiprocess.py."""

@@ -14,7 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import torch_xla_core as txc
-from torch_xla_core._dtypes import UnsupportedDtype
+from torch_xla_core._runtime.dtypes import UnsupportedDtype
 from conformance._opinfo import RANDOM
 from util import opinfo_shard
 

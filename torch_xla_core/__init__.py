@@ -18,7 +18,7 @@ import torch
 
 from ._version import __version__  # noqa: F401  (txc.__version__; the build reads _version.py)
 from . import config  # txc.config: every TXC_* setting and its value (python -m torch_xla_core.config)
-from . import _compat
+from ._runtime import torch_compat as _compat
 
 _compat.check_torch()  # a torch outside the supported range: an ImportError naming it and the range
 
@@ -26,7 +26,8 @@ from . import _install  # noqa: E402
 
 _install.install()  # the device, the dispatch table, the autograd engine, autocast, serialization, ...
 
-from . import _C, _checks, _tensor, debug, executor, metrics, runtime  # noqa: E402,F401  (txc.metrics, ...)
+from . import _C, _checks, _tensor, debug, executor, metrics  # noqa: E402,F401  (txc.metrics, ...)
+from ._runtime import runtime  # noqa: E402,F401  (txc.runtime)
 
 # torch_xla's global dtype flags (deprecated there in 2.6) change every
 # tensor's dtype behind the program's back; we do not honour them, and say so.
@@ -100,9 +101,10 @@ def wait_device_ops() -> None:
 # (their mean) before stepping; with one process it is optimizer.step().
 from .distributed import (all_gather, all_reduce, all_to_all, collective_permute, mesh_reduce,  # noqa: E402,F401
                           optimizer_step, reduce_gradients, reduce_scatter, rendezvous, spawn)
-from .build_info import build_info, get_cmake_dir, get_include  # noqa: E402
+from ._runtime.build_info import build_info, get_cmake_dir, get_include  # noqa: E402
 from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
-from .peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
+from ._runtime.peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
+from ._runtime import peers  # noqa: E402,F401  (txc.peers: the job's processes, PeerLostError's source)
 from . import data, profiler  # noqa: E402
 from . import dynamo  # noqa: E402,F401  (torch.compile(backend="torch_xla_core"): _install.py)
 

@@ -19,7 +19,8 @@ import contextlib
 import functools
 import threading
 
-from . import _C, runtime
+from . import _C
+from ._runtime import runtime
 
 
 

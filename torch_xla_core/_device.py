@@ -9,7 +9,8 @@ import operator
 
 import torch
 
-from . import _random, runtime
+from . import _random
+from ._runtime import runtime
 
 _done = False
 

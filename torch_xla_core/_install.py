@@ -22,7 +22,8 @@ in order (torch_xla_core/__init__.py calls install() once):
 This module is the top of the layers (ARCHITECTURE.md): it may import any."""
 import torch
 
-from . import _cluster, _device, _ops, _tensor, _tying, amp, config, distributed, dynamo, serialization
+from ._runtime import cluster as _cluster
+from . import _device, _ops, _tensor, _tying, amp, config, distributed, dynamo, serialization
 from ._ops import engine
 
 _done = False

@@ -23,7 +23,8 @@ import os
 
 import torch
 
-from . import _dtypes, _tensor, _trace_context
+from ._runtime import dtypes as _dtypes
+from . import _tensor, _trace_context
 
 _MASK = (1 << 64) - 1
 _seed = None   # the seed as an unsigned 64-bit int; None: torch.initial_seed() at first use

@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from . import _C, _checks, _tensor, executor, runtime
+from . import _C, _checks, _tensor, executor
+from ._runtime import runtime
 
 _SCALARS = (bool, int, float, str, type(None))
 GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard compares every element)

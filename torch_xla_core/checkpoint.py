@@ -71,7 +71,8 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorSt
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
-from . import _random, runtime, sharding
+from . import _random, sharding
+from ._runtime import runtime
 from ._tensor import XlaTensor
 from .data import DeviceLoader
 from .distributed_checkpoint import AtomicFileSystemWriter, SPMDLoadPlanner, SPMDSavePlanner, stage

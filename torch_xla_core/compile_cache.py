@@ -60,9 +60,10 @@ import warnings
 
 import jax
 
-from . import _spmd, config, metrics, runtime
+from . import _spmd, config, metrics
+from ._runtime import runtime
 from ._version import __version__
-from .build_info import flavor
+from ._runtime.build_info import flavor
 
 __all__ = ["directory", "max_bytes", "entry_path", "load", "store", "trusted_directory"]
 

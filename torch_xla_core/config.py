@@ -169,7 +169,7 @@ _DECLARED = [
             "impl= is not given", choices=("pallas", "xla"), default_doc="pallas on TPU, else xla"),
     Setting("TXC_GROUPED_MATMUL_IMPL", "choice", None, "grouped_matmul's implementation when impl= is not given",
             choices=("megablox", "ragged_dot"), default_doc="megablox on TPU, else ragged_dot"),
-    # processes (torchrun, torch_xla_core.launch, srun, a PyTorchJob, or by hand: torch_xla_core/_cluster.py)
+    # processes (torchrun, torch_xla_core.launch, srun, a PyTorchJob, or by hand: torch_xla_core/_runtime/cluster.py)
     Setting("TXC_DISTRIBUTED_TIMEOUT", "float", 60.0, "seconds: joining jax's distributed runtime (meeting the "
             "other processes), and its heartbeat", positive=True),
     Setting("TXC_COLLECTIVE_TIMEOUT", "float", lambda env: get("TXC_DISTRIBUTED_TIMEOUT", env),

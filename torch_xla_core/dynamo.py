@@ -79,7 +79,8 @@ import warnings
 
 import torch
 
-from . import _C, _compat, metrics, replay
+from . import _C, metrics, replay
+from ._runtime import torch_compat as _compat
 from ._replay_session import _own_storage
 from ._tensor import XlaTensor
 

@@ -58,7 +58,8 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, _spmd, _tensor, compile_cache, config, metrics, peers, recompiles, runtime
+from . import _C, _checks, _random, _spmd, _tensor, compile_cache, config, metrics, recompiles
+from ._runtime import peers, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas",
                                  defaults=(None, None))):

@@ -6,7 +6,7 @@ fails), with everything bound to the loopback address:
     python -m torch_xla_core.launch --nproc 2 [--devices 2] [--max-restarts 1] train.py [args...]
 
 is `torchrun --nproc-per-node 2 --max-restarts 1 train.py [args...]` (which
-works as well, with no TXC_* variable: torch_xla_core/_cluster.py) plus:
+works as well, with no TXC_* variable: torch_xla_core/_runtime/cluster.py) plus:
 - --devices N: TXC_NUM_CPU_DEVICES=N in every process (CPU devices each);
 - torch.distributed's store (MASTER_ADDR:MASTER_PORT, which torchrun's
   agent would bind to every interface) is hosted here on 127.0.0.1 (the
@@ -41,7 +41,8 @@ from jax._src.lib import _jax
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from . import config, peers
+from . import config
+from ._runtime import peers
 
 
 def _store(timeout: float):

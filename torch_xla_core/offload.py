@@ -30,7 +30,8 @@ import contextlib
 
 import torch
 
-from . import _tensor, runtime
+from . import _tensor
+from ._runtime import runtime
 from ._tensor import OP, XlaTensor
 
 __all__ = ["place_to_host", "place_to_device", "offload_activations", "memory_kind", "HOST", "DEVICE"]

@@ -109,7 +109,8 @@ import warnings
 
 import torch
 
-from . import _C, _dtypes, _random, _tensor, config, executor, metrics
+from . import _C, _random, _tensor, config, executor, metrics
+from ._runtime import dtypes as _dtypes
 from . import _replay_session as _S
 from ._ops.engine import Engine as _Engine
 from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage

@@ -48,7 +48,8 @@ import weakref
 import jax
 import torch
 
-from . import _ops, _tensor, config, executor, runtime
+from . import _ops, _tensor, config, executor
+from ._runtime import runtime
 
 _SAVING = "torch.save of a sharded xla tensor"
 _PRIORITY = 9  # ahead of torch's "cpu" tagger (10): our host storages are CPU storages

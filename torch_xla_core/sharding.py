@@ -36,7 +36,8 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _C, _dtypes, _spmd, _tensor, runtime
+from . import _C, _spmd, _tensor
+from ._runtime import dtypes as _dtypes, runtime
 from ._tensor import XlaTensor, storage_buffer, whole_storage
 
 __all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "local_shard_values",

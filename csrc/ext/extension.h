@@ -85,7 +85,7 @@ inline std::string flavor_mismatch_message(const std::string& ext_name, const st
   std::string version = py_lookup("__import__('importlib.metadata').metadata.version('torch_xla_core')", "");
   std::string base = version.substr(0, version.find('+'));
   std::string label = py_lookup(
-      ("__import__('importlib').import_module('torch_xla_core.build_info').LOCAL_LABEL['" + mine + "']").c_str(),
+      ("__import__('importlib').import_module('torch_xla_core._runtime.build_info').LOCAL_LABEL['" + mine + "']").c_str(),
                                 mine == "cxx11" ? "" : mine);
   std::string want = "torch_xla_core==" + (base.empty() ? std::string("<version>") : base) +
                      (label.empty() ? "" : "+" + label);

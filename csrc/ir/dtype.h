@@ -5,7 +5,7 @@
 
 namespace txc {
 
-// Codes are shared with Python (torch_xla_core/_dtypes.py); keep them in sync.
+// Codes are shared with Python (torch_xla_core/_runtime/dtypes.py); keep them in sync.
 enum class DType : uint8_t { Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, C64, C128, kCount };
 
 const char* mlir_name(DType t);   // "i1", "f32", ...

@@ -1,5 +1,5 @@
 // Device data as IR leaves: the runtime's buffer (a Python object from
-// torch_xla_core/runtime.py) wrapped as the opaque payload of a data node
+// torch_xla_core/_runtime/runtime.py) wrapped as the opaque payload of a data node
 // (ir/node.h: LeafData), so the IR itself holds no Python objects.
 #pragma once
 #include <pybind11/pybind11.h>

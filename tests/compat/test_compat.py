@@ -1,5 +1,5 @@
 """The compat suite: what one wheel must do on every torch of the supported
-range (torch_xla_core/_compat.py's TORCH_RANGE). tests/compat/run.py (`nox -s
+range (torch_xla_core/_runtime/torch_compat.py's TORCH_RANGE). tests/compat/run.py (`nox -s
 compat`) runs it in a venv per torch version with the built wheel installed
 and prints a table torch version x check. In the checkout's own venv
 (`pytest tests/compat`) the light checks run; the transformers models and
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_xla_core as txc
-from torch_xla_core import _compat
+from torch_xla_core._runtime import torch_compat as _compat
 
 HEAVY = os.environ.get("TXC_COMPAT") == "1"
 heavy = pytest.mark.skipif(not HEAVY, reason="TXC_COMPAT=1 (tests/compat/run.py) runs it")

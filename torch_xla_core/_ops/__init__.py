@@ -14,8 +14,9 @@ import importlib
 import torch
 from torch._decomp import decomposition_table
 
-from .. import _C, _compat, _tensor, metrics
-from .._dtypes import UnsupportedDtype, code
+from .. import _C, _tensor, metrics
+from .._runtime import torch_compat as _compat
+from .._runtime.dtypes import UnsupportedDtype, code
 from .._tensor import OP, XlaTensor, _op
 from . import dtype_rules
 

@@ -15,8 +15,8 @@ import math
 import torch
 from jax import lax
 
-from .. import runtime
-from .._dtypes import CODE, UnsupportedDtype, code
+from .._runtime import runtime
+from .._runtime.dtypes import CODE, UnsupportedDtype, code
 from .._tensor import OP, _op, _view, _view_op
 from ..kernels.call_jax import call_jax
 from . import XLA, aten, impl, mapping

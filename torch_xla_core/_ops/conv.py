@@ -4,7 +4,7 @@ gradients, batch norm (train and eval, running-stat updates in place) and
 its gradient; adaptive max pooling. One core op per result."""
 import torch
 
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import OP, _make, v, wrap
 from . import aten, assign, call, impl
 

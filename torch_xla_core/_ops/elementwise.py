@@ -2,7 +2,7 @@
 csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
-from .._dtypes import UnsupportedDtype, code
+from .._runtime.dtypes import UnsupportedDtype, code
 from .. import _device, _tensor, metrics
 from .._tensor import OP, XlaTensor, _make, _op, device_error
 from . import (XLA, Arg, assign, aten, check_fill, check_no_partial_overlap, convert, decomposed, full_like, impl,

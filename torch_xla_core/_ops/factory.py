@@ -7,8 +7,9 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from .. import _compat, _device, _tensor
-from .._dtypes import UnsupportedDtype, code
+from .._runtime import torch_compat as _compat
+from .. import _device, _tensor
+from .._runtime.dtypes import UnsupportedDtype, code
 from .._tensor import OP, _make, _op, wrap
 from . import aten, full, impl
 from .elementwise import copy_

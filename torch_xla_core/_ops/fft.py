@@ -13,7 +13,7 @@ import math
 import torch
 
 from .._tensor import OP, _op
-from .._dtypes import code
+from .._runtime.dtypes import code
 from . import aten, impl
 
 _NONE, _BY_ROOT_N, _BY_N = 0, 1, 2

@@ -18,7 +18,7 @@ import math
 import torch
 
 from .. import _checks, _tensor, metrics
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import OP, XlaTensor, _make, _view, wrap
 from . import aten, call, impl
 from .factory import full

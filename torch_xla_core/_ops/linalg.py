@@ -2,7 +2,7 @@
 import torch
 from torch._decomp import decomposition_table
 
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import XlaTensor, OP, _make, _op, wrap
 from . import XLA, aten, convert, impl, mapping
 

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .. import _checks, metrics
 from .._tensor import OP, XlaTensor, _make, _op
 from . import aten, decomposed, impl

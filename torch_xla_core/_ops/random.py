@@ -11,7 +11,7 @@ import math
 import torch
 
 from .. import _checks, _random
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import OP, _make, op, wrap
 from . import assign, aten, impl, sizes
 from .factory import _like, register

@@ -1,7 +1,7 @@
 """Reduction aten ops -> core reductions (csrc/ops/reduce.cpp)."""
 import torch
 
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import OP, _op
 from . import XLA, Arg, aten, impl, mapping
 

@@ -66,7 +66,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .. import _C, _checks, _random, _tensor, _trace_context, metrics
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import OP, XlaTensor, xla_leaves
 from . import scan_policy as _scan_policy
 from .engine import Engine as _Engine

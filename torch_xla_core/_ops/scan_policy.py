@@ -26,7 +26,8 @@ _ops/scan.py's.
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _C, _checks, _trace_context, _tensor, runtime
+from .. import _C, _checks, _trace_context, _tensor
+from .._runtime import runtime
 from .._tensor import OP, XlaTensor
 
 POLICIES = ("recompute", "save", "offload")

@@ -26,7 +26,7 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
-from .._dtypes import code
+from .._runtime.dtypes import code
 from .._tensor import OP, XlaTensor, _make, _op
 from ..kernels.call_jax import call_jax
 from . import XLA, assign, aten, convert, impl, mapping

@@ -27,7 +27,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 from torch._C._distributed_c10d import _create_work_from_future
 
-from .. import runtime
+from .._runtime import runtime
 from . import collectives as cc
 from . import processes
 

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import _tensor, executor, runtime
+from .. import _tensor, executor
+from .._runtime import runtime
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"

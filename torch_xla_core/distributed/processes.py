@@ -15,7 +15,8 @@ import torch
 import torch.multiprocessing as tmp
 from jax._src import distributed
 
-from .. import config, peers, runtime
+from .. import config
+from .._runtime import peers, runtime
 
 _count = {}  # tag -> how many rendezvous of that tag this process has made (each one's key)
 

@@ -37,7 +37,8 @@ import jax
 import numpy as np
 import torch
 
-from .. import _dtypes, _spmd, metrics, runtime
+from .._runtime import dtypes as _dtypes, runtime
+from .. import _spmd, metrics
 from .._tensor import OP, XlaTensor, _make, note_op, wrap
 from . import per_shard
 

@@ -4,7 +4,8 @@ import os
 
 import jax
 
-from ... import config, runtime
+from ... import config
+from ..._runtime import runtime
 
 _spmd = False
 

@@ -7,7 +7,8 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from .... import _random, _tensor, metrics, runtime, serialization
+from .... import _random, _tensor, metrics, serialization
+from ...._runtime import runtime
 from ...._tensor import XlaTensor
 from .. import runtime as _xr
 from ..utils import utils as _utils

@@ -40,7 +40,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from jax._src.clusters.slurm_cluster import SlurmCluster
 
-from . import config
+from .. import config
 
 _KEY = "torch_xla_core/jax_coordinator"
 _store = None  # a PyTorchJob's TCPStore hosted by process 0 (kept alive for the job's life)

@@ -47,8 +47,8 @@ from typing import NamedTuple
 import torch
 from jax._src.lib import xla_client as xc
 
-from ._version import __version__
-from . import config
+from .._version import __version__
+from .. import config
 
 TORCH_RANGE = ((2, 11), (2, 16))   # >= 2.11, < 2.16
 JAX_RANGE = ((0, 10, 2), (0, 12))  # >= 0.10.2, < 0.12 (jaxlib the same)

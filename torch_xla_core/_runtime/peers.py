@@ -60,7 +60,8 @@ import jax
 from jax._src import distributed, xla_bridge
 from jax._src.lib import _jax
 
-from . import _cluster, config
+from . import cluster as _cluster
+from .. import config
 
 __all__ = ["PeerLostError", "lost", "wait", "blocking", "exit"]
 

@@ -11,7 +11,6 @@ importlib.metadata, so it works while the rest of the package does not.
 from __future__ import annotations
 
 import importlib.metadata as _md
-import sys
 from pathlib import Path
 
 from torch_xla_core import _C
@@ -87,22 +86,10 @@ def get_cmake_dir() -> str:
 
 
 def _pkg_dir():
-    return Path(__file__).resolve().parent
+    return Path(__file__).resolve().parent.parent  # the package's folder (this file is in _runtime/)
 
 
-class _CallableModule(type(_md)):
-    """Importing this submodule rebinds the package attribute
-    `torch_xla_core.build_info` to the module, hiding a re-exported function
-    of the same name; calling the module keeps `torch_xla_core.build_info()`
-    working whichever of the two that attribute holds."""
-
-    def __call__(self) -> dict:
-        return build_info()
-
-
-sys.modules[__name__].__class__ = _CallableModule
-
-if __name__ == "__main__":  # python -m torch_xla_core.build_info
+if __name__ == "__main__":  # python -m torch_xla_core._runtime.build_info
     import json
 
     print(json.dumps(build_info(), indent=2))

@@ -19,8 +19,9 @@ from jax._src import distributed
 from jax._src.lib import xla_client as xc
 from jax.extend.backend import get_backend
 
-from . import _cluster, _dtypes, config, metrics, peers
-from ._compat import array_result_handler
+from . import cluster as _cluster, dtypes as _dtypes, peers
+from .. import config, metrics
+from .torch_compat import array_result_handler
 
 _PLATFORMS = {"CPU": "cpu", "CUDA": "cuda", "GPU": "cuda", "TPU": "tpu"}
 _INSTALL_HINT = {
