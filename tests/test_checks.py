@@ -1,4 +1,4 @@
-"""Deferred checks (torch_xla_core/_checks.py): inputs only the device can
+"""Deferred checks (torch_xla_core/_tracing/checks.py): inputs only the device can
 judge (class targets, indices) raise torch's kind of error, naming the op,
 at the sync that computes them; never a silently wrong result."""
 import pytest
@@ -30,7 +30,7 @@ def test_embedding_index_out_of_range_raises_at_a_following_sync(dev):
 def test_a_sync_does_not_wait_for_the_previous_steps_checks(dev, monkeypatch):
     """The host launches step N+1 while step N runs: a check not yet
     computed is kept for a later sync, one two syncs old is waited for."""
-    from torch_xla_core import _checks
+    from torch_xla_core._tracing import checks as _checks
     w = torch.randn(5, 2).to(dev)
     F.embedding(torch.tensor([1, 5]).to(dev), w)
     txc.sync()

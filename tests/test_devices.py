@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import torch_xla_core as txc
-from torch_xla_core import _tensor, executor, metrics, runtime
+from torch_xla_core._tracing import tensor as _tensor
+from torch_xla_core import executor, metrics, runtime
 from multidevice import on_devices
 
 pytestmark = pytest.mark.xdist_group("devices4")  # one child process per module

@@ -67,7 +67,8 @@ def test_cat_of_0d_tensors_raises_as_cpu(dev):
 
 def test_core_concat_of_0d_operands_raises_not_crashes(dev):
     """The core's own shape rule refuses (a caller that skips torch's check must not crash the process)."""
-    from torch_xla_core import _C, _tensor
+    from torch_xla_core import _C
+    from torch_xla_core._tracing import tensor as _tensor
     a = torch.tensor(1.0).to(dev)
     with pytest.raises(RuntimeError, match=r"concat: zero-dimensional tensor \(at position 0\)"):
         _C.op(_tensor.OP.concat, (a._lt, a._lt), (0,), True)

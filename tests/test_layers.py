@@ -62,7 +62,7 @@ def _copy_package(tmp_path):
 
 @pytest.mark.parametrize("module, line, broken", [
     # the tracing layer reaching up to a feature
-    ("_tensor.py", "from . import replay", "torch_xla_core._tensor -> torch_xla_core.replay"),
+    ("_tracing/tensor.py", "from .. import replay", "torch_xla_core._tracing.tensor -> torch_xla_core.replay"),
     # a circle inside one layer (executor imports compile_cache), hidden in a function as they used to be
     ("compile_cache.py", "def _late():\n    from . import executor", ".executor -> .compile_cache"),
 ])

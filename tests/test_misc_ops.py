@@ -404,7 +404,8 @@ def test_copy_from_and_resize_reshapes_the_value():
 def test_handler_error_in_autograd_surfaces(how, monkeypatch):
     """Regression: an op handler's error inside torch.autograd.grad/backward
     surfaced as "SystemError: ... returned NULL without setting an exception"."""
-    from torch_xla_core import _C, _tensor
+    from torch_xla_core import _C
+    from torch_xla_core._tracing import tensor as _tensor
 
     def bad(*args, **kwargs):
         raise ValueError("hardshrink_backward failed on purpose")

@@ -117,7 +117,7 @@ def test_a_goodbye_is_no_loss_and_a_notice_is_passed_on(monkeypatch):
 def test_one_process_waits_as_before(dev):
     import torch
     x = (torch.ones(3).to(dev) * 2)
-    from torch_xla_core import _tensor
+    from torch_xla_core._tracing import tensor as _tensor
     assert not peers._watching
     peers.wait([_tensor.materialize(x)])  # block_until_ready: no polling, nothing raised
     assert x.cpu().tolist() == [2.0, 2.0, 2.0]

@@ -88,7 +88,7 @@ def test_successive_steps_differ_without_recompiling(dev):
     step()
     # The state is computed at sync like any live tensor: device data again,
     # so the next step's graph starts from a parameter, not a growing chain.
-    from torch_xla_core import _random
+    from torch_xla_core._tracing import random as _random
     assert _random._state.is_data
     c0 = txc.metrics.counters()
     vals = [step().cpu() for _ in range(3)]
@@ -246,7 +246,7 @@ def test_generator_argument_is_reproducible(dev):
 
 
 def test_rng_state_roundtrip(dev):
-    from torch_xla_core import _random
+    from torch_xla_core._tracing import random as _random
     torch.manual_seed(3)
     torch.randn(3, device=dev)
     st = _random.get_rng_state()
@@ -397,7 +397,8 @@ def test_draw_offsets_are_parameters_not_part_of_the_hash(dev):
 # --- partial syncs (.item() without sync()) carry the RNG state ---------------
 
 def test_item_without_sync_compiles_once_and_state_stays_bounded(dev):
-    from torch_xla_core import _C, _random
+    from torch_xla_core import _C
+    from torch_xla_core._tracing import random as _random
     txc.sync()
     compiles, live, pending, vals = [], [], [], []
     for _ in range(12):
@@ -413,7 +414,8 @@ def test_item_without_sync_compiles_once_and_state_stays_bounded(dev):
 
 
 def test_pending_state_is_one_op_however_many_draws(dev):
-    from torch_xla_core import _C, _random
+    from torch_xla_core import _C
+    from torch_xla_core._tracing import random as _random
     txc.sync()
     for k in range(1, 40):
         torch.randn(2, device=dev)

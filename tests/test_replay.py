@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import torch_xla_core as txc
 from torch_xla_core import executor
+from torch_xla_core._tracing import random as _random
 
 
 def _model():
@@ -37,7 +38,7 @@ def _train(dev, monkeypatch, replay, n=10):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))  # a new lr every step
     step = txc.compile(_train_step)
-    txc._random.manual_seed(7)
+    _random.manual_seed(7)
     g = torch.Generator().manual_seed(1)
     losses = []
     _calls["n"] = 0
@@ -70,7 +71,7 @@ def test_replay_matches_the_unlifted_optimizer(dev, monkeypatch):
     m = _model().to(dev)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    txc._random.manual_seed(7)
+    _random.manual_seed(7)
     g = torch.Generator().manual_seed(1)
     for _ in range(10):
         x, y = torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
@@ -122,7 +123,7 @@ def test_rng_advances_as_a_traced_step_does(dev, monkeypatch):
     for replay in ("0", "1"):
         monkeypatch.setenv("TXC_REPLAY", replay)
         step = txc.compile(f)
-        txc._random.manual_seed(3)
+        _random.manual_seed(3)
         x = torch.zeros(4).to(dev)
         out[replay] = [step(x).cpu() for _ in range(4)] + [torch.rand(2, device=dev).cpu()]
     assert all(torch.equal(a, b) for a, b in zip(out["0"], out["1"]))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_xla_core as txc
+from torch_xla_core._tracing import random as _random
 
 from test_hf_models import ZOO, _deterministic, _inputs, _model, _to
 
@@ -66,7 +67,7 @@ def _run(dev, monkeypatch, shape, replay, n=6):
             sched.step()
             return loss.detach()
     step = txc.compile(step)
-    txc._random.manual_seed(7)
+    _random.manual_seed(7)
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(n):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torch_xla_core as txc
-from torch_xla_core._tensor import XlaTensor
+from torch_xla_core._tracing.tensor import XlaTensor
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 SHAPES = [(), (0,), (5,), (3, 4), (2, 0, 3)]

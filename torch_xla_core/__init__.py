@@ -26,7 +26,8 @@ from . import _install  # noqa: E402
 
 _install.install()  # the device, the dispatch table, the autograd engine, autocast, serialization, ...
 
-from . import _C, _checks, _tensor, debug, executor, metrics  # noqa: E402,F401  (txc.metrics, ...)
+from . import _C, debug, executor, metrics  # noqa: E402,F401  (txc.metrics, ...)
+from ._tracing import checks as _checks, tensor as _tensor  # noqa: E402,F401
 from ._runtime import runtime  # noqa: E402,F401  (txc.runtime)
 
 # torch_xla's global dtype flags (deprecated there in 2.6) change every

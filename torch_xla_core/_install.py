@@ -23,7 +23,8 @@ This module is the top of the layers (ARCHITECTURE.md): it may import any."""
 import torch
 
 from ._runtime import cluster as _cluster
-from . import _device, _ops, _tensor, _tying, amp, config, distributed, dynamo, serialization
+from ._tracing import device as _device, tensor as _tensor
+from . import _ops, _tying, amp, config, distributed, dynamo, serialization
 from ._ops import engine
 
 _done = False

@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from . import _C, _checks, _tensor, executor
+from . import _C, executor
+from ._tracing import checks as _checks, tensor as _tensor
 from ._runtime import runtime
 
 _SCALARS = (bool, int, float, str, type(None))

@@ -71,9 +71,10 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorSt
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
-from . import _random, sharding
+from ._tracing import random as _random
+from . import sharding
 from ._runtime import runtime
-from ._tensor import XlaTensor
+from ._tracing.tensor import XlaTensor
 from .data import DeviceLoader
 from .distributed_checkpoint import AtomicFileSystemWriter, SPMDLoadPlanner, SPMDSavePlanner, stage
 from .serialization import remove_stale

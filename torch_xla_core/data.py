@@ -27,7 +27,7 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from . import _tensor
+from ._tracing import tensor as _tensor
 
 _END = object()
 

@@ -6,7 +6,7 @@ Set TXC_DUMP_DIR to also get every compiled graph written to a folder
 import torch
 
 from . import executor, recompiles
-from ._tensor import XlaTensor
+from ._tracing.tensor import XlaTensor
 
 __all__ = ["graph_text", "stablehlo", "cache_key", "explain_recompiles"]
 

@@ -57,9 +57,10 @@ from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadat
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from . import _C, _tensor, metrics
+from . import _C, metrics
+from ._tracing import tensor as _tensor
 from ._runtime import dtypes as _dtypes, runtime
-from ._tensor import XlaTensor, storage_buffer, whole_storage
+from ._tracing.tensor import XlaTensor, storage_buffer, whole_storage
 from .serialization import fsync_dir, remove_stale, temp_name
 
 __all__ = ["SPMDSavePlanner", "SPMDLoadPlanner", "AtomicFileSystemWriter", "StagedTensor"]

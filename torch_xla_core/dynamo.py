@@ -82,7 +82,7 @@ import torch
 from . import _C, metrics, replay
 from ._runtime import torch_compat as _compat
 from ._replay_session import _own_storage
-from ._tensor import XlaTensor
+from ._tracing.tensor import XlaTensor
 
 __all__ = ["backend", "install", "make_traceable", "NAME"]
 

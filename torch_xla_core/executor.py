@@ -43,7 +43,7 @@ Threading model: there is one pending graph per process, shared by all
 threads (as in PyTorch/XLA, whose graph is per device). Tracing is
 serialized by the GIL; sync() takes a process-wide lock, so syncs run one at
 a time. A sync (all live tensors) computes every thread's pending tensors,
-and a deferred check (torch_xla_core/_checks.py) computed by it raises in
+and a deferred check (torch_xla_core/_tracing/checks.py) computed by it raises in
 whichever thread next syncs or reads a value. Tracing in other threads may go
 on while a sync compiles or executes; what they write after the cut stays
 pending for the next sync."""
@@ -58,7 +58,8 @@ import time
 
 import torch
 
-from . import _C, _checks, _random, _spmd, _tensor, compile_cache, config, metrics, recompiles
+from . import _C, _spmd, compile_cache, config, metrics, recompiles
+from ._tracing import checks as _checks, random as _random, tensor as _tensor
 from ._runtime import peers, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas",

@@ -51,7 +51,7 @@ import torch.nn as nn
 
 from ._scan_layers import scan_layers
 from ._ops.scan_policy import check_policy
-from ._tensor import XlaTensor
+from ._tracing.tensor import XlaTensor
 from . import metrics
 
 __all__ = ["scan_decoder_layers", "ScannedLayers"]

@@ -30,9 +30,9 @@ import contextlib
 
 import torch
 
-from . import _tensor
+from ._tracing import tensor as _tensor
 from ._runtime import runtime
-from ._tensor import OP, XlaTensor
+from ._tracing.tensor import OP, XlaTensor
 
 __all__ = ["place_to_host", "place_to_device", "offload_activations", "memory_kind", "HOST", "DEVICE"]
 

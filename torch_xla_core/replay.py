@@ -109,13 +109,14 @@ import warnings
 
 import torch
 
-from . import _C, _random, _tensor, config, executor, metrics
+from . import _C, config, executor, metrics
+from ._tracing import random as _random, tensor as _tensor
 from ._runtime import dtypes as _dtypes
 from . import _replay_session as _S
 from ._ops.engine import Engine as _Engine
 from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
 from ._replay_session import _number_to_data, _returned, _root_buffer
-from ._tensor import XlaTensor as _XlaTensor
+from ._tracing.tensor import XlaTensor as _XlaTensor
 
 __all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
 

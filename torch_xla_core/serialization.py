@@ -48,7 +48,8 @@ import weakref
 import jax
 import torch
 
-from . import _ops, _tensor, config, executor
+from . import _ops, config, executor
+from ._tracing import tensor as _tensor
 from ._runtime import runtime
 
 _SAVING = "torch.save of a sharded xla tensor"

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _C, _spmd, _tensor
+from . import _C, _spmd
+from ._tracing import tensor as _tensor
 from ._runtime import dtypes as _dtypes, runtime
-from ._tensor import XlaTensor, storage_buffer, whole_storage
+from ._tracing.tensor import XlaTensor, storage_buffer, whole_storage
 
 __all__ = ["Mesh", "ShardingSpec", "mark_sharding", "get_sharding", "local_shards", "local_shard_values",
            "clear_sharding", "load_local_shards",

@@ -151,7 +151,7 @@ inline void import_api(pybind11::module_& m) {
 }
 
 // After the module body: the module's `ops` dict ({name: core op id}), and
-// torch_xla_core._tensor.OP learns the new ops when it is already loaded
+// torch_xla_core._tracing.tensor.OP learns the new ops when it is already loaded
 // (later imports read the registry themselves).
 inline void publish_ops(pybind11::module_& m) {
   pybind11::dict ops;
@@ -159,8 +159,8 @@ inline void publish_ops(pybind11::module_& m) {
   m.attr("ops") = ops;
   m.attr("flavor") = TXC_API_FLAVOR;
   pybind11::dict modules = pybind11::module_::import("sys").attr("modules");
-  if (modules.contains("torch_xla_core._tensor")) {
-    pybind11::object table = modules["torch_xla_core._tensor"].attr("OP");
+  if (modules.contains("torch_xla_core._tracing.tensor")) {
+    pybind11::object table = modules["torch_xla_core._tracing.tensor"].attr("OP");
     for (auto& [name, id] : registered_ops()) pybind11::setattr(table, name.c_str(), pybind11::int_(id));
   }
 }

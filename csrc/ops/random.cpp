@@ -1,11 +1,11 @@
 // Random numbers. The device RNG state is an ordinary tensor, i64[2] =
-// [seed, counter], held by torch_xla_core/_random.py as a graph parameter
+// [seed, counter], held by torch_xla_core/_tracing/random.py as a graph parameter
 // (device data), never a constant, so a new seed doesn't recompile.
 //
 // Every draw takes two operands: a state and its stream within the state,
 // a Python number (a scalar graph parameter): the draw at offset c from the
 // state passes stream(c) = (c * 2^40) * G mod 2^64 (as an i64 bit pattern;
-// torch_xla_core/_random.py computes it on the host, so the device adds one
+// torch_xla_core/_tracing/random.py computes it on the host, so the device adds one
 // scalar per draw instead of computing it). The
 // draws of one graph share one state (the one at the start of the graph)
 // and differ by their offsets 0, 1, 2, ..., so no draw depends on a chain

@@ -1,7 +1,7 @@
 // The XlaTensor's __torch_dispatch__ in C++ (a staticmethod on the class).
 // torch calls it for every aten op on xla tensors: it is the per-op hot path.
 // The aten overload is looked up by identity in a table filled lazily from
-// Python (the resolver: func -> its handler, torch_xla_core/_tensor.py).
+// Python (the resolver: func -> its handler, torch_xla_core/_tracing/tensor.py).
 // An in-place op's entry first checks, in C++, whether another argument
 // shares the written tensor's storage (then Python's overlap check runs).
 // A handler is a Mapping (py/mapping.h: an overload that is one core op,
@@ -41,7 +41,7 @@ thread_local PyObject* t_last_error = nullptr;
 // instead (error path only; _tensor.device_mismatch words it).
 void mixed_device(PyObject* args, PyObject* kwargs, PyObject*& type, PyObject*& value, PyObject*& tb) {
   try {
-    py::object err = py::module_::import("torch_xla_core._tensor")
+    py::object err = py::module_::import("torch_xla_core._tracing.tensor")
                          .attr("device_mismatch")(py::handle(args), kwargs ? py::handle(kwargs) : py::none());
     if (err.is_none()) return;
     Py_XDECREF(type);

@@ -225,7 +225,7 @@ void bind_wrapper(py::module_& m) {
           for (auto d : dtypes) g_wrap.dtypes.push_back(d.inc_ref().ptr());
         },
         "Sets the wrapper tensor class that op() and view() return.");
-  // The three ways Python makes core values (torch_xla_core/_tensor.py).
+  // The three ways Python makes core values (torch_xla_core/_tracing/tensor.py).
   m.def("op", [](int op, const py::tuple& operands, const py::tuple& attrs, bool lazy) {
           if (op < 0 || op >= int(all_ops().size())) throw py::value_error("unknown core op id " + std::to_string(op));
           return result(apply(uint16_t(op), operands, attrs), lazy);

@@ -53,7 +53,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_xla_core as txc
-from torch_xla_core import _checks, _tensor
+from torch_xla_core._tracing import checks as _checks, tensor as _tensor
 
 from . import _bf16_accuracy as accuracy
 from ._opinfo import CPU_ARGS, RANDOM, is_random, op_db, op_id, unhostable

@@ -36,7 +36,7 @@ from torch.testing._internal.common_device_type import precisionOverride, tolera
 from torch.testing._internal.common_methods_invocations import op_db
 
 import torch_xla_core as txc
-from torch_xla_core import _checks, _tensor
+from torch_xla_core._tracing import checks as _checks, tensor as _tensor
 
 # op_db is a few hundred thousand objects that live as long as the process: a
 # full garbage collection walked them in ~0.7 s (after every failed sample,

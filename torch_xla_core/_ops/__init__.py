@@ -14,10 +14,11 @@ import importlib
 import torch
 from torch._decomp import decomposition_table
 
-from .. import _C, _tensor, metrics
+from .. import _C, metrics
+from .._tracing import tensor as _tensor
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import UnsupportedDtype, code
-from .._tensor import OP, XlaTensor, _op
+from .._tracing.tensor import OP, XlaTensor, _op
 from . import dtype_rules
 
 aten = _compat.AtenOps(torch.ops.aten)

@@ -17,7 +17,7 @@ from jax import lax
 
 from .._runtime import runtime
 from .._runtime.dtypes import CODE, UnsupportedDtype, code
-from .._tensor import OP, _op, _view, _view_op
+from .._tracing.tensor import OP, _op, _view, _view_op
 from ..kernels.call_jax import call_jax
 from . import XLA, aten, impl, mapping
 

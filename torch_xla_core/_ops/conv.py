@@ -5,7 +5,7 @@ its gradient; adaptive max pooling. One core op per result."""
 import torch
 
 from .._runtime.dtypes import code
-from .._tensor import OP, _make, v, wrap
+from .._tracing.tensor import OP, _make, v, wrap
 from . import aten, assign, call, impl
 
 _CONV, _CONV_GI, _CONV_GW = OP.convolution, OP.convolution_backward_input, OP.convolution_backward_weight

@@ -21,8 +21,8 @@ import string
 
 import torch
 
-from .. import _tensor
-from .._tensor import XlaTensor
+from .._tracing import tensor as _tensor
+from .._tracing.tensor import XlaTensor
 
 aten = torch.ops.aten
 _lib = torch.library.Library("aten", "IMPL")

@@ -3,8 +3,9 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
 from .._runtime.dtypes import UnsupportedDtype, code
-from .. import _device, _tensor, metrics
-from .._tensor import OP, XlaTensor, _make, _op, device_error
+from .._tracing import device as _device, tensor as _tensor
+from .. import metrics
+from .._tracing.tensor import OP, XlaTensor, _make, _op, device_error
 from . import (XLA, Arg, assign, aten, check_fill, check_no_partial_overlap, convert, decomposed, full_like, impl,
                mapping)
 from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED, refusal

@@ -8,9 +8,9 @@ import torch
 from torch._decomp import decomposition_table
 
 from .._runtime import torch_compat as _compat
-from .. import _device, _tensor
+from .._tracing import device as _device, tensor as _tensor
 from .._runtime.dtypes import UnsupportedDtype, code
-from .._tensor import OP, _make, _op, wrap
+from .._tracing.tensor import OP, _make, _op, wrap
 from . import aten, full, impl
 from .elementwise import copy_
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .._tensor import OP, _op
+from .._tracing.tensor import OP, _op
 from .._runtime.dtypes import code
 from . import aten, impl
 

@@ -22,7 +22,7 @@ import torch
 from torch.optim import optimizer
 from torch.utils import _foreach_utils
 
-from .._tensor import XlaTensor
+from .._tracing.tensor import XlaTensor
 from . import HANDLERS, _entry, assign, check_writes, impl
 
 aten = torch.ops.aten

@@ -17,9 +17,10 @@ import math
 
 import torch
 
-from .. import _checks, _tensor, metrics
+from .._tracing import checks as _checks, tensor as _tensor
+from .. import metrics
 from .._runtime.dtypes import code
-from .._tensor import OP, XlaTensor, _make, _view, wrap
+from .._tracing.tensor import OP, XlaTensor, _make, _view, wrap
 from . import aten, call, impl
 from .factory import full
 from .dtype_rules import refusal

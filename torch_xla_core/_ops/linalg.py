@@ -3,7 +3,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from .._runtime.dtypes import code
-from .._tensor import XlaTensor, OP, _make, _op, wrap
+from .._tracing.tensor import XlaTensor, OP, _make, _op, wrap
 from . import XLA, aten, convert, impl, mapping
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul

@@ -20,9 +20,9 @@ independent LAPACK potrf calls on 8x64x64 batches (plain jax.jit of the same
 function hangs too); a few per program, as a training step has, run fine."""
 import torch
 
-from .. import _checks
+from .._tracing import checks as _checks
 from .._runtime import runtime
-from .._tensor import XlaTensor
+from .._tracing.tensor import XlaTensor
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
 from .linalg import _integral_scalars, product_sum

@@ -11,7 +11,7 @@ index/index_put). index_reduce is scatter_reduce with the index spread along
 `dim`."""
 import torch
 
-from .. import _checks, _tensor
+from .._tracing import checks as _checks, tensor as _tensor
 from . import _fallback, _tname, aten, impl
 from .factory import register
 from .elementwise import copy_

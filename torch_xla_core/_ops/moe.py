@@ -29,8 +29,9 @@ every expert, masked): E times the work, exact, and one fixed graph for any
 routing. torch_xla_core.kernels.grouped_matmul is the kernel path."""
 import torch
 
-from .. import _checks, _tensor, metrics
-from .._tensor import XlaTensor
+from .._tracing import checks as _checks, tensor as _tensor
+from .. import metrics
+from .._tracing.tensor import XlaTensor
 from . import aten, impl, impl_by_name
 
 

@@ -18,8 +18,9 @@ import math
 import torch
 
 from .._runtime.dtypes import code
-from .. import _checks, metrics
-from .._tensor import OP, XlaTensor, _make, _op
+from .._tracing import checks as _checks
+from .. import metrics
+from .._tracing.tensor import OP, XlaTensor, _make, _op
 from . import aten, decomposed, impl
 from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
 from ..kernels import attention as kernels

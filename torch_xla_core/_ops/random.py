@@ -4,15 +4,15 @@ normal (PrivateUse1 kernels, as they have no tensor input), the *_like
 factories, dropout (native_dropout and its backward), multinomial and
 rrelu. Each draw is one
 core op whose first operands, a state and an offset, come from
-torch_xla_core._random.draw() (see csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
+torch_xla_core._tracing.random.draw() (see csrc/ops/random.cpp). A `generator=` (a CPU torch.Generator) seeds a fresh
 device state from that generator instead of the device RNG."""
 import math
 
 import torch
 
-from .. import _checks, _random
+from .._tracing import checks as _checks, random as _random
 from .._runtime.dtypes import code
-from .._tensor import OP, _make, op, wrap
+from .._tracing.tensor import OP, _make, op, wrap
 from . import assign, aten, impl, sizes
 from .factory import _like, register
 

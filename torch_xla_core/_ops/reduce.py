@@ -2,7 +2,7 @@
 import torch
 
 from .._runtime.dtypes import code
-from .._tensor import OP, _op
+from .._tracing.tensor import OP, _op
 from . import XLA, Arg, aten, impl, mapping
 
 

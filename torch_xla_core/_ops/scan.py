@@ -65,9 +65,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from .. import _C, _checks, _random, _tensor, _trace_context, metrics
+from .. import _C, metrics
+from .._tracing import checks as _checks, random as _random, tensor as _tensor, trace_context as _trace_context
 from .._runtime.dtypes import code
-from .._tensor import OP, XlaTensor, xla_leaves
+from .._tracing.tensor import OP, XlaTensor, xla_leaves
 from . import scan_policy as _scan_policy
 from .engine import Engine as _Engine
 

@@ -26,9 +26,10 @@ _ops/scan.py's.
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _C, _checks, _trace_context, _tensor
+from .. import _C
+from .._tracing import checks as _checks, trace_context as _trace_context, tensor as _tensor
 from .._runtime import runtime
-from .._tensor import OP, XlaTensor
+from .._tracing.tensor import OP, XlaTensor
 
 POLICIES = ("recompute", "save", "offload")
 _HOST, _DEVICE = "pinned_host", "device"

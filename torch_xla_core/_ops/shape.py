@@ -5,8 +5,8 @@ the view chain), so torch's contiguous()/reshape() copy where CPU's do.
 as_strided indexes the whole storage, as on CPU."""
 import torch
 
-from .. import _tensor
-from .._tensor import OP, XlaTensor, _op, _view, _view_op, wrap
+from .._tracing import tensor as _tensor
+from .._tracing.tensor import OP, XlaTensor, _op, _view, _view_op, wrap
 from . import XLA, Arg, _tname, aten, code, convert, impl, mapping
 from .complex import root_as
 

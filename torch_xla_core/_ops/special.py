@@ -27,7 +27,7 @@ import torch
 from jax import lax
 
 from .._runtime.dtypes import code
-from .._tensor import OP, XlaTensor, _make, _op
+from .._tracing.tensor import OP, XlaTensor, _make, _op
 from ..kernels.call_jax import call_jax
 from . import XLA, assign, aten, convert, impl, mapping
 from . import special_bessel as _bessel_fns

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .. import _tensor
+from .._tracing import tensor as _tensor
 from . import aten, decomposed, impl
 from .dtype_rules import INTEGRAL
 

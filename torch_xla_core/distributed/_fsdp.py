@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from .. import _tensor
+from .._tracing import tensor as _tensor
 from .._ops import impl_by_name
 
 _TARGETS = {"torch.distributed.fsdp._fully_shard._fsdp_param": ("free_storage", "alloc_storage"),

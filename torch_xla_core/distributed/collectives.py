@@ -14,7 +14,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import _tensor, executor
+from .._tracing import tensor as _tensor
+from .. import executor
 from .._runtime import runtime
 
 REDUCE_SUM = "sum"

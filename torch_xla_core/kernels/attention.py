@@ -80,7 +80,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _checks, config, metrics
+from .._tracing import checks as _checks
+from .. import config, metrics
 from .._runtime import runtime
 from .. import sharding as xs
 from . import attention_jax

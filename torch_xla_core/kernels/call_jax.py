@@ -39,7 +39,7 @@ import torch
 
 from .._runtime import dtypes as _dtypes, runtime
 from .. import _spmd, metrics
-from .._tensor import OP, XlaTensor, _make, note_op, wrap
+from .._tracing.tensor import OP, XlaTensor, _make, note_op, wrap
 from . import per_shard
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]

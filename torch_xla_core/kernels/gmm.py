@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _checks, config
+from .._tracing import checks as _checks
+from .. import config
 from .._runtime import runtime
 from .call_jax import call_jax
 

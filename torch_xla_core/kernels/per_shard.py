@@ -30,7 +30,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from .. import sharding as xs
-from .._tensor import index_of
+from .._tracing.tensor import index_of
 
 
 class PerShard:

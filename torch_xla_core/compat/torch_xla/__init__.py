@@ -8,7 +8,8 @@ import functools
 import torch
 import torch.distributed as _dist
 
-from ... import _random, metrics as _metrics
+from ..._tracing import random as _random
+from ... import metrics as _metrics
 from ..._runtime import runtime as _runtime
 from . import runtime
 from . import core, debug, distributed, experimental, test, utils  # noqa: F401  (torch_xla.core.xla_model, ...)

@@ -7,9 +7,10 @@ import threading
 import torch
 import torch.utils._pytree as pytree
 
-from .... import _random, _tensor, metrics, serialization
+from ...._tracing import random as _random, tensor as _tensor
+from .... import metrics, serialization
 from ...._runtime import runtime
-from ...._tensor import XlaTensor
+from ...._tracing.tensor import XlaTensor
 from .. import runtime as _xr
 from ..utils import utils as _utils
 from . import xla_env_vars  # noqa: F401

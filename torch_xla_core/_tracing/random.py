@@ -23,8 +23,8 @@ import os
 
 import torch
 
-from ._runtime import dtypes as _dtypes
-from . import _tensor, _trace_context
+from .._runtime import dtypes as _dtypes
+from . import tensor as _tensor, trace_context as _trace_context
 
 _MASK = (1 << 64) - 1
 _seed = None   # the seed as an unsigned 64-bit int; None: torch.initial_seed() at first use

@@ -9,8 +9,8 @@ import operator
 
 import torch
 
-from . import _random
-from ._runtime import runtime
+from . import random as _random
+from .._runtime import runtime
 
 _done = False
 

@@ -19,8 +19,8 @@ import contextlib
 import functools
 import threading
 
-from . import _C
-from ._runtime import runtime
+from .. import _C
+from .._runtime import runtime
 
 
 

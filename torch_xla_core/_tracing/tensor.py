@@ -17,8 +17,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._mode_utils import no_dispatch
 
-from . import _C, _checks, _trace_context
-from ._runtime import dtypes as _dtypes, runtime
+from .. import _C
+from . import checks as _checks, trace_context as _trace_context
+from .._runtime import dtypes as _dtypes, runtime
 
 DEVICE = None  # torch.device("xla", 0), set by configure() (called at import: _install.py)
 

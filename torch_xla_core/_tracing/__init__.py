@@ -1,0 +1,2 @@
+"""The tracing layer (ARCHITECTURE.md, "Layers of the package"): implementation modules,
+imported by their full names; this file imports nothing."""
