@@ -21,7 +21,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 # Benchmarks time cold steps and compiles: the persistent compile cache
-# (torch_xla_core/compile_cache.py) stays off unless a run asks for it.
+# (torch_xla_core/_execution/compile_cache.py) stays off unless a run asks for it.
 os.environ.setdefault("TXC_COMPILE_CACHE", "off")
 
 

@@ -159,7 +159,7 @@ def run_case(case: Case) -> tuple[str, str]:
     """(verdict, detail) of one case in this process."""
     torch = lazy_torch()
     import torch_xla_core as txc  # lazy: the parent runner loads no torch
-    from torch_xla_core.executor import GraphError  # lazy: as above
+    from torch_xla_core._execution.executor import GraphError  # lazy: as above
     bases = [i.cpu() for i in case.inputs]
     cpu_args = [i.view(b) for i, b in zip(case.inputs, bases)]
     xla_args = [i.view(b.to(txc.device())) for i, b in zip(case.inputs, bases)]

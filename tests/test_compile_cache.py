@@ -1,4 +1,4 @@
-"""The persistent compile cache (torch_xla_core/compile_cache.py): a second
+"""The persistent compile cache (torch_xla_core/_execution/compile_cache.py): a second
 process loads what the first compiled (one-device graphs and graphs
 partitioned over a mesh, in one process and in two; another mesh misses),
 corrupt entries are recompiled and rewritten, the directory is
@@ -213,7 +213,7 @@ def test_key_covers_precision_and_runtime(dev, cache_dir):
     assert a != compile_cache.entry_name(key._replace(precision="high"), "module {}")
     assert a != compile_cache.entry_name(key, "module { }")
     assert a == compile_cache.entry_name(key._replace(graph=2), "module {}")  # the text is the graph
-    from torch_xla_core._spmd import Spmd
+    from torch_xla_core._execution.spmd import Spmd
     mesh = key._replace(spmd=Spmd((0, 1, 2, 3), ("{devices=[4,1]<=[4]}",)))
     names = {compile_cache.entry_name(k, "module {}") for k in (
         key, mesh, mesh._replace(spmd=Spmd((3, 2, 1, 0), mesh.spmd.params)),  # another device order

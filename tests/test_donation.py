@@ -1,4 +1,4 @@
-"""Buffer donation (input/output aliasing, torch_xla_core/executor.py): a
+"""Buffer donation (input/output aliasing, torch_xla_core/_execution/executor.py): a
 training step overwrites parameters and optimizer state in place, and a
 buffer anyone can still read is never donated."""
 import copy

@@ -1,4 +1,4 @@
-"""The executor (torch_xla_core/executor.py): a failed graph raises once and
+"""The executor (torch_xla_core/_execution/executor.py): a failed graph raises once and
 names its op, leaving other tensors working; out-of-memory names the largest
 buffers; the compile cache is bounded; a compile interrupted by Ctrl-C is
 reused, not repeated; concurrent threads with deferred checks; a handler's

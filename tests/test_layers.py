@@ -64,7 +64,7 @@ def _copy_package(tmp_path):
     # the tracing layer reaching up to a feature
     ("_tracing/tensor.py", "from .. import replay", "torch_xla_core._tracing.tensor -> torch_xla_core.replay"),
     # a circle inside one layer (executor imports compile_cache), hidden in a function as they used to be
-    ("compile_cache.py", "def _late():\n    from . import executor", ".executor -> .compile_cache"),
+    ("_execution/compile_cache.py", "def _late():\n    from . import executor", ".executor -> .compile_cache"),
 ])
 def test_the_contracts_catch_an_upward_import_and_a_circle(tmp_path, module, line, broken):
     _copy_package(tmp_path)

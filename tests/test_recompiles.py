@@ -1,4 +1,4 @@
-"""Visible recompiles (torch_xla_core/recompiles.py): every compile after the
+"""Visible recompiles (torch_xla_core/_execution/recompiles.py): every compile after the
 first at a call site is counted, and with TXC_DEBUG=recompiles explained by
 the actual difference from the nearest earlier graph, naming the user's line
 that synced."""

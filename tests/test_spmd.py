@@ -9,7 +9,8 @@ import torch
 
 import torch_xla_core as txc
 import torch_xla_core.sharding as xs
-from torch_xla_core import _spmd, executor, metrics
+from torch_xla_core._execution import spmd as _spmd
+from torch_xla_core import executor, metrics
 from multidevice import on_devices
 
 pytestmark = pytest.mark.xdist_group("devices8")  # one child process per module

@@ -256,7 +256,7 @@ def test_tpu_flash_kernel_lowers_inside_the_manual_region():
     import jax
     import jax.numpy as jnp
 
-    from torch_xla_core import _spmd
+    from torch_xla_core._execution import spmd as _spmd
     from torch_xla_core.kernels import per_shard
     from torch_xla_core.kernels.attention import _flash_entry
     sd = jax.ShapeDtypeStruct
@@ -286,7 +286,7 @@ def test_a_function_that_shards_by_itself_in_an_unpartitioned_graph_is_refused()
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from torch_xla_core import _spmd
+    from torch_xla_core._execution import spmd as _spmd
     mesh = _mesh()
 
     def f(x):  # shards inside jax, with no mesh our graph knows of

@@ -26,7 +26,8 @@ from . import _install  # noqa: E402
 
 _install.install()  # the device, the dispatch table, the autograd engine, autocast, serialization, ...
 
-from . import _C, debug, executor, metrics  # noqa: E402,F401  (txc.metrics, ...)
+from . import _C, debug, metrics  # noqa: E402,F401  (txc.metrics, ...)
+from ._execution import compile_cache, executor, recompiles  # noqa: E402,F401  (txc.executor, ...)
 from ._tracing import checks as _checks, tensor as _tensor  # noqa: E402,F401
 from ._runtime import runtime  # noqa: E402,F401  (txc.runtime)
 
@@ -106,7 +107,7 @@ from ._runtime.build_info import build_info, get_cmake_dir, get_include  # noqa:
 from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay)
 from ._runtime.peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
 from ._runtime import peers  # noqa: E402,F401  (txc.peers: the job's processes, PeerLostError's source)
-from . import data, profiler  # noqa: E402
+from . import data, profiler, sharding  # noqa: E402
 from . import dynamo  # noqa: E402,F401  (torch.compile(backend="torch_xla_core"): _install.py)
 
 

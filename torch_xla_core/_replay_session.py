@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from . import _C, executor
+from . import _C
+from ._execution import executor
 from ._tracing import checks as _checks, tensor as _tensor
 from ._runtime import runtime
 

@@ -72,7 +72,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
 
 from ._tracing import random as _random
-from . import sharding
+from ._execution import sharding
 from ._runtime import runtime
 from ._tracing.tensor import XlaTensor
 from .data import DeviceLoader

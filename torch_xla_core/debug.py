@@ -2,10 +2,10 @@
 (one core op per line, with the aten op that made it) and the StableHLO the
 executor would hand to XLA, for given tensors or for everything pending.
 Set TXC_DUMP_DIR to also get every compiled graph written to a folder
-(torch_xla_core/executor.py)."""
+(torch_xla_core/_execution/executor.py)."""
 import torch
 
-from . import executor, recompiles
+from ._execution import executor, recompiles
 from ._tracing.tensor import XlaTensor
 
 __all__ = ["graph_text", "stablehlo", "cache_key", "explain_recompiles"]

@@ -12,7 +12,8 @@ executable that ran last) and from jax's Device.memory_stats(); this module
 only names and sums them. txc.metrics.report() shows both in its memory
 section.
 """
-from . import executor, metrics
+from ._execution import executor
+from . import metrics
 from ._runtime import runtime
 
 __all__ = ["last_graph", "device_info", "report_lines"]

@@ -46,7 +46,8 @@ from contextlib import contextmanager
 
 import jax
 
-from . import executor, metrics
+from ._execution import executor
+from . import metrics
 
 _active = None  # the Trace being recorded
 _lock = threading.Lock()

@@ -109,7 +109,8 @@ import warnings
 
 import torch
 
-from . import _C, config, executor, metrics
+from . import _C, config, metrics
+from ._execution import executor
 from ._tracing import random as _random, tensor as _tensor
 from ._runtime import dtypes as _dtypes
 from . import _replay_session as _S

@@ -48,7 +48,8 @@ import weakref
 import jax
 import torch
 
-from . import _ops, config, executor
+from . import _ops, config
+from ._execution import executor
 from ._tracing import tensor as _tensor
 from ._runtime import runtime
 

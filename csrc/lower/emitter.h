@@ -138,7 +138,7 @@ class LowerCtx {
 // How to lower one graph: the matmul precision (torch's name) and the
 // parameters donated to outputs of the same type (input/output aliasing:
 // pairs of parameter index, output index).
-// For SPMD (torch_xla_core/_spmd.py): the number of partitions (devices of
+// For SPMD (torch_xla_core/_execution/spmd.py): the number of partitions (devices of
 // the mesh) and each parameter's sharding as XLA's HloSharding text
 // ("{devices=[4,1,2]<=[8] last_tile_dim_replicate}", "{replicated}"),
 // written as mhlo.sharding on @main's arguments; results carry none, so

@@ -47,7 +47,7 @@ namespace txc {
 
 // SPMD: the core op "sharding"(x; hlo, device_ids, mesh_shape, axis_names)
 // asks XLA's SPMD partitioner to lay x out as `hlo` (HloSharding text over
-// the mesh's devices, torch_xla_core/sharding.py); x's value is unchanged.
+// the mesh's devices, torch_xla_core/_execution/sharding.py); x's value is unchanged.
 // The attributes are part of the hash. Lowered as jax lowers
 // with_sharding_constraint without Shardy:
 //   stablehlo.custom_call @Sharding(%x) {mhlo.sharding = "{devices=[4,1,2]<=[8] ...}"}

@@ -1,5 +1,5 @@
 // torch_xla_core._C.GraphCut: the Python face of a graph cut (trace/graph.h).
-// The executor (torch_xla_core/executor.py) reads a cut's parameters as
+// The executor (torch_xla_core/_execution/executor.py) reads a cut's parameters as
 // runtime buffer objects and (number, dtype code) pairs, hands its outputs
 // back as runtime buffers, and describes failing nodes as dicts; the
 // conversions live here, so the cut itself is plain C++.
@@ -79,7 +79,7 @@ void bind_graph(py::module_& m) {
            py::arg("num_partitions") = 1, py::arg("param_shardings") = std::vector<std::string>{},
            py::arg("num_replicas") = 1,
            "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs, "
-           "for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_spmd.py), and for "
+           "for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_execution/spmd.py), and for "
            "collectives across processes the replica count.")
       .def("text", &GraphCut::text, "The graph, one node per line, for people.")
       .def("donations", &GraphCut::donations)

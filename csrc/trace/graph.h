@@ -4,7 +4,7 @@
 // the compile cache. After execution, assign() makes each storage hold its
 // computed device data, so the traced IR is dropped. A cut's hash is the
 // graph's structure only; the executor's compile-cache key adds the lowering
-// options and the device (torch_xla_core/executor.py). Plain C++: its Python
+// options and the device (torch_xla_core/_execution/executor.py). Plain C++: its Python
 // face (parameters as buffer objects and numbers, outputs assigned from
 // runtime buffers, node descriptions as dicts) is py/graph.cpp.
 #pragma once
@@ -57,7 +57,7 @@ class GraphCut {
   // buffer), so overwriting it in place is invisible. A training step's old
   // parameters and optimizer state are.
   std::vector<std::pair<int, int>> donations() const;
-  // After a failure (see torch_xla_core/executor.py). The node that emitted
+  // After a failure (see torch_xla_core/_execution/executor.py). The node that emitted
   // line `line` (1-based) of the last lower(), as its position in the walk,
   // or -1.
   int node_at_line(int line) const;

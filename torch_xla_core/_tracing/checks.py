@@ -14,7 +14,7 @@ placeholders) checks are not made.
 
 Threads: the pending list is shared (a sync computes every thread's checks);
 a handler's checks are staged per thread until it returns, and a sync moves
-exactly the checks it computed (see torch_xla_core/executor.py)."""
+exactly the checks it computed (see torch_xla_core/_execution/executor.py)."""
 import contextlib
 import functools
 import threading

@@ -215,7 +215,7 @@ def move(t: XlaTensor, device_index: int) -> XlaTensor:
 
 def sync_lazy(lts=None, wait=False) -> None:
     """Computes the pending values of the given LazyTensors' storages (default:
-    every live one): torch_xla_core/executor.py. Refused inside a scan body
+    every live one): torch_xla_core/_execution/executor.py. Refused inside a scan body
     being traced (_trace_context)."""
     _trace_context.check_sync()
     _sync(lts, wait)

@@ -15,7 +15,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from .._tracing import tensor as _tensor
-from .. import executor
+from .._execution import executor
 from .._runtime import runtime
 
 REDUCE_SUM = "sum"

@@ -83,7 +83,7 @@ import torch
 from .._tracing import checks as _checks
 from .. import config, metrics
 from .._runtime import runtime
-from .. import sharding as xs
+from .._execution import sharding as xs
 from . import attention_jax
 from . import paged_attention as pa
 from . import per_shard

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from .._runtime import dtypes as _dtypes, runtime
-from .. import _spmd, metrics
+from .._execution import spmd as _spmd
+from .. import metrics
 from .._tracing.tensor import OP, XlaTensor, _make, note_op, wrap
 from . import per_shard
 

@@ -29,7 +29,7 @@ import math
 import jax
 from jax.sharding import PartitionSpec as P
 
-from .. import sharding as xs
+from .._execution import sharding as xs
 from .._tracing.tensor import index_of
 
 

@@ -8,7 +8,7 @@ import enum
 import torch
 import torch.utils._pytree as pytree
 
-from ..... import sharding
+from ....._execution import sharding
 
 
 class ShardingType(enum.IntEnum):

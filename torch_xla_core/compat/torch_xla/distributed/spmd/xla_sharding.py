@@ -8,7 +8,8 @@ import math
 import numpy as np
 import torch
 
-from ..... import patched_linear, sharding
+from ..... import patched_linear
+from ....._execution import sharding
 from ....._runtime import runtime
 from .xla_sharded_tensor import ShardingType, XLAShardedTensor  # noqa: F401  (xs.ShardingType)
 

@@ -60,10 +60,11 @@ import warnings
 
 import jax
 
-from . import _spmd, config, metrics
-from ._runtime import runtime
-from ._version import __version__
-from ._runtime.build_info import flavor
+from . import spmd as _spmd
+from .. import config, metrics
+from .._runtime import runtime
+from .._version import __version__
+from .._runtime.build_info import flavor
 
 __all__ = ["directory", "max_bytes", "entry_path", "load", "store", "trusted_directory"]
 

@@ -8,7 +8,7 @@ the first node whose op, dtype, shape, attributes or operands differ, with
 the aten op that made it — printed to stderr and kept for explanations().
 TXC_RECOMPILE_LIMIT=N raises RecompileLimitError instead of the (N+1)th
 compile at one site. The executor calls on_compile() before each compile
-(torch_xla_core/executor.py); nothing here runs on a cache hit."""
+(torch_xla_core/_execution/executor.py); nothing here runs on a cache hit."""
 import collections
 import os
 import re
@@ -17,11 +17,11 @@ import threading
 
 import torch
 
-from . import config, metrics
+from .. import config, metrics
 
 __all__ = ["enable", "disable", "enabled", "explanations", "clear", "Explanation", "RecompileLimitError"]
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package (this file is in _execution/)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP_DIRS = (_PKG_DIR + os.sep, _TORCH_DIR + os.sep, os.path.dirname(os.__file__) + os.sep)
 _HISTORY = 256                 # graphs remembered for "nearest" (texts are kept only while enabled)

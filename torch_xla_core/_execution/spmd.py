@@ -41,8 +41,8 @@ from jax._src import sharding_impls as si
 from jax._src.lib import xla_client as xc
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import metrics
-from ._runtime import runtime
+from .. import metrics
+from .._runtime import runtime
 
 active = False   # set by sharding.mark_sharding: only then are parameters inspected
 

@@ -12,7 +12,7 @@ assigns the results back to the tensors' storages. It owns:
 - the compile cache: key -> loaded executable, least recently used
   evicted beyond TXC_COMPILE_CACHE_SIZE entries (default 1024; metrics
   "cache_hit", "cache_miss", "cache_evict", "compile"); a miss first looks
-  in the persistent cache on disk (torch_xla_core/compile_cache.py,
+  in the persistent cache on disk (torch_xla_core/_execution/compile_cache.py,
   TXC_COMPILE_CACHE) and writes what it compiles there;
 - compiles in flight: a compile runs on a worker thread while the caller
   waits, so Ctrl-C returns at once; the compile finishes in the background
@@ -29,11 +29,11 @@ assigns the results back to the tensors' storages. It owns:
 - TXC_COMPILE_PROGRESS=S: a compile longer than S seconds (default 2) shows a
   progress line on stderr (graph, ops, elapsed); 0 turns it off.
 - recompiles: each compile is attributed to the user's frame that synced
-  and explained on request (torch_xla_core/recompiles.py, TXC_DEBUG=recompiles);
+  and explained on request (torch_xla_core/_execution/recompiles.py, TXC_DEBUG=recompiles);
 - devices: a graph runs on the device its values are on (Key.device; a
   sync of every live tensor runs one graph per device in use, see
   use_devices()); a sharded graph runs on its mesh, partitioned by XLA's
-  SPMD partitioner (Key.spmd; torch_xla_core/_spmd.py does its lowering
+  SPMD partitioner (Key.spmd; torch_xla_core/_execution/spmd.py does its lowering
   options, compile options, input transfer and output assembly);
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
   (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
@@ -58,9 +58,10 @@ import time
 
 import torch
 
-from . import _C, _spmd, compile_cache, config, metrics, recompiles
-from ._tracing import checks as _checks, random as _random, tensor as _tensor
-from ._runtime import peers, runtime
+from .. import _C, config, metrics
+from . import spmd as _spmd, compile_cache, recompiles
+from .._tracing import checks as _checks, random as _random, tensor as _tensor
+from .._runtime import peers, runtime
 
 class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas",
                                  defaults=(None, None))):
