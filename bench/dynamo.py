@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Host time per training step: per-op tracing vs txc.compile vs
-torch.compile(backend="torch_xla_core") (torch_xla_core/dynamo.py).
+torch.compile(backend="torch_xla_core") (torch_xla_core/_features/dynamo.py).
 
 A program, not a test: it prints a table and writes JSON. The models are
 bench/_models.py's (the GPT-style decoder by default; the 64-layer residual

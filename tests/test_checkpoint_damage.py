@@ -1,4 +1,4 @@
-"""A damaged sharded checkpoint (torch_xla_core/distributed_checkpoint.py):
+"""A damaged sharded checkpoint (torch_xla_core/_features/distributed_checkpoint.py):
 dcp.load with SPMDLoadPlanner of a truncated, missing or unreadable file
 raises DCP's CheckpointException naming the error, and leaves every value
 of the state dict as it was (xla tensors sharded or not, CPU tensors,

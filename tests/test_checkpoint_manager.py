@@ -1,4 +1,4 @@
-"""txc.checkpoint.CheckpointManager (torch_xla_core/checkpoint.py): a run
+"""txc.checkpoint.CheckpointManager (torch_xla_core/_features/checkpoint.py): a run
 resumed in a fresh process from an async checkpoint trains on bit-equal to
 the run that went on (parameters, optimizer state, losses, LR, data order,
 dropout); the last N steps are kept; the state is taken at save(), not
@@ -15,6 +15,7 @@ import torch
 
 import torch_xla_core as txc
 from torch_xla_core import checkpoint, distributed_checkpoint
+from torch_xla_core._features import checkpoint as checkpoint_impl  # what CheckpointManager looks names up in
 
 pytestmark = pytest.mark.xdist_group("checkpoint")
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -128,7 +129,7 @@ class _Failing(distributed_checkpoint.AtomicFileSystemWriter):
 def test_a_background_error_surfaces_at_the_next_call_naming_the_step(tmp_path, monkeypatch):
     mngr = checkpoint.CheckpointManager(tmp_path)
     mngr.save(1, extra=_state(1))
-    monkeypatch.setattr(checkpoint, "AtomicFileSystemWriter", _Failing)
+    monkeypatch.setattr(checkpoint_impl, "AtomicFileSystemWriter", _Failing)
     mngr.save(2, extra=_state(2))  # returns: the write fails in the background
     with pytest.raises(RuntimeError, match=r"the save of step 2 to .*step_2 failed: .*No space left on device"):
         mngr.save(3, extra=_state(3))

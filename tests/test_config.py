@@ -251,7 +251,7 @@ def test_the_scan_finds_reads_of_any_variable():
 ENVIRON_READERS = {
     "torch_xla_core/_runtime/cluster.py": "the launchers' own variables (torchrun's RANK/WORLD_SIZE/MASTER_ADDR, srun's "
                                   "SLURM_*, a PyTorchJob's): to be declared in config",
-    "torch_xla_core/launch.py": "saves and restores the variables it sets for torchrun's workers; "
+    "torch_xla_core/_features/launch.py": "saves and restores the variables it sets for torchrun's workers; "
                                 "GLOO_SOCKET_IFNAME: to go through config",
     "torch_xla_core/_runtime/peers.py": "TORCHELASTIC_ERROR_FILE (torchrun's, per worker): to be declared in config",
     "torch_xla_core/compat/torch_xla/utils/utils.py": "torch_xla's xu.getenv_as / check_env_flag: the caller's own "

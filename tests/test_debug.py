@@ -1,4 +1,4 @@
-"""The debug face of the executor (torch_xla_core/debug.py, TXC_DUMP_DIR):
+"""The debug face of the executor (torch_xla_core/_features/debug.py, TXC_DUMP_DIR):
 what a sync would compile, without running it."""
 import os
 

@@ -1,4 +1,4 @@
-"""torch.compile(model, backend="torch_xla_core") (torch_xla_core/dynamo.py):
+"""torch.compile(model, backend="torch_xla_core") (torch_xla_core/_features/dynamo.py):
 numerics against CPU eager (an MLP, tiny `transformers` models forward and
 training), each dynamo graph traced once and then replayed (no new trace, no
 op dispatch, no compile), graph breaks, in-place input mutation, outputs
@@ -82,7 +82,7 @@ def test_entry_point_finds_the_backend_without_importing_torch_xla_core():
             "from torch._dynamo.backends.registry import lookup_backend\n"
             "assert 'torch_xla_core' not in sys.modules\n"
             "fn = lookup_backend('torch_xla_core')\n"
-            "import torch_xla_core.dynamo as d\n"
+            "import torch_xla_core._features.dynamo as d\n"
             "assert fn is d.backend\n"
             "x = torch.randn(3, device='xla')\n"
             "y = torch.compile(lambda t: (t * 2).sin(), backend='torch_xla_core')(x)\n"

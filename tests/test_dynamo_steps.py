@@ -1,4 +1,4 @@
-"""Training steps on the torch.compile route (torch_xla_core/dynamo.py, issue
+"""Training steps on the torch.compile route (torch_xla_core/_features/dynamo.py, issue
 43): the replay counters of the zoo's Llama per step (launches, device->host
 transfers before the user's sync), torch.compile(opt.step) with an LR
 scheduler stepping between calls, zero_grad(set_to_none=True) and

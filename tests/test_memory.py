@@ -1,4 +1,4 @@
-"""Memory statistics (torch_xla_core/memory.py): the last graph's compiled
+"""Memory statistics (torch_xla_core/_features/memory.py): the last graph's compiled
 statistics, host bytes of offloaded results, the device's allocator
 statistics (None on CPU), and the memory section of metrics.report()."""
 import gc

@@ -1,4 +1,4 @@
-"""Host offload (torch_xla_core/offload.py, csrc/ops/placement.cpp): the
+"""Host offload (torch_xla_core/_features/offload.py, csrc/ops/placement.cpp): the
 placement ops' StableHLO, memory kinds of results and arguments, the cache
 key, gradients, offload_activations vs CPU eager, and bad input."""
 import copy
@@ -9,6 +9,7 @@ import torch
 
 import torch_xla_core as txc
 from torch_xla_core import offload, runtime
+from torch_xla_core._features import offload as offload_impl  # place(): not in the public face
 from torch_xla_core.offload import offload_activations, place_to_device, place_to_host
 
 from models import MLP, Block
@@ -187,7 +188,7 @@ def test_non_xla_tensor_is_refused():
 def test_unknown_memory_kind_is_refused(dev):
     x = torch.zeros(2).to(dev)
     with pytest.raises(ValueError, match=r"unknown memory kind 'unpinned'; use 'pinned_host' .* or 'device'"):
-        offload.place(x, "unpinned")
+        offload_impl.place(x, "unpinned")
     with pytest.raises(RuntimeError, match=r"place: unknown memory kind 'hbm'"):  # the core's own check
         txc._tensor._make(txc._tensor.OP.place, (x._lt,), ("hbm",))
 

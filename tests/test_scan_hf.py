@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import torch_xla_core as txc
-from torch_xla_core.hf_scan import ScannedLayers
+from torch_xla_core._features.hf_scan import ScannedLayers
 from torch_xla_core.scan import scan_decoder_layers
 
 T = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""Scan policies (torch_xla_core/_scan_policy.py): "recompute", "save" and
+"""Scan policies (torch_xla_core/_ops/scan_policy.py): "recompute", "save" and
 "offload" give CPU eager's values and gradients; "save" drops the forward's
 recomputation from the backward loop; "offload" stacks residuals in host
 memory; the policies compile to different graphs; bad policies are refused."""

@@ -182,7 +182,7 @@ class Tied(torch.nn.Module):
 def test_deepcopy_module_with_tied_weights_for_ema(dev):
     torch.manual_seed(1)
     model = Tied().to(dev)
-    assert model.out.weight is model.emb.weight  # Module.to keeps the tie (torch_xla_core/_tying.py)
+    assert model.out.weight is model.emb.weight  # Module.to keeps the tie (torch_xla_core/_features/tying.py)
     ema = copy.deepcopy(model)
     assert ema.out.weight is ema.emb.weight and ema.emb.weight is not model.emb.weight
     assert isinstance(ema.emb.weight, torch.nn.Parameter) and type(ema.emb.weight) is XlaTensor

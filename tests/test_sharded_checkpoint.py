@@ -1,4 +1,4 @@
-"""Sharded checkpoints (torch_xla_core/distributed_checkpoint.py): dcp.save
+"""Sharded checkpoints (torch_xla_core/_features/distributed_checkpoint.py): dcp.save
 with SPMDSavePlanner and dcp.load with SPMDLoadPlanner of a sharded model
 and its AdamW state, loaded back in the same layout and in other ones
 (resharding), on 4 CPU devices in one process (a child process:

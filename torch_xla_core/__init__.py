@@ -47,7 +47,8 @@ for _flag, _instead in _LEGACY_DTYPE_FLAGS.items():
         warnings.warn(f"{_flag} is set but torch_xla_core ignores it (torch_xla deprecated it in 2.6): tensors keep "
                       f"their dtypes. Instead, {_instead}.", FutureWarning, stacklevel=2)
 
-from . import amp, memory, offload, scan, serialization  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
+from . import amp, memory, offload, scan  # noqa: E402,F401  (txc.memory, txc.offload, txc.scan)
+from ._features import serialization  # noqa: E402  (txc.serialization; txc.save below)
 
 save = serialization.save  # torch_xla's xm.save: every process calls it, process 0 writes
 
@@ -108,7 +109,7 @@ from .replay import compile  # noqa: E402,A001  (txc.compile: trace once, replay
 from ._runtime.peers import PeerLostError  # noqa: E402  (a peer process died: raised in the call that waited)
 from ._runtime import peers  # noqa: E402,F401  (txc.peers: the job's processes, PeerLostError's source)
 from . import data, profiler, sharding  # noqa: E402
-from . import dynamo  # noqa: E402,F401  (torch.compile(backend="torch_xla_core"): _install.py)
+from ._features import dynamo, hf_scan  # noqa: E402,F401  (torch.compile(backend="torch_xla_core"): _install.py)
 
 
 def __getattr__(name: str):

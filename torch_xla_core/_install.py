@@ -24,7 +24,8 @@ import torch
 
 from ._runtime import cluster as _cluster
 from ._tracing import device as _device, tensor as _tensor
-from . import _ops, _tying, amp, config, distributed, dynamo, serialization
+from . import _ops, config, distributed
+from ._features import tying as _tying, amp, dynamo, serialization
 from ._ops import engine
 
 _done = False

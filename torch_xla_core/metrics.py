@@ -1,14 +1,14 @@
 """Counters and timers of the runtime: compiles, cache hits and misses,
 lowering/compile/execute/transfer times, and per-op CPU fallbacks.
 `report()` renders them as text (with a memory section from
-torch_xla_core/memory.py), `short_report()` as a few key lines; `clear()`
+torch_xla_core/_features/memory.py), `short_report()` as a few key lines; `clear()`
 resets them. Timers keep their last samples for percentiles
 (timer_stats). torch_xla's metric API reads the same data under torch_xla's
 names (metric_data, counter_value, metric_names, counter_names; e.g.
 CompileTime = our "compile" timer, CachedCompile = our "cache_hit" counter):
 aliases only, our own names and units (seconds) stay; torch_xla's units
 (nanoseconds) and report format are torch_xla_core.compat.torch_xla.debug.metrics'. Listeners (add_listener) see every timed span as it ends: the
-profiler (torch_xla_core/profiler.py) is one; with none installed a timer
+profiler (torch_xla_core/_features/profiler.py) is one; with none installed a timer
 costs one list test more."""
 import collections
 import threading

@@ -13,7 +13,7 @@ the scan operator, with its rules for when a body is traced again, is an op
 (_scan_layers.py) and scan_decoder_layers (hf_scan.py) are features built on
 it."""
 from ._ops.scan import clear_cache, scan
-from ._scan_layers import scan_layers
-from .hf_scan import scan_decoder_layers
+from ._features.scan_layers import scan_layers
+from ._features.hf_scan import scan_decoder_layers
 
 __all__ = ["scan", "scan_layers", "scan_decoder_layers", "clear_cache"]

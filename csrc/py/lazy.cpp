@@ -112,7 +112,7 @@ void bind_lazy(py::module_& m) {
                                       "The whole storage as a tensor (as_strided indexes it).");
   cls.attr("alias") = py::cpp_function([](LazyTensor& t) { return t.alias(); }, py::is_method(cls),
                                        py::name("alias"), "A new tensor sharing this one's storage and view chain.");
-  // For deepcopy and torch.save (torch_xla_core/serialization.py).
+  // For deepcopy and torch.save (torch_xla_core/_features/serialization.py).
   prop("view_ops", py::cpp_function([](LazyTensor& t) {
          py::list r;
          for (const NodePtr& n : view_chain(t)) r.append(op_def(n->op).name);

@@ -36,7 +36,7 @@ assigns the results back to the tensors' storages. It owns:
   SPMD partitioner (Key.spmd; torch_xla_core/_execution/spmd.py does its lowering
   options, compile options, input transfer and output assembly);
 - TXC_DUMP_DIR: every compiled graph's StableHLO is written there
-  (graph-<hash>.mlir); torch_xla_core/debug.py shows a sync's graph without
+  (graph-<hash>.mlir); torch_xla_core/_features/debug.py shows a sync's graph without
   running it. TXC_DONATE=0 turns donation off.
 
 Threading model: there is one pending graph per process, shared by all
@@ -69,7 +69,7 @@ class Key(collections.namedtuple("Key", "graph precision device platform aliases
     matmul precision, the device index, the platform, the donated
     (parameter, output) pairs, the memory kinds of the parameters and
     outputs that live outside device memory (GraphCut.memory_kinds(): () when
-    all are on the device; see torch_xla_core/offload.py), and for a graph
+    all are on the device; see torch_xla_core/_features/offload.py), and for a graph
     partitioned over a mesh its device assignment and parameter shardings
     (_spmd.Spmd; None for one device), and for a graph with collectives
     across processes the device of each replica, one per process

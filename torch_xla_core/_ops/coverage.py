@@ -97,7 +97,8 @@ def _where(fn) -> str:
     """A handler's module and name, relative to this package (elementwise.lerp)."""
     mod = getattr(fn, "__module__", None) or type(fn).__module__
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    for prefix in ("torch_xla_core._ops.", "torch_xla_core."):
+    for prefix in ("torch_xla_core._ops.", "torch_xla_core._features.", "torch_xla_core._execution.",
+                   "torch_xla_core._tracing.", "torch_xla_core._runtime.", "torch_xla_core."):  # (the layer folders)
         if mod.startswith(prefix):
             mod = mod[len(prefix):]
             break

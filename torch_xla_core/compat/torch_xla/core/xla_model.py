@@ -8,7 +8,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...._tracing import random as _random, tensor as _tensor
-from .... import metrics, serialization
+from .... import metrics
+from ...._features import serialization
 from ...._runtime import runtime
 from ...._tracing.tensor import XlaTensor
 from .. import runtime as _xr

@@ -6,7 +6,7 @@ import functools
 
 import jax
 
-from .... import profiler
+from ...._features import profiler
 
 _recording = None  # the txc.profiler.trace context start_trace entered
 

@@ -3,7 +3,7 @@ MpDeviceLoader moves each batch to the device ahead of use (and lays it out
 with input_sharding), syncing once per batch as torch_xla does."""
 import torch.utils._pytree as pytree
 
-from .... import data
+from ...._features import data
 from ..core import xla_model
 
 

@@ -4,7 +4,7 @@ txc.save); load gives CPU tensors, as torch_xla's does. The file is
 torch.save's format, not torch_xla's tensor-per-file folder."""
 import torch
 
-from .... import serialization
+from ...._features import serialization
 
 __all__ = ["save", "load"]
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from ..... import patched_linear
+from ....._features import patched_linear
 from ....._execution import sharding
 from ....._runtime import runtime
 from .xla_sharded_tensor import ShardingType, XLAShardedTensor  # noqa: F401  (xs.ShardingType)

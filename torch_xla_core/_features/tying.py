@@ -13,7 +13,7 @@ import collections
 import threading
 
 import torch
-from ._tracing.tensor import XlaTensor
+from .._tracing.tensor import XlaTensor
 
 _local = threading.local()
 _orig_apply = None

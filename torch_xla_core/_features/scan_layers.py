@@ -7,8 +7,8 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from ._ops import scan_policy as _scan_policy
-from ._ops.scan import _Ref, _scan
+from .._ops import scan_policy as _scan_policy
+from .._ops.scan import _Ref, _scan
 
 def _structure(m):
     mods = tuple((n, type(s)) for n, s in m.named_modules())

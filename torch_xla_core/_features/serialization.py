@@ -48,10 +48,10 @@ import weakref
 import jax
 import torch
 
-from . import _ops, config
-from ._execution import executor
-from ._tracing import tensor as _tensor
-from ._runtime import runtime
+from .. import _ops, config
+from .._execution import executor
+from .._tracing import tensor as _tensor
+from .._runtime import runtime
 
 _SAVING = "torch.save of a sharded xla tensor"
 _PRIORITY = 9  # ahead of torch's "cpu" tagger (10): our host storages are CPU storages

@@ -49,10 +49,10 @@ import warnings
 import torch
 import torch.nn as nn
 
-from ._scan_layers import scan_layers
-from ._ops.scan_policy import check_policy
-from ._tracing.tensor import XlaTensor
-from . import metrics
+from .scan_layers import scan_layers
+from .._ops.scan_policy import check_policy
+from .._tracing.tensor import XlaTensor
+from .. import metrics
 
 __all__ = ["scan_decoder_layers", "ScannedLayers"]
 

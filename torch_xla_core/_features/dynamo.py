@@ -79,10 +79,10 @@ import warnings
 
 import torch
 
-from . import _C, metrics, replay
-from ._runtime import torch_compat as _compat
-from ._replay_session import _own_storage
-from ._tracing.tensor import XlaTensor
+from .. import _C, metrics, replay
+from .._runtime import torch_compat as _compat
+from .._replay_session import _own_storage
+from .._tracing.tensor import XlaTensor
 
 __all__ = ["backend", "install", "make_traceable", "NAME"]
 
@@ -355,7 +355,7 @@ def install() -> None:
     # Our own frames (op handlers, the executor) and jax's under them run under torch's dispatcher, also
     # inside the code dynamo runs eagerly after a graph break: dynamo must not compile them (it traced into
     # the data-dependent nonzero handler of wav2vec2's CTC loss, resumed it on fake values and recursed).
-    for package in (__package__, "jax", "jaxlib"):
+    for package in (__name__.partition(".")[0], "jax", "jaxlib"):  # the whole package, not only _features
         trace_rules.add(package)
     names = [NAME]
     if importlib.util.find_spec("torch._dynamo.backends.torchxla") is None:  # torch's "openxla"
