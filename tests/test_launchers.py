@@ -89,11 +89,6 @@ def test_two_torchrun_nodes_on_one_machine(tmp_path):
     _check_trained(tmp_path, "torchrun", (0, 0))
 
 
-def _only_with_slow(request):
-    if "slow" not in (request.config.getoption("-m") or ""):
-        pytest.skip("srun/PyTorchJob environments run with `pytest -m slow` (not yet verified on a quiet machine)")
-
-
 def _start_each(env_of, tmp_path):
     procs = [subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "launched.py"), str(tmp_path)], env=env_of(r),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
@@ -103,8 +98,7 @@ def _start_each(env_of, tmp_path):
 
 
 @pytest.mark.slow  # unverified this session: on a machine at load 15-21 one process had not exited after 600 s (its results were right); rerun with `pytest -m slow tests/test_launchers.py` on a quiet machine before making it default
-def test_srun_environment(tmp_path, request):
-    _only_with_slow(request)
+def test_srun_environment(tmp_path):
     """srun's variables (one node, two tasks): the coordinator is the first
     node of the step's node list, on loopback since the step has one node,
     at the port JAX_COORDINATOR_PORT names (else SLURM_JOB_ID's)."""
@@ -117,8 +111,7 @@ def test_srun_environment(tmp_path, request):
 
 
 @pytest.mark.slow  # unverified this session: on a machine at load 15-21 one process had not exited after 600 s (its results were right); rerun with `pytest -m slow tests/test_launchers.py` on a quiet machine before making it default
-def test_pytorchjob_environment(tmp_path, request):
-    _only_with_slow(request)
+def test_pytorchjob_environment(tmp_path):
     """A Kubeflow PyTorchJob's variables (MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE; no LOCAL_RANK, no agent): process 0 hosts torch's store at
     MASTER_PORT, and torch's own init_process_group joins it after."""
