@@ -1,4 +1,6 @@
 """Elementwise ops: numerics against CPU eager, dtype promotion, scalars."""
+import re
+
 import pytest
 import torch
 
@@ -175,7 +177,41 @@ _NO_BOOL_KERNEL = [torch.fmod, torch.remainder, torch.floor_divide, torch.bitwis
                    lambda a, b: a.clone().sub_(b), lambda a, b: torch.sub(a, b, alpha=2)]
 
 
-_DIVIDES = set(_NO_BOOL_KERNEL[:3] + _NO_BOOL_KERNEL[7:11])
+_INTEGER_DIVISIONS = {
+    "floor_divide": torch.floor_divide, "//": lambda a, b: a // b, "fmod": torch.fmod, "remainder": torch.remainder,
+    "%": lambda a, b: a % b, "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"), "fmod_": lambda a, b: a.clone().fmod_(b),
+    "floor_divide_": lambda a, b: a.clone().floor_divide_(b), "remainder_out": lambda a, b: torch.remainder(
+        a, b, out=torch.empty_like(a))}
+
+
+@pytest.mark.parametrize("name", list(_INTEGER_DIVISIONS))
+def test_integer_division_by_zero_raises_as_cpu(name):
+    """torch's integer kernels of floor/trunc division, fmod and remainder
+    raise ZeroDivisionError (a RuntimeError) on a zero divisor; the device
+    would return a value. A zero number is refused at the call; a tensor
+    divisor by a deferred check, at the sync, naming the op. Without a zero,
+    and in floating point (inf/nan), they compute as CPU."""
+    fn, dev = _INTEGER_DIVISIONS[name], txc.device()
+    a, b = torch.tensor([7, -7, 5], dtype=torch.int32), torch.tensor([2, 3, 0], dtype=torch.int32)
+    op = {"//": "floor_divide", "%": "remainder", "div_floor": "div(rounding_mode='floor')",
+          "div_trunc": "div(rounding_mode='trunc')"}.get(name, name.rstrip("_").replace("_out", ""))
+    for divisor in (b, 0, b[2:]):  # a tensor, a number, a 0-d... 1-element tensor holding 0
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn(a, divisor)
+        with pytest.raises(RuntimeError, match=rf"ZeroDivisionError: {re.escape(op)} of integers \(torch.int32\)"):
+            out = fn(a.to(dev), divisor.to(dev) if isinstance(divisor, torch.Tensor) else divisor)
+            txc.sync(wait=True)
+            out.cpu()
+    # the pending check was consumed: the next graph runs. An in-place op that fails to write its result
+    # (its shape) leaves no check behind either.
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        a[:1].to(dev).fmod_(b.to(dev))
+    txc.sync(wait=True)
+    _same_outcome(fn, a, b.clamp(min=1))
+    _same_outcome(fn, a, -3)
+    _same_outcome(fn, a.double(), b)       # floating: inf / nan, no error
+    _same_outcome(fn, a, b.double())
 
 
 @pytest.mark.parametrize("fn", _NO_BOOL_KERNEL)
@@ -191,8 +227,6 @@ def test_ops_without_a_bool_kernel_match_cpu_on_bools(fn):
         for x, y in ((a, b), (b, a)):
             if not isinstance(x, torch.Tensor) and fn not in (torch.remainder, torch.bitwise_left_shift, torch.sub):
                 continue  # no number-first overload
-            if fn in _DIVIDES and not torch.result_type(x, y).is_floating_point and (torch.as_tensor(y) == 0).any():
-                continue  # integer division by zero: CPU raises; the device does not check it (not this test)
             _same_outcome(fn, x, y)
     # refused at the call: no graph is left pending with an op that cannot compile
     with pytest.raises(NotImplementedError, match="fmod: not implemented for 'Bool'"):

@@ -15,7 +15,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from .. import _C, metrics
-from .._tracing import tensor as _tensor
+from .._tracing import checks as _checks, tensor as _tensor
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import UnsupportedDtype, code
 from .._tracing.tensor import OP, XlaTensor, _op
@@ -315,9 +315,8 @@ def _derive(func):
     how, fn = route(func)
     if how == DERIVED:
         base = handler(fn)
-        if func._schema.name.endswith("_"):
-            return _inplace(base)
-        return _out(base, func)
+        # staged: the functional op's deferred checks are dropped when writing its result fails
+        return _checks.staged(_inplace(base) if func._schema.name.endswith("_") else _out(base, func))
     if how == COMPOSITE:
         return _composite(func)
     if how == DECOMPOSITION:

@@ -3,7 +3,7 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import torch
 
 from .._runtime.dtypes import UnsupportedDtype, code
-from .._tracing import device as _device, tensor as _tensor
+from .._tracing import checks as _checks, device as _device, tensor as _tensor
 from .. import metrics
 from .._tracing.tensor import OP, XlaTensor, _make, _op, device_error
 from . import (XLA, Arg, assign, aten, check_fill, check_no_partial_overlap, convert, decomposed, full_like, impl,
@@ -33,6 +33,22 @@ def _no_bool_result(name):
     return lambda a, b, *_, **__: _refuse_bool_result(name, a, b)
 
 
+def _check_integer_divisor(name, a, b):
+    """torch's integer kernels of floor/trunc division, fmod and remainder
+    raise ZeroDivisionError (a RuntimeError) on a zero divisor, where the
+    device would return a value: a number is checked here, a tensor by a
+    deferred check (checks.require) that the next sync computes."""
+    dt = torch.result_type(a, b)
+    if dt.is_floating_point or dt.is_complex:
+        return
+    message = (f"ZeroDivisionError: {name} of integers ({dt}) by zero: the divisor holds a 0 (torch's integer "
+               f"kernels raise here too; divide floating tensors for inf/nan instead)")
+    if isinstance(b, XlaTensor):
+        _checks.require((b == 0).any()._lt, message, RuntimeError)
+    elif bool((b == 0).any()) if isinstance(b, torch.Tensor) else b == 0:  # a number, or a CPU scalar tensor
+        raise RuntimeError(message)
+
+
 def _integral_only(name, bools=True):
     """check= of a bitwise op (core Kind::Integral): torch has no floating or
     complex kernel (nor a bool one for shifts: bools=False)."""
@@ -55,7 +71,7 @@ def _check_sub(a, b, *_, **__):
         raise NotImplementedError(f"sub: {_SUB_BOOLS if all(bools) else _SUB_BOOL}")
 
 
-_CHECKS = {"neg": _check_neg, "fmod": _no_bool_result("fmod"), "remainder": _no_bool_result("remainder"),
+_CHECKS = {"neg": _check_neg,
            "bitwise_left_shift": _integral_only("bitwise_left_shift", bools=False),
            "bitwise_right_shift": _integral_only("bitwise_right_shift", bools=False),
            **{n: _integral_only(n) for n in ("bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor")}}
@@ -75,8 +91,7 @@ for _aten, _core in [
 
 for _aten, _core in [
     ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"), ("logical_and", "logical_and"),
-    ("logical_or", "logical_or"), ("logical_xor", "logical_xor"), ("fmod", "fmod"), ("remainder", "remainder"),
-    ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"), ("bitwise_xor", "bitwise_xor"),
+    ("logical_or", "logical_or"), ("logical_xor", "logical_xor"), ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"), ("bitwise_xor", "bitwise_xor"),
     ("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"),
 ]:
     _packet = getattr(aten, _aten)
@@ -180,18 +195,32 @@ def rsub(a, b, *, alpha=1):
 def div_mode(a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return div(a, b)
-    _refuse_bool_result(f"div(rounding_mode={rounding_mode!r})", a, b)
-    if rounding_mode == "trunc":
-        return _op(OP.div_trunc, (a, b), ())
-    if rounding_mode == "floor":
-        return _op(OP.div_floor, (a, b), ())
-    raise RuntimeError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+    if rounding_mode not in ("trunc", "floor"):
+        raise RuntimeError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+    return _integer_division(f"div(rounding_mode={rounding_mode!r})",
+                             OP.div_trunc if rounding_mode == "trunc" else OP.div_floor, a, b)
 
 
 @impl(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(a, b):
-    _refuse_bool_result("floor_divide", a, b)
-    return _op(OP.div_floor, (a, b), ())
+    return _integer_division("floor_divide", OP.div_floor, a, b)
+
+
+@impl(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(a, b):
+    return _integer_division("fmod", OP.fmod, a, b)
+
+
+@impl(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(a, b):
+    return _integer_division("remainder", OP.remainder, a, b)
+
+
+def _integer_division(name, op, a, b):
+    """The ops whose integer kernels refuse a zero divisor (_check_integer_divisor)."""
+    _refuse_bool_result(name, a, b)
+    _check_integer_divisor(name, a, b)
+    return _op(op, (a, b), ())
 
 
 def _is_bool(x):
