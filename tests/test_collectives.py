@@ -7,6 +7,7 @@ issue 42's txc.optimizer_step example and DistributedDataParallel over the
 execution per step, the step replayed under txc.compile, dist.* and
 functional collectives, DTensor, rendezvous and mesh_reduce."""
 import os
+import re
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 import torch_xla_core as txc
 from torch_xla_core import distributed as xd
+from torch_xla_core._runtime import runtime
 from torch_xla_core.distributed import collectives as cc
 from launched_ranks import launched_ranks
 
@@ -45,9 +47,11 @@ def _lines_with(hlo, text):
 def test_collectives_run_in_trace_order_each_after_the_previous():
     # Traced: all_reduce of x, then all_gather of y; the graph walk reaches the
     # all_gather first (operand 0 of the add). Processes whose graphs differ
-    # elsewhere must still take them in the order they were called, so the
-    # lowering emits them in trace order and the all_gather's input passes
-    # through an optimization barrier with the all_reduce's result.
+    # elsewhere must still take them in the order they were called (else they
+    # wait on each other forever), so the lowering emits them in trace order
+    # and the all_gather's input depends on the all_reduce's result: y minus a
+    # 0 that XLA cannot fold, computed from that result. An optimization
+    # barrier would not do: XLA:CPU removes barriers before it schedules.
     x, y = torch.arange(4.0, device="xla"), torch.arange(6.0, device="xla")
     a = xd.all_reduce("sum", x)
     b = xd.all_gather(y)
@@ -55,15 +59,42 @@ def test_collectives_run_in_trace_order_each_after_the_previous():
     hlo = txc.debug.stablehlo([out])
     (reduce_at,), (gather_at,) = _lines_with(hlo, '"stablehlo.all_reduce"'), _lines_with(hlo, '"stablehlo.all_gather"')
     assert reduce_at < gather_at
-    (barrier_at,) = _lines_with(hlo, '"stablehlo.optimization_barrier"')
     lines = hlo.splitlines()
+    names = {line.split(" = ")[0].strip(): line for line in lines if " = " in line}
+
+    def depends_on(name, target):
+        line = names.get(name, "")
+        args = line.split("(", 2)[1].split(")")[0] if '"(' in line else ""
+        return name == target or any(depends_on(a.strip().split("#")[0], target)
+                                     for a in args.split(",") if a.strip().startswith("%"))
+
     reduced = lines[reduce_at].split(" = ")[0].strip()
-    tied = lines[barrier_at].split(" = ")[0].strip().split(":")[0]
-    assert reduce_at < barrier_at < gather_at and f", {reduced})" in lines[barrier_at]
-    assert f'"stablehlo.all_gather"({tied}#0)' in lines[gather_at]
+    gathered = lines[gather_at].split('"stablehlo.all_gather"(')[1].split(")")[0]
+    assert depends_on(gathered, reduced)
+    # and XLA keeps it: in the optimized program the all-gather's operand is computed from the all-reduce
+    exe = runtime.compile_text(hlo)
+    opt = exe.hlo_modules()[0].to_string()
+    ar = re.search(r"%(all-reduce[.\w]*) = ", opt).group(1)
+    ag_operand = re.search(r" all-gather\(%([\w.-]+)\)", opt).group(1)
+    assert re.search(rf"%{re.escape(ag_operand)} = .*\(%{re.escape(ar)}\)", opt), opt
     assert out.item() == 6.0 + 15.0  # one process: each collective is its input
-    # one collective: nothing to order, no barrier
-    assert "optimization_barrier" not in txc.debug.stablehlo([xd.all_reduce("sum", x)])
+    # the dependency changes no bit: a second collective (chained after the first) gives the first's bits, in
+    # every dtype, -0.0 and NaN included (XLA's bf16 all-gather itself makes NaNs canonical: both do)
+    bits = lambda t: t if t.dtype == torch.bool else t.view(torch.uint8)  # noqa: E731
+    for dt in (torch.float32, torch.bfloat16, torch.float64, torch.complex64, torch.int64, torch.uint8, torch.bool):
+        v = (torch.tensor([-0.0, 1.5, float("nan")]) if dt.is_floating_point else torch.tensor([1, 0, 3])).to(dt)
+        first, second = xd.all_gather(v.to("xla")), xd.all_gather(v.to("xla"))
+        text = txc.debug.stablehlo([first, second])
+        assert text.count("stablehlo.popcnt") == 1 and ("stablehlo.subtract" if dt.is_complex else "stablehlo.or") \
+            in text, dt
+        txc.sync()
+        one, two = first.cpu(), second.cpu()
+        assert two.dtype == dt and torch.equal(bits(two), bits(one)), (dt, one, two)  # the chained one: same bits
+        torch.testing.assert_close(one, v, rtol=0, atol=0, equal_nan=True)
+        if dt.is_floating_point:
+            assert torch.equal(torch.signbit(two), torch.signbit(v))  # -0.0 stays -0.0
+    # one collective: nothing to order
+    assert "stablehlo.popcnt" not in txc.debug.stablehlo([xd.all_reduce("sum", x)])
 
 
 def test_a_list_is_reduced_in_place_in_one_collective_per_dtype():

@@ -5,8 +5,9 @@ collective of the backend on row, column and singleton sub-groups equal to
 the same collective on CPU tensors over gloo groups of the same ranks, the
 StableHLO replica groups, a 2-D DeviceMesh ("dp", "tp") built from the
 groups and torch's init_device_mesh("xla", (2, 2)) with DTensor on them
-against the full tensors, and the error of a group whose size does not
-divide the world's."""
+against the full tensors, HSDP on that mesh after the DTensor code left
+collectives pending (they run in its first step's graph, which differs by
+rank), and the error of a group whose size does not divide the world's."""
 import os
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from torch_xla_core.distributed import collectives as cc
 from launched_ranks import launched_ranks
+from test_fsdp import _close, _whole_batch
 
 pytestmark = pytest.mark.xdist_group("processes2")  # one multi-process launch at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "subgroups_train.py")
@@ -81,3 +83,15 @@ def test_a_2d_mesh_and_its_sub_meshes_compute_as_the_full_tensors(ranks):
 def test_a_sub_group_of_a_size_not_dividing_the_world_raises_on_its_members(ranks):
     for res in ranks[:3]:
         assert "ranks [0, 1, 2] on 4 processes" in res["bad"]
+
+
+def test_hsdp_after_pending_dtensor_collectives_trains_equal_to_one_process(ranks):
+    """The first HSDP step's graph holds the collectives the DTensor code
+    left pending and FSDP2's, over the world, rows and columns, and its other
+    ops differ by rank. XLA:CPU's scheduler ordered independent collectives
+    by buffer sizes, so the ranks took them in different orders and waited
+    on each other forever; each collective's input now depends on the
+    previous one's result (csrc/lower/emitter.cpp: ordered_in)."""
+    want = _whole_batch(torch.optim.SGD, lr=0.1)[-1]
+    for res in ranks:
+        _close(res["hsdp"], want)

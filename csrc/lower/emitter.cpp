@@ -205,16 +205,47 @@ std::string LowerCtx::lower_node(const Node& n) {
   if (!def.lower) throw std::runtime_error("core op '" + def.name + "' has no lowering");
   if (n.numel() == 0) return constant(0, n.dtype, n.dims);
   std::string r = def.lower(*this, n);
-  if (def.ordered) last_ordered_ = {r, type(n)};
+  if (def.ordered) last_ordered_ = {r, &n};
   return r;
 }
 
 std::string LowerCtx::ordered_in(const Node& n, size_t i) {
   const std::string& v = in(n, i);
-  if (last_ordered_.first.empty()) return v;
-  std::string t = type(*n.operands.at(i));
-  const auto& [prev, prev_t] = last_ordered_;
-  return op_multi("stablehlo.optimization_barrier", {v, prev}, {t, prev_t}, {t, prev_t}) + "#0";
+  const Node* prev = last_ordered_.second;
+  if (prev == nullptr || prev->numel() == 0) return v;  // nothing before it, or a constant (no elements)
+  // z: an int32 0 computed from the previous result's first element, which
+  // XLA cannot prove is 0 (a popcount is at most 32; 32 >> 6 == 0), so it
+  // keeps the dependency; v | z (on the bits of a floating v) is v, bit for
+  // bit (complex: v - z, the same value).
+  DType pd = prev->dtype;
+  std::string first = last_ordered_.first;
+  if (!prev->dims.empty()) {
+    Dims zeros(prev->dims.size(), 0), ones(prev->dims.size(), 1);
+    first = op("stablehlo.slice", {first}, {type(*prev)}, type(pd, ones),
+               "start_indices = " + i64_array(zeros) + ", limit_indices = " + i64_array(ones) +
+                   ", strides = " + i64_array(ones));
+    first = op("stablehlo.reshape", {first}, {type(pd, ones)}, type(pd, {}));
+  }
+  if (is_complex(pd)) {
+    first = op("stablehlo.real", {first}, {type(pd, {})}, type(real_part_dtype(pd), {}));
+    pd = real_part_dtype(pd);
+  }
+  const std::string i32 = type(DType::I32, {});
+  std::string z = pd == DType::I32 ? first : op("stablehlo.convert", {first}, {type(pd, {})}, i32);
+  z = op("stablehlo.popcnt", {z}, {i32}, i32);
+  z = op("stablehlo.shift_right_logical", {z, constant(6, DType::I32)}, {i32, i32}, i32);
+  const Node& x = *n.operands.at(i);
+  // v | z on v's bits (a floating v as the integer of its width), v - z for complex
+  DType bits = x.dtype == DType::F16 || x.dtype == DType::BF16 ? DType::I16
+               : x.dtype == DType::F32                        ? DType::I32
+               : x.dtype == DType::F64                        ? DType::I64
+                                                              : x.dtype;
+  if (bits != DType::I32) z = op("stablehlo.convert", {z}, {i32}, type(bits, {}));
+  z = broadcast(z, bits, {}, x.dims);
+  if (is_complex(x.dtype)) return op("stablehlo.subtract", {v, z}, {type(x), type(x)}, type(x));
+  std::string w = bits == x.dtype ? v : op("stablehlo.bitcast_convert", {v}, {type(x)}, type(bits, x.dims));
+  w = op("stablehlo.or", {w, z}, {type(bits, x.dims), type(bits, x.dims)}, type(bits, x.dims));
+  return bits == x.dtype ? w : op("stablehlo.bitcast_convert", {w}, {type(bits, x.dims)}, type(x));
 }
 
 std::vector<std::string> LowerCtx::lower_body(const Body& b, const std::vector<std::string>& args) {

@@ -25,9 +25,13 @@ class LowerCtx {
  public:
   // SSA name of operand i of n (already lowered).
   const std::string& in(const Node& n, size_t i) const { return name_of(n.operands.at(i).get()); }
-  // Operand i of an ordered op (OpDef::ordered), passed with the previous
-  // ordered op's result of this region through a stablehlo.optimization_barrier:
-  // XLA cannot start it before that one has finished. The first one's is in(n, i).
+  // Operand i of an ordered op (OpDef::ordered), made to depend on the
+  // previous ordered op's result of this region: XLA cannot start it before
+  // that one has finished. A data dependency, because XLA:CPU drops
+  // optimization barriers before it schedules, and its memory schedulers
+  // order independent collectives by buffer sizes, which differ by process
+  // (an uneven shard): processes taking their collectives in different
+  // orders wait on each other forever. The first one's is in(n, i).
   std::string ordered_in(const Node& n, size_t i);
   // SSA name of a lowered node.
   const std::string& name_of(const Node* n) const { return names_.at(size_t(ids_.at(n))); }
@@ -129,7 +133,7 @@ class LowerCtx {
   std::string body_;
   int indent_ = 4;
   std::unordered_map<std::string, std::string> memo_;  // memo(): key -> SSA name, this region
-  std::pair<std::string, std::string> last_ordered_;  // the last ordered op's result and type (lower_node)
+  std::pair<std::string, const Node*> last_ordered_;  // the last ordered op's result and node (lower_node)
 
  private:
   int counter_ = 0;

@@ -8,7 +8,12 @@ writes OUT/rank{r}.json:
   hlo: the replica groups of a row all-reduce's StableHLO;
   mesh: a 2-D DeviceMesh ("dp", "tp") from those groups: its sub-meshes'
     ranks, and DTensor on it (Shard/Replicate per dim, redistribute, a
-    matmul) against the full tensors;
+    matmul) against the full tensors; torch's init_device_mesh("xla");
+  hsdp: FSDP2 on that mesh (HSDP), parameters after 3 SGD steps; the
+    collectives the DTensor code above left pending run in the first
+    step's graph, whose other ops differ by rank (rank 1's shard of w is
+    4x1, the others' 4x2): XLA must still take every collective in trace
+    order on every rank (it hung when its scheduler reordered them);
   bad: the error of a sub-group whose size does not divide the world."""
 import json
 import os
@@ -18,6 +23,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
 
 import torch_xla_core as txc
@@ -97,6 +103,21 @@ m2 = init_device_mesh("xla", (2, 2), mesh_dim_names=("dp", "tp"))
 res["init_device_mesh"] = {"groups": [dist.get_process_group_ranks(m2.get_group(d)) for d in ("dp", "tp")],
                            "full": xd.distribute_tensor(full, m2, [Shard(1), Shard(0)]).full_tensor().cpu().tolist(),
                            "coordinate": m2["tp"].get_coordinate()}
+
+# --- HSDP: FSDP2 on the 2-D mesh (replicated over "dp", sharded over "tp"), 3 SGD steps on this rank's quarter
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
+for mod in (net[0], net[2], net):
+    fully_shard(mod, mesh=m2)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(2)
+for _ in range(3):
+    xb, yb = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+    ((net(xb[2 * r:2 * r + 2].to("xla")) - yb[2 * r:2 * r + 2].to("xla")) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    txc.sync()
+res["hsdp"] = [p.full_tensor().cpu().tolist() for p in net.parameters()]
 
 # --- a group of 3 on 4 processes: a clear error on its members
 three = dist.new_group([0, 1, 2])
