@@ -214,6 +214,28 @@ def test_ddp_over_the_xla_backend_equals_one_process(ranks):
         assert res["ddp"]["executions"] == [1, 1, 1]
 
 
+def test_the_ddp_step_replays_under_txc_compile_and_dynamo(ranks):
+    """DDP's reducer keeps its gradient buckets out of the walk's reach:
+    the first call reads a bucket nobody passed (refused, recorded again
+    with the buckets the backend's all-reduces wrote among the inputs), the
+    second makes new buckets (DDP rebuilds them once), the third records,
+    and every later call is one replayed graph. Under dynamo each graph
+    (forward, backward, optimizer) replays; dynamo breaks the frame at
+    .backward(), so a step is several graphs there."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    want = _sgd_on_whole_batch(net, 6, 8, 8, 4, seed=2)
+    for res in ranks:
+        t, d = res["ddp_txc"], res["ddp_dynamo"]
+        _close(t["params"], want)
+        _close(d["params"], want)
+        c = t["counters"]
+        assert (c.get("replay_retry"), c.get("replay_record"), c.get("replay"), c.get("replay_refused")) == \
+            (2, 1, 3, None), c
+        assert t["executions"][3:] == [1, 1, 1]  # each replayed step: one graph, its all-reduces included
+        assert d["counters"].get("replay", 0) >= 3 * 3 and d["counters"].get("dynamo_graph") == 3, d["counters"]
+
+
 def test_dist_functional_collectives_and_dtensor(ranks):
     t = [torch.arange(3.0) + 10 * r for r in (0, 1)]
     full = torch.arange(8.0).reshape(4, 2)

@@ -35,6 +35,10 @@ GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard c
 _ALIAS, _FULL = _C.op_ids()["alias"], _C.op_ids()["full"]
 
 
+UNREACHED = ("it reads device data that is not among its inputs (a tensor reached other than through arguments, "
+             "modules, optimizers, globals or closure)")
+
+
 class Refused(Exception):
     """This call cannot be recorded for replay; the message says why."""
 
@@ -83,10 +87,17 @@ class Session:
         self.roots = []                   # grad_fns whose graphs a backward pass consumed
         self.schedulers = []              # LR schedulers whose step() ran after the step (in order)
         self.synced = 0                   # syncs the executor ran meanwhile (each must be a segment)
+        self.written = []                 # tensors a torch.distributed collective wrote (collective_wrote)
 
     def refuse(self, why):
         if self.refusal is None:
             self.refusal = why
+
+    def collective_wrote(self, tensors):
+        """The "xla" backend's collectives name the tensors they write: DDP's
+        gradient buckets, state its reducer keeps out of the walk's reach
+        (replay.py records again with them among the inputs)."""
+        self.written.extend(tensors)
 
     # -- the executor's recorder: every sync during the call ------------------
     def grab(self, p, exe, params, outs):
@@ -104,8 +115,7 @@ class Session:
             elif id(a) in self.consts:
                 binds.append(("const", a))
             else:
-                self.refuse("it reads device data that is not among its inputs (a tensor reached other than "
-                            "through arguments, modules, optimizers, globals or closure)")
+                self.refuse(UNREACHED)
                 binds.append(("const", a))
         base = len(self.outs)
         for j, b in enumerate(outs):

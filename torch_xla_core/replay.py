@@ -58,6 +58,14 @@ recording call):
 - LRScheduler.step() inside the step (a scheduler from the closure or an
   argument) runs after the step's graph, in the recording and after each
   replay: its count and the lr tensor it fills move on every call;
+- DistributedDataParallel: its reducer keeps the gradient buckets, which
+  the walk cannot reach. The "xla" backend's collectives name the tensors
+  they write to the recording; a call refused for reading or writing
+  tensors outside the walk that a collective wrote is recorded again on
+  the next call with those tensors walked too (after the rest, read and
+  written in place by each replay): DDP's first step is traced, its
+  second (which makes new buckets once) too, the third is recorded
+  (metric "replay_retry" per such call; at most 3);
 - uploads inside the step that are constants are baked into the
   recording: empty tensors (transformers' DynamicCache), 0-d tensors of a
   Python number (`torch.tensor(mid - 1)`, as a Python number in an op is
@@ -106,6 +114,7 @@ import gc
 import sys
 import types
 import warnings
+import weakref
 
 import torch
 
@@ -124,6 +133,7 @@ __all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
 MAX_RECORDINGS = 16  # signatures recorded per compiled function
 MAX_VARIANTS = 4     # recordings per signature that differ in the values they read on the host
 _GUARD = "a value it reads on the host differs from every recorded one"
+_LOST = "that are not among its inputs or outputs (their new values would be lost on replay)"
 _LIFTABLE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam"}
 _SCALARS = (bool, int, float, str, type(None))
 _ARG, _GROUP = _C.replay_slot_kinds["arg"], _C.replay_slot_kinds["group"]  # input slot kinds made here
@@ -255,7 +265,7 @@ def _captured(fn):
     return out
 
 
-def _walk(fn, args, kwargs, views=False) -> _Walk:
+def _walk(fn, args, kwargs, views=False, late=()) -> _Walk:
     w = _Walk(views)
     seen = set()
     mm = torch.nn.modules.module
@@ -273,6 +283,9 @@ def _walk(fn, args, kwargs, views=False) -> _Walk:
             w.value(v, ("g", name), seen)
         elif isinstance(v, (bool, int, float, str)):
             w.sig.append((name, type(v), v))
+    for i, t in enumerate(late):  # Compiled._retry_late
+        w.sig.append("late")
+        w.value(t, ("late", i), seen)
     return w
 
 
@@ -315,6 +328,7 @@ class Compiled:
         self._recordings = {}   # signature -> [_Recording]: variants told apart by the values they read
         self._refused = {}      # signature -> reason
         self._warned = set()
+        self._late, self._late_tries = [], 0  # weakrefs: tensors walked after the rest (_retry_late)
 
     def __get__(self, obj, objtype=None):  # @txc.compile on a method: self is an argument
         if obj is None:
@@ -340,7 +354,7 @@ class Compiled:
         if collecting:
             gc.disable()
         try:
-            w = _walk(src, args, kwargs, self._inner)
+            w = _walk(src, args, kwargs, self._inner, self._late_inputs())
             sig = w.signature()
             recs = self._recordings.get(sig) if w.refusal is None else None
             if recs is not None:
@@ -415,9 +429,12 @@ class Compiled:
                 raise _Refused(session.refusal)
             rec, outs, results = self._capture(sig, pre, src, args, kwargs, out, session)
         except _Refused as e:
+            _tensor.sync_lazy()
+            if self._retry_late(session, str(e)):
+                metrics.counter_add("replay_retry")
+                return out
             self._refused[sig] = str(e)
             metrics.counter_add("replay_refused")
-            _tensor.sync_lazy()
             return self._warn_refused(str(e), out)
         finally:
             session.run_schedulers()  # after the step's graph: the lr they write is the next call's input
@@ -426,6 +443,28 @@ class Compiled:
             metrics.counter_add("replay_record")
             return _returned(rec, pre.tensors, outs, results)  # what a replay returns (detached, the same views)
         return out
+
+    def _late_inputs(self):
+        return [t for t in (r() for r in self._late) if t is not None]
+
+    def _retry_late(self, session, why):
+        """Whether a call refused for reading device data outside the walk,
+        or for writing tensors outside it, is recorded again on the next
+        call, because a torch.distributed collective wrote tensors the walk
+        did not reach (DDP's gradient buckets: its reducer holds them): then
+        those are walked too, after the rest, as state that each replay reads
+        and writes in place. DDP makes new buckets once, in its second step,
+        hence up to 3 tries; refusals of the same signature are forgotten
+        (a new bucket has the old one's shape)."""
+        walked = {id(t) for t in self._late_inputs()}
+        written = [t for t in dict.fromkeys(session.written) if isinstance(t, _XlaTensor)]
+        if (why != _S.UNREACHED and _LOST not in why) or self._late_tries >= 3 or all(
+                id(t) in walked for t in written):
+            return False
+        self._late_tries += 1
+        self._late = [weakref.ref(t) for t in written]
+        self._refused.clear()
+        return True
 
     def _warn_refused(self, why, out):
         if why not in self._warned:
@@ -444,7 +483,7 @@ class Compiled:
         from the session's segments: where each output goes, what it returns.
         The recording is None when the step is transitional (its outputs have
         another signature than its inputs: optimizer state or grads appeared)."""
-        post = _walk(src, args, kwargs, self._inner)
+        post = _walk(src, args, kwargs, self._inner, self._late_inputs())
         leaves = []
         tpl = _flatten(out, leaves)
         inputs = {id(t) for t in pre.tensors}
@@ -536,8 +575,8 @@ class Compiled:
         last = sum(seg.n for seg in session.segments[:n_before])  # the first output of the step's last sync
         lost = [k for k in range(len(outs)) if k not in claimed and (k >= last or sys.getrefcount(outs[k]) > 3)]
         if lost:
-            raise _Refused(f"it wrote {len(lost)} tensor(s) that are not among its inputs or "
-                           f"outputs (their new values would be lost on replay)")
+            shapes = ", ".join(f"{outs[k].dtype} {list(outs[k].shape)}" for k in lost[:4])
+            raise _Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
         rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs)
         results = {idx: r.value[0] for idx, r in enumerate(session.reads) if r.returned}
         _grad_refs()  # (its probe runs ops: here, not in a replay)

@@ -6,6 +6,10 @@
   replayed: the same loop under txc.compile (weights, replay counters);
   ddp: DistributedDataParallel over the "xla" backend from rank-dependent
     initial weights, small buckets (weights, executions per step);
+  ddp_txc, ddp_dynamo: the DDP step under txc.compile (small buckets) and
+    torch.compile(backend="torch_xla_core") (one bucket: dynamo's DDP
+    optimizer wants the first bucket no larger than the others), 6 steps
+    (weights, executions per step, counters);
   dist: dist.* collectives, funcol and DTensor;
   host: rendezvous and mesh_reduce."""
 import json
@@ -102,6 +106,24 @@ for xb, yb in batches(3, 8, 8, 4, seed=2):
     opt.zero_grad()
     execs.append(executions(txc.sync))
 res["ddp"] = {"params": [cpu(p) for p in net.parameters()], "executions": execs}
+
+# --- the DDP step under txc.compile and under torch.compile (the dynamo route)
+for route in ("txc", "dynamo"):
+    torch.manual_seed(r)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.0002 if route == "txc" else 25)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def ddp_step(xb, yb):
+        ((ddp(xb) - yb) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step = txc.compile(ddp_step) if route == "txc" else torch.compile(ddp_step, backend="torch_xla_core")
+    metrics.clear()
+    execs = [executions(lambda: (step(xb, yb), txc.sync())) for xb, yb in batches(6, 8, 8, 4, seed=2)]
+    res[f"ddp_{route}"] = {"params": [cpu(p) for p in net.parameters()], "executions": execs,
+                           "counters": metrics.counters()}
 
 # --- dist.*, funcol, DTensor
 t = torch.arange(3.0, device="xla") + 10 * r

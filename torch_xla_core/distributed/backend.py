@@ -28,10 +28,17 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .._runtime import runtime
+from .._tracing import tensor as _tensor
 from . import collectives as cc
 from . import processes
 
 def _done(result):
+    """A completed Work holding `result`, the tensors the collective wrote in
+    place (a list, or a list of lists), which a txc.compile recording in
+    progress is told of: DDP's gradient buckets, which replay.py then
+    records again among its inputs."""
+    if _tensor.capture is not None:
+        _tensor.capture.collective_wrote([t for x in result for t in (x if isinstance(x, list) else [x])])
     fut = torch.futures.Future()
     fut.set_result(result)
     return _create_work_from_future(fut)
