@@ -254,6 +254,22 @@ def test_dist_functional_collectives_and_dtensor(ranks):
         assert res["host"] == {"rendezvous": ["r0", "r1"], "mesh_reduce": 4.0}
 
 
+def test_cpu_tensors_on_the_xla_group_and_the_mixed_backend(ranks):
+    """CPU tensors' collectives (object collectives, gather, send/recv:
+    what gloo does) run on the group's gloo backend, on "xla" and on
+    "cpu:gloo,xla:xla" (torch drops gloo when a creator returns a whole
+    group; ours serves both), beside an xla all_reduce in the graph."""
+    c = [torch.arange(3.0) + 10 * r for r in (0, 1)]
+    for r, res in enumerate(ranks):
+        for key in ("cpu", "mixed"):
+            d = res[key]
+            assert d["sum"] == (c[0] + c[1]).tolist() and d["xla"] == [3.0, 3.0]
+            assert d["objects"] == [{"rank": 0}, {"rank": 1}]
+            assert d["gather"] == ([v.tolist() for v in c] if r == 0 else None)
+            assert d["recv"] == (None if r == 0 else (c[0] * 2).tolist())
+            assert "'xla' process group gather: not supported on xla tensors" in d["refused"]
+
+
 def test_torch_reduce_ops_map_to_core_reductions():
     """One table for the 'xla' backend's ReduceOp objects and funcol's names (collectives.torch_reduce_op)."""
     assert cc.torch_reduce_op(dist.ReduceOp(dist.ReduceOp.MAX), 2, "w") == ("max", 1.0)  # a ReduceOp object

@@ -11,7 +11,10 @@
     optimizer wants the first bucket no larger than the others), 6 steps
     (weights, executions per step, counters);
   dist: dist.* collectives, funcol and DTensor;
-  host: rendezvous and mesh_reduce."""
+  host: rendezvous and mesh_reduce;
+  cpu, mixed: CPU tensors' collectives (all_reduce, all_gather_object,
+    gather, send/recv) and an xla all_reduce, on the "xla" group and after
+    init_process_group("cpu:gloo,xla:xla")."""
 import json
 import os
 import sys
@@ -161,6 +164,37 @@ res["dist"] = {
 # --- host meeting points
 res["host"] = {"rendezvous": [p.decode() for p in xd.rendezvous("t", f"r{r}".encode())],
                "mesh_reduce": xd.mesh_reduce("m", r + 1.5, sum)}
+
+# --- CPU tensors on the "xla" group (its gloo backend), then init_process_group("cpu:gloo,xla:xla")
+def cpu_collectives():
+    c = torch.arange(3.0) + 10 * r
+    s = c.clone()
+    dist.all_reduce(s)
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r})
+    got = [torch.zeros(3) for _ in range(n)] if r == 0 else None
+    dist.gather(c, got, dst=0)
+    if r == 0:
+        dist.send(c * 2, dst=1)
+        recv = None
+    else:
+        recv = torch.zeros(3)
+        dist.recv(recv, src=0)
+    x = torch.ones(2, device="xla") * (r + 1)
+    dist.all_reduce(x)
+    try:  # the same on xla tensors: refused, naming it
+        dist.gather(x, [torch.zeros(2, device="xla") for _ in range(n)] if r == 0 else None, dst=0)
+        refused = None
+    except NotImplementedError as e:
+        refused = str(e)
+    return {"sum": cpu(s), "objects": objs, "gather": [cpu(g) for g in got] if got else None,
+            "recv": cpu(recv) if recv is not None else None, "xla": cpu(x), "refused": refused}
+
+
+res["cpu"] = cpu_collectives()
+dist.destroy_process_group()
+dist.init_process_group("cpu:gloo,xla:xla", init_method="xla://")
+res["mixed"] = cpu_collectives()
 
 with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
     json.dump(res, f)

@@ -17,7 +17,9 @@ every value (torch_xla multiplies by 0/1, which turns a non-root's inf into
 NaN), at world-size times the bytes. barrier() waits on the host for every
 process (processes.barrier); pending tensors stay pending. reduce, gather,
 scatter, send and recv raise NotImplementedError (they need a rank-dependent
-graph)."""
+graph). Collectives of CPU tensors run on a gloo backend of the same ranks
+(made at first use): object collectives, a checkpoint's planning, and
+init_process_group("cpu:gloo,xla:xla") work as with torch's own backends."""
 import functools
 from datetime import timedelta
 
@@ -44,6 +46,31 @@ def _done(result):
     return _create_work_from_future(fut)
 
 
+def _first_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            t = _first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+def _cpu_to_gloo(method):
+    """A collective of CPU tensors goes to the group's gloo backend (the
+    same method of ProcessGroupGloo), as with init_process_group(
+    "cpu:gloo,xla:xla"): torch drops the other backends of a group whose
+    creator returns a whole ProcessGroup, so this group serves both."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        t = _first_tensor(args)
+        if t is not None and t.device.type == "cpu":
+            return getattr(self._gloo(), method.__name__)(*args, **kwargs)
+        return method(self, *args, **kwargs)
+    return run
+
+
 class ProcessGroupXla(dist.ProcessGroup):
     """A torch.distributed process group over the xla runtime's processes
     (see the module's comment)."""
@@ -51,6 +78,7 @@ class ProcessGroupXla(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout=timedelta(minutes=30)):
         super().__init__(rank, size)
         self.store, self.timeout = store, timeout
+        self._cpu = None  # _gloo()
         self.ranks = list(range(size))  # the global rank of each of the group's ranks
 
     def getBackendName(self):  # noqa: N802 (torch's name)
@@ -77,6 +105,7 @@ class ProcessGroupXla(dist.ProcessGroup):
         return cc.torch_reduce_op(op, self.size(), f"'xla' process group {who}")
 
     # --- collectives
+    @_cpu_to_gloo
     def allreduce(self, tensors, opts=None):
         op, scale = self._reduce(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         cc.all_reduce(op, tensors, scale=scale, groups=self._groups("allreduce"))
@@ -85,6 +114,7 @@ class ProcessGroupXla(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    @_cpu_to_gloo
     def allgather(self, output_lists, inputs, opts=None):
         groups = self._groups("allgather")
         with torch.no_grad():
@@ -94,6 +124,7 @@ class ProcessGroupXla(dist.ProcessGroup):
                     o.copy_(g[i].reshape(o.shape))
         return _done(output_lists)
 
+    @_cpu_to_gloo
     def _allgather_base(self, output, input, opts=None):  # noqa: A002
         with torch.no_grad():
             output.copy_(cc.all_gather(input, 0, self._groups("all_gather_into_tensor")).reshape(output.shape))
@@ -102,6 +133,7 @@ class ProcessGroupXla(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
         return self._allgather_base(output, input, opts)
 
+    @_cpu_to_gloo
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op, scale = self._reduce(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
         groups, n = self._groups("reduce_scatter"), self.size()
@@ -110,6 +142,7 @@ class ProcessGroupXla(dist.ProcessGroup):
                 o.copy_(cc.reduce_scatter(op, torch.stack(list(ins)), scale, 0, n, groups)[0].reshape(o.shape))
         return _done(outputs)
 
+    @_cpu_to_gloo
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         op, scale = self._reduce(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter_tensor")
         groups, n = self._groups("reduce_scatter_tensor"), self.size()
@@ -121,6 +154,7 @@ class ProcessGroupXla(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         return self._reduce_scatter_base(output, input, opts)
 
+    @_cpu_to_gloo
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         groups = self._groups("broadcast")
@@ -129,6 +163,7 @@ class ProcessGroupXla(dist.ProcessGroup):
                 t.copy_(cc.all_gather(t.unsqueeze(0), 0, groups)[root])
         return _done(tensors)
 
+    @_cpu_to_gloo
     def alltoall(self, outputs, inputs, opts=None):
         n = self.size()
         with torch.no_grad():
@@ -137,6 +172,7 @@ class ProcessGroupXla(dist.ProcessGroup):
                 o.copy_(r[i].reshape(o.shape))
         return _done(outputs)
 
+    @_cpu_to_gloo
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         n = self.size()
         for sizes in (output_split_sizes, input_split_sizes):
@@ -156,23 +192,42 @@ class ProcessGroupXla(dist.ProcessGroup):
         return _done([])
 
     def _rank_dependent(self, what):
-        raise NotImplementedError(f"'xla' process group {what}: not supported (it needs a graph that differs "
-                                  f"between ranks); use all_reduce/all_gather, or a 'gloo' group for CPU tensors")
+        raise NotImplementedError(f"'xla' process group {what}: not supported on xla tensors (it needs a graph "
+                                  f"that differs between ranks); use all_reduce/all_gather, or pass CPU tensors "
+                                  f"(this group runs those on gloo)")
 
+    @_cpu_to_gloo
     def reduce(self, *a, **k):
         self._rank_dependent("reduce")
 
+    @_cpu_to_gloo
     def gather(self, *a, **k):
         self._rank_dependent("gather")
 
+    @_cpu_to_gloo
     def scatter(self, *a, **k):
         self._rank_dependent("scatter")
 
+    @_cpu_to_gloo
     def send(self, *a, **k):
         self._rank_dependent("send")
 
+    @_cpu_to_gloo
     def recv(self, *a, **k):
         self._rank_dependent("recv")
+
+    _gloos = 0  # gloo backends made in this process: the n-th one's keys in the store are its own
+
+    def _gloo(self):
+        """The group's gloo backend for CPU tensors, made at its first use
+        (every rank reaches it at the same collective, so the count agrees),
+        over the group's own store, under keys of its own (a group made again
+        after destroy_process_group gets the same store prefix)."""
+        if self._cpu is None:
+            ProcessGroupXla._gloos += 1
+            store = dist.PrefixStore(f"txc_cpu/{ProcessGroupXla._gloos}/", self.store)
+            self._cpu = dist.ProcessGroupGloo(store, self.rank(), self.size(), self.timeout)
+        return self._cpu
 
 
 def _create(opts, backend_options=None):
