@@ -101,43 +101,57 @@ bool g_multi_device = false;
 
 int16_t operand_device(const std::vector<NodePtr>& operands) { return check_operands(operands); }
 
-NodePtr make_scalar(double value, DType dtype, bool wrapped, double imag) {
-  static const uint16_t scalar = op_id("scalar");
-  auto n = std::make_shared<Node>();
-  n->op = scalar;
-  n->origin = t_origin;
-  n->seq = next_seq();
-  n->dtype = dtype;
-  n->scalar = value;
-  n->scalar_imag = imag;
-  n->wrapped = wrapped;
-  n->hash = node_hash(*n);
-  return n;
-}
-
-NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, int16_t device, uint8_t memory) {
-  static const uint16_t op = op_id("data");
+// Every node is built here: new_node (a fresh node of `op`, by this
+// thread's current origin, numbered in build order) or renumbered (a copy
+// of another); the builder fills its fields, then sealed() hashes it.
+// Nothing changes a node once it is sealed (replay's swap_buffer, which
+// replaces a lone data node's buffer, aside: ARCHITECTURE.md).
+static NodePtr new_node(uint16_t op) {
   auto n = std::make_shared<Node>();
   n->op = op;
   n->origin = t_origin;
   n->seq = next_seq();
+  return n;
+}
+
+static NodePtr renumbered(const Node& from) {
+  auto n = std::make_shared<Node>(from);
+  n->seq = next_seq();
+  return n;
+}
+
+static NodePtr sealed(NodePtr n) {
+  n->hash = node_hash(*n);
+  return n;
+}
+
+NodePtr make_scalar(double value, DType dtype, bool wrapped, double imag) {
+  static const uint16_t scalar = op_id("scalar");
+  NodePtr n = new_node(scalar);
+  n->dtype = dtype;
+  n->scalar = value;
+  n->scalar_imag = imag;
+  n->wrapped = wrapped;
+  return sealed(std::move(n));
+}
+
+NodePtr make_data(DType dtype, Dims dims, std::shared_ptr<const LeafData> data, int16_t device, uint8_t memory) {
+  static const uint16_t op = op_id("data");
+  NodePtr n = new_node(op);
   n->dtype = dtype;
   n->dims = std::move(dims);
   n->data = std::move(data);
   n->device = device;
   n->memory = memory;
-  n->hash = node_hash(*n);
   if (device > 0) g_multi_device = true;
-  return n;
+  return sealed(std::move(n));
 }
 
 NodePtr copy_node(const Node& from, std::vector<NodePtr> operands) {
   check_operands(operands);
-  auto n = std::make_shared<Node>(from);
-  n->seq = next_seq();
+  NodePtr n = renumbered(from);
   n->operands = std::move(operands);
-  n->hash = node_hash(*n);
-  return n;
+  return sealed(std::move(n));
 }
 
 NodePtr placed_on(const NodePtr& n, int16_t device) {
@@ -145,8 +159,7 @@ NodePtr placed_on(const NodePtr& n, int16_t device) {
   if (n->device >= 0)
     throw std::runtime_error("cannot place a value of xla:" + std::to_string(n->device) + " on xla:" +
                              std::to_string(device));
-  auto c = std::make_shared<Node>(*n);
-  c->seq = next_seq();
+  NodePtr c = renumbered(*n);
   c->device = device;  // not hashed: c->hash stays n's
   if (device > 0) g_multi_device = true;
   return c;
@@ -171,32 +184,24 @@ NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::
   if (def.arity >= 0 && int(operands.size()) != def.arity)
     throw std::runtime_error(def.name + ": expected " + std::to_string(def.arity) + " operands, got " +
                              std::to_string(operands.size()));
-  auto n = std::make_shared<Node>();
-  n->op = op;
-  n->origin = t_origin;
-  n->seq = next_seq();
+  NodePtr n = new_node(op);
   n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   n->body = std::move(body);
   def.infer(*n);
-  n->hash = node_hash(*n);
-  return n;
+  return sealed(std::move(n));
 }
 
 NodePtr make_node_shaped(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, DType dtype, Dims dims) {
   int16_t device = check_operands(operands);
-  auto n = std::make_shared<Node>();
-  n->op = op;
-  n->origin = t_origin;
-  n->seq = next_seq();
+  NodePtr n = new_node(op);
   n->device = device;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
   n->dtype = dtype;
   n->dims = std::move(dims);
-  n->hash = node_hash(*n);
-  return n;
+  return sealed(std::move(n));
 }
 
 std::string dims_str(const Dims& d) {
