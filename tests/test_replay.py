@@ -1,4 +1,4 @@
-"""Trace once, replay (torch_xla_core/replay.py): replayed steps equal traced
+"""Trace once, replay (torch_xla_core/replay/): replayed steps equal traced
 ones (AdamW + LR scheduler, dropout RNG, in-place inputs, deferred checks),
 the function body runs only when the signature changes, and what cannot be
 replayed (host reads, unknown device data) is traced every call, visibly."""

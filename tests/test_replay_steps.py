@@ -1,5 +1,5 @@
-"""txc.compile on training steps as people write them (torch_xla_core/replay.py,
-_replay_session.py): returning the loss after backward, returning
+"""txc.compile on training steps as people write them (torch_xla_core/replay/:
+_session.py watches the recording call): returning the loss after backward, returning
 loss.item(), an LR scheduler stepped inside the step or passed in, a host
 read in the middle of the forward (transformers' mask checks): each replays,
 and the replayed run equals the same steps traced every call (TXC_REPLAY=0)

@@ -1,4 +1,4 @@
-// The per-tensor loops of a replayed step (torch_xla_core/replay.py), in one
+// The per-tensor loops of a replayed step (torch_xla_core/replay/), in one
 // C++ pass each instead of a few Python attribute reads per tensor: a
 // training step's inputs are every parameter, grad and optimizer state
 // tensor (a 64-layer MLP with AdamW: ~1300), so these loops were most of a
@@ -24,10 +24,10 @@
 //       locations, or held by the last step's grad tensor where nothing could tell
 //   replay_slot_kinds: the kind numbers of the walk's locations (Where)
 //   replay_walk_module(m, seen, sig, kinds, owners, keys, tensors)   a module's part of the
-//       walk (replay.py _Walk.module): per submodule, its number/string
+//       walk (replay/_walk.py Walk.module): per submodule, its number/string
 //       attributes, hooks, parameters (and grads) and buffers
 //   replay_walk_state(params, state, sig, kinds, owners, keys, tensors, xla_type, other)
-//       an optimizer's per-parameter state (replay.py _Walk.optimizer)
+//       an optimizer's per-parameter state (replay/_walk.py Walk.optimizer)
 #include <pybind11/stl.h>
 #include "ops/registry.h"
 #include "py/data.h"
@@ -204,7 +204,7 @@ py::tuple signature(py::list tensors, py::handle xla_type, bool views) {
     if (is_data(v)) {
       key = buffer_of(v);
     } else if (lt.is_view()) {
-      // a lone view gets a storage of its own before binding (replay.py _own_storage), unless views are read
+      // a lone view gets a storage of its own before binding (replay/_recording.py own_storage), unless views are read
       // through their chains (a dynamo graph's inputs: the forward's saved views of its outputs)
       bool lone = !views && lt.storage().use_count() == 1 && py::cast<bool>(t.attr("is_contiguous")());
       const NodePtr& root = lt.storage()->value;
@@ -253,9 +253,9 @@ int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
   return -1;
 }
 
-// --- the walk (replay.py _Walk): modules and optimizer state ------------------
+// --- the walk (replay/_walk.py Walk): modules and optimizer state ------------------
 
-// Where an input slot's tensor lives (replay.py's _Walk kinds): parallel
+// Where an input slot's tensor lives (replay/_walk.py's Walk kinds): parallel
 // lists kinds / owners / keys, so that a walk allocates nothing per tensor.
 enum Where { kArg = 0, kParam = 1, kGrad = 2, kBuffer = 3, kState = 4, kGroup = 5 };
 
@@ -290,7 +290,7 @@ py::tuple keys(PyObject* d) {
   return py::reinterpret_steal<py::tuple>(PySequence_Tuple(d));
 }
 
-// One module: what _Walk.module appends for it (see replay.py).
+// One module: what Walk.module appends for it (see replay/_walk.py).
 void walk_one(Walk& w, PyObject* mod, py::handle d) {
   static PyObject *params = str("_parameters"), *buffers = str("_buffers"), *pre = str("_forward_pre_hooks"),
                   *fwd = str("_forward_hooks"), *bwd = str("_backward_hooks"), *grad = str("grad"),
@@ -415,11 +415,11 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
 // --- a recording's plan: what a replay binds and writes -----------------------
 
 // The parts of a recording that a replay walks per tensor, converted once
-// from replay.py's lists into C++ vectors:
+// from a recording's lists (replay/_session.py, _compiled.py) into C++ vectors:
 //   binds: (kind, v) per executable parameter: ("slot", i) the buffer of
 //     tensors[i]; ("const", buffer); ("rng", None) the RNG state's buffer;
 //     ("out", k) output k of the step's earlier segments (a step cut by a
-//     host read runs as several executables: replay.py)
+//     host read runs as several executables: replay/_session.py)
 //   inplace: (i, k): tensors[i] now holds output k
 //   others: (i, k, mode): slot i gets a new tensor holding output k (mode
 //     "new": a grad after zero_grad(set_to_none)) or None, at the slot's
@@ -625,7 +625,7 @@ void bind_replay(py::module_& m) {
       .def("unrelease", &ReplayPlan::unrelease, py::arg("tensors"), py::arg("kinds"), py::arg("owners"))
       .def("set", &ReplayPlan::set, py::arg("tensors"), py::arg("kinds"), py::arg("owners"), py::arg("keys"),
            py::arg("outs"));
-  py::dict kinds;  // the Where values, for replay.py's own slots (arguments, optimizer group tensors)
+  py::dict kinds;  // the Where values, for replay/_walk.py's own slots (arguments, optimizer group tensors)
   kinds["arg"] = int(kArg), kinds["param"] = int(kParam), kinds["grad"] = int(kGrad);
   kinds["buffer"] = int(kBuffer), kinds["state"] = int(kState), kinds["group"] = int(kGroup);
   m.attr("replay_slot_kinds") = kinds;

@@ -93,7 +93,7 @@ _inflight = {}                       # Key -> Future of a compile under way
 _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
-_recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay.py records)
+_recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay/ records)
 _multi = False                       # a device other than xla:0 has been used: syncs go device by device
 _collectives = False                 # a collective was traced (torch_xla_core/distributed): cuts are asked
 
@@ -421,7 +421,7 @@ def execute(launch: Launch, wait: bool = False):
 
 
 def run_recorded(launch: Launch, wait: bool = False, read_checks: bool = True):
-    """execute() for a replay (torch_xla_core/replay.py): a recorded
+    """execute() for a replay (torch_xla_core/replay/): a recorded
     executable on new parameters, after the ready deferred checks of earlier
     runs are read, as at a sync's start (read_checks=False: a graph inside
     the user's step, a dynamo graph's, leaves them to the step's sync)."""
@@ -443,7 +443,7 @@ def _run(p: Plan, wait: bool) -> None:
     # with several devices, a check made on another device waits for that device's graph
     checks = [c for c in p.checks if c[0].is_data] if _multi else p.checks
     outs, _ = execute(Launch(exe, params, cut.assign, lambda outs: checks, p.key.spmd and p.key, cut), wait)
-    if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay.py)
+    if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay/)
         _recorder(p, exe, params, outs)
 
 

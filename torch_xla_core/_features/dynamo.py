@@ -28,7 +28,7 @@ executable, and later calls only bind buffers and execute:
   be avoided: autograd's zero tangents and ones_like seeds (values made from
   attributes alone, _constants) are built inside the recorded graph
   (guarded by their node hash), a 0-d number (an lr a scheduler filled) is
-  bound as that number's device buffer (replay.py), and views (the
+  bound as that number's device buffer (replay/_recording.py), and views (the
   forward's saved views of its outputs) are read through their chains.
   Anything else pending (clip_grad_norm_'s scaled grads) is launched first
   without waiting. Deferred checks are left to the user's sync or value
@@ -43,7 +43,7 @@ executable, and later calls only bind buffers and execute:
 - What replay refuses (a graph that reads a value on the host, uploads
   host data, or has CPU tensors among its inputs, e.g. the CPU step counts
   of an optimizer that cannot move them) is traced on every call instead,
-  with a warning once (replay.py's docstring lists the cases). A graph
+  with a warning once (docs/replay.md lists the cases). A graph
   whose inputs are all CPU tensors just runs, untouched.
 - Metrics: "dynamo_graph" (graphs handed over), and replay's "replay",
   "replay_record", "replay_trace", "replay_refused" per graph call.
@@ -81,7 +81,7 @@ import torch
 
 from .. import _C, metrics, replay
 from .._runtime import torch_compat as _compat
-from .._replay_session import _own_storage
+from ..replay._recording import own_storage
 from .._tracing.tensor import XlaTensor
 
 __all__ = ["backend", "install", "make_traceable", "NAME"]
@@ -273,7 +273,8 @@ def _constants(a, written):
     of syncing them first (a launch of their own). Not the inputs the graph
     writes (`written`: an optimizer's new zero state): the write must reach
     the caller's tensor. 0-d ones (an lr that a scheduler filled) are left to
-    replay.py, which binds a number's buffer: their value is not guarded."""
+    replay (replay/_recording.py number_to_data), which binds a number's
+    buffer: their value is not guarded."""
     made, making = [], {}
     for i, x in enumerate(a):
         if type(x) is XlaTensor and i not in written:
@@ -309,7 +310,7 @@ class _Graph:
             return self._gm(*a)
         for i in self._fx.written:  # a lone view written in place (Module.to's parameters) gets a storage of its
             if type(a[i]) is XlaTensor and a[i]._lt.is_view:  # own, so that the replay can donate its buffer
-                _own_storage(a[i])                               # (other views are read through their chains)
+                own_storage(a[i])                               # (other views are read through their chains)
         made, making = _constants(a, self._fx.written)
         if made:
             self._fx.making = making

@@ -176,7 +176,7 @@ def from_cpu(t: torch.Tensor, device_index: int = 0, user: bool = False) -> XlaT
     result is device data (a graph parameter). user: the user's own data
     (`cpu_tensor.to("xla")`, `torch.tensor(..., device="xla")`), not a value
     an op handler derived from shapes, numbers or values read (a recording
-    of txc.compile tells them apart: replay.py)."""
+    of txc.compile tells them apart: replay/_session.py)."""
     code = _dtypes.code(t.dtype)
     if device_index > 0:
         _use_devices()

@@ -37,7 +37,7 @@ from . import processes
 def _done(result):
     """A completed Work holding `result`, the tensors the collective wrote in
     place (a list, or a list of lists), which a txc.compile recording in
-    progress is told of: DDP's gradient buckets, which replay.py then
+    progress is told of: DDP's gradient buckets, which txc.compile (replay/) then
     records again among its inputs."""
     if _tensor.capture is not None:
         _tensor.capture.collective_wrote([t for x in result for t in (x if isinstance(x, list) else [x])])

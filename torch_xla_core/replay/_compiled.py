@@ -1,132 +1,28 @@
-"""Trace once, replay: `step = txc.compile(train_step)`.
-
-The first call with a given signature traces `fn` as usual and records the
-sync that follows it: the executable, which graph parameter is which input
-(a module's parameter or buffer, a grad, an optimizer's state, an argument,
-the RNG state, or a Python number) and which output goes where. Later calls
-with the same signature do not run `fn`: they bind the inputs' current
-device buffers, execute, and write the outputs back (parameters, grads and
-optimizer state in place, the RNG state moved on, returned tensors new and
-detached). That skips Python tracing, the graph cut and the cache lookup.
-Grads that the step makes anew (after zero_grad) free the last step's
-buffers before the launch, as zero_grad did in the recorded call; the last
-step's grad tensor takes the new value when nothing could tell it from a
-new tensor (nobody else references it; ReplayPlan.release, replay.cpp).
-
-What the signature (the guard) holds, read at every call:
-- every tensor input's shape, dtype, requires_grad: the tensors in the
-  arguments (nested tuples/lists/dicts), the parameters, buffers and grads of
-  modules in the arguments, the state tensors of optimizers in the
-  arguments, and the same for modules, optimizers and tensors that `fn`
-  reads as globals or closure variables;
-- module identity and structure (names), each submodule's `training` flag,
-  its number/string attributes and its forward/backward hooks;
-  optimizer identity, its param groups' Python hyperparameters (values) and
-  its state's keys; Python numbers/strings in the arguments and in the
-  globals/closure `fn` reads (values);
-- grad mode, autocast (xla) state and dtype, float32 matmul precision,
-  default dtype;
-- the values the step reads on the host (per variant, see below).
-A different signature traces again (and records that one too: up to
-MAX_RECORDINGS per function); metrics "replay", "replay_record",
-"replay_trace" (a call that traced) and "replay_refused". TXC_REPLAY=0
-traces every call (with the same lifting below, so the same numerics).
-
-Host-side state that changes every step is lifted to device tensors before
-the first trace, so it becomes a graph input instead of a value baked into
-the graph: Adam/AdamW/Adamax/NAdam/RAdam get capturable=True (their `step`
-count lives on the device, bias corrections are computed there) and a 0-d
-device tensor `lr` that LR schedulers fill_ in place (torch's schedulers
-support tensor lrs). An optimizer without that support (SGD's lr) keeps its
-Python values in the signature: changing them traces again.
-
-Steps as people write them (torch_xla_core/_replay_session.py watches the
-recording call):
-- a value read on the host (.item(), `if tensor:`, print, transformers'
-  mask checks) cuts the step there: the recording syncs what is pending (a
-  segment), reads the value and goes on; a replay runs the segments in
-  order and compares each value read with the recorded one before anything
-  is written (a value computed from constants alone, such as a check of
-  positions made by arange, is the same on every replay: no guard, no
-  wait). Another value traces that call and records its path as
-  another variant (MAX_VARIANTS per signature; metric
-  "replay_guard_miss"). The value read last and returned as it is
-  (`return loss.item()`) is a result: each replay reads it from its own
-  outputs;
-- a loss returned after the step's own backward consumed its graph comes
-  back detached (`return loss`), as every replayed tensor does;
-- LRScheduler.step() inside the step (a scheduler from the closure or an
-  argument) runs after the step's graph, in the recording and after each
-  replay: its count and the lr tensor it fills move on every call;
-- DistributedDataParallel: its reducer keeps the gradient buckets, which
-  the walk cannot reach. The "xla" backend's collectives name the tensors
-  they write to the recording; a call refused for reading or writing
-  tensors outside the walk that a collective wrote is recorded again on
-  the next call with those tensors walked too (after the rest, read and
-  written in place by each replay): DDP's first step is traced, its
-  second (which makes new buckets once) too, the third is recorded
-  (metric "replay_retry" per such call; at most 3);
-- uploads inside the step that are constants are baked into the
-  recording: empty tensors (transformers' DynamicCache), 0-d tensors of a
-  Python number (`torch.tensor(mid - 1)`, as a Python number in an op is
-  baked), tensors an op makes from shapes, numbers and values read.
-
-Refused (the call is traced, every time, with a warning once naming why),
-so a replay is never stale:
-- `fn` read a value on the host after a sync that updated its inputs in
-  place (the optimizer's step) and then computed more: a replay could not
-  redo that step if the value differed; a value read has at most
-  GUARD_ELEMENTS (64) elements;
-- `fn` uploaded host data of one or more dimensions (a batch made inside
-  the step: pass it as an argument) or read device data that is not among
-  its inputs (a tensor reached some other way than arguments, modules,
-  optimizers, globals or closure);
-- `fn` wrote tensors other than those (their values would be lost), or
-  wrote through a view that shares its storage with other tensors;
-- `fn` returned a tensor that requires grad that no backward pass in it
-  consumed (a forward whose backward the caller runs);
-- an argument of a type we cannot guard (any object other than tensors,
-  modules, optimizers, LR schedulers, Python scalars/strings/None and
-  containers of them); an LR scheduler stepped with arguments or through
-  another scheduler.
-A replay whose donated buffer is still held elsewhere (a deepcopy of the
-model taken between steps) traces that call instead. Draws from the xla RNG
-inside `fn` advance the RNG state exactly as the traced step does (its state
-is an input and output of the graph). Deferred device-side checks
-(_checks.py) of the recorded graph are read after each replay as after a
-sync. Returned tensors come back detached (no grad_fn), from the
-recording call on too.
-
-Views: an input that is a view sharing its storage with other tensors (a
-transposed weight saved for backward) is read through its view chain from
-its storage's buffer (the signature holds its view ops, strides, offset and
-storage shape, and which inputs share a buffer); a lone view gets a storage
-of its own first. A returned view of an input or of an output is re-made on
-replay as the same view chain over the new value (its chain is kept on a
-shape-only placeholder, so a recording holds no device memory).
-
-Not guarded (keep them fixed, or pass them as arguments): Python values read
-by functions that `fn` calls (their globals), attributes of objects other
-than modules and optimizers, and anything else outside the list above; a
-compiled function is not meant to be called from several threads at once."""
+"""txc.compile's Compiled: a function whose calls replay recorded graphs. A
+call walks its inputs (_walk.py) and, when a recording of that signature
+exists, binds their buffers and runs the recorded executables through the
+executor's pipeline (executor.run_recorded); else it traces fn once under a
+recording session (_session.py), makes the Recording from what the session
+saw (_recording.py), and keeps it. The user's page: docs/replay.md."""
 import functools
 import gc
 import sys
-import types
 import warnings
 import weakref
 
 import torch
 
-from . import _C, config, metrics
-from ._execution import executor
-from ._tracing import random as _random, tensor as _tensor
-from ._runtime import dtypes as _dtypes
-from . import _replay_session as _S
-from ._ops.engine import Engine as _Engine
-from ._replay_session import Refused as _Refused, _Recording, _buffer, _flatten, _own_storage
-from ._replay_session import _number_to_data, _returned, _root_buffer
-from ._tracing.tensor import XlaTensor as _XlaTensor
+from .. import _C, config, metrics
+from .._execution import executor
+from .._ops.engine import Engine as _Engine
+from .._runtime import dtypes as _dtypes
+from .._tracing import random as _random, tensor as _tensor
+from .._tracing.tensor import XlaTensor
+from . import _schedulers
+from ._lift import lift_optimizer
+from ._recording import Recording, buffer, flatten, number_to_data, own_storage, returned, root_buffer
+from ._session import UNREACHED, Refused, Session, host_value
+from ._walk import captured, walk
 
 __all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
 
@@ -134,188 +30,24 @@ MAX_RECORDINGS = 16  # signatures recorded per compiled function
 MAX_VARIANTS = 4     # recordings per signature that differ in the values they read on the host
 _GUARD = "a value it reads on the host differs from every recorded one"
 _LOST = "that are not among its inputs or outputs (their new values would be lost on replay)"
-_LIFTABLE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam"}
-_SCALARS = (bool, int, float, str, type(None))
-_ARG, _GROUP = _C.replay_slot_kinds["arg"], _C.replay_slot_kinds["group"]  # input slot kinds made here
-                                                                         # (csrc/py/replay.cpp makes the others)
 _tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
-_S.install_scheduler_hook()
-_make = _tensor._make
-_ALIAS = _C.op_ids()["alias"]
+_schedulers.install()
 
 
 def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
-    """Wraps fn so that repeated calls replay its recorded graph (see this
-    module's docstring). Usable as @txc.compile on functions and methods.
-    wait=True: a replay blocks until the device is done (timer "execute", as
-    a sync(wait=True) records it), after writing its outputs (that work
-    overlaps the device's); a traced call then syncs with wait too."""
+    """Wraps fn so that repeated calls replay its recorded graph (docs/replay.md
+    says what is guarded and what is refused). Usable as @txc.compile on
+    functions and methods. wait=True: a replay blocks until the device is done
+    (timer "execute", as a sync(wait=True) records it), after writing its
+    outputs (that work overlaps the device's); a traced call then syncs with
+    wait too."""
     if fn is None:
         return lambda f: Compiled(f, lift_optimizers=lift_optimizers, wait=wait)
     return Compiled(fn, lift_optimizers=lift_optimizers, wait=wait)
 
 
-# --- the walk: every input tensor, where it lives, and the signature ----------
-
-class _Walk:
-    __slots__ = ("sig", "kinds", "owners", "keys", "tensors", "refusal", "views")
-
-    def __init__(self, views=False):
-        self.views = views  # every input view is read through its chain (Compiled's inner), lone ones too
-        self.sig = []
-        # per input slot where it lives (csrc/py/replay.cpp's Where): its kind (_ARG .. _GROUP), owner, key
-        self.kinds, self.owners, self.keys = [], [], []
-        self.tensors = []   # the tensor (or None) at each slot
-        self.refusal = None
-
-    def tensor(self, t, kind, owner, key):
-        # the tensors' part of the signature is made in one pass (signature())
-        self.kinds.append(kind)
-        self.owners.append(owner)
-        self.keys.append(key)
-        self.tensors.append(t)
-
-    def signature(self):
-        """The guard: what the walk saw, and per tensor slot (_C.replay_signature,
-        csrc/py/replay.cpp) None or the value's dims and dtype, requires_grad,
-        the first slot holding the same buffer or storage (aliasing among
-        inputs) and, for a view sharing its storage, its view ops, storage
-        dims, strides and offset (it reads that storage). None when an input
-        is not an xla tensor (then self.refusal says which)."""
-        tensor_sig, bad = _C.replay_signature(self.tensors, _XlaTensor, self.views)
-        if tensor_sig is None:
-            t = self.tensors[bad]
-            self.refusal = self.refusal or f"a {t.device.type} tensor {list(t.shape)} is an input; move it to xla"
-            return None
-        return tuple(self.sig), tensor_sig
-
-    def value(self, v, where, seen):
-        if isinstance(v, torch.Tensor):
-            self.tensor(v, _ARG, where, None)
-        elif isinstance(v, _SCALARS):
-            self.sig.append((type(v), v))
-        elif isinstance(v, torch.nn.Module):
-            self.module(v, seen)
-        elif isinstance(v, torch.optim.Optimizer):
-            self.optimizer(v, seen)
-        elif isinstance(v, (tuple, list)):
-            self.sig.append((type(v), len(v)))
-            for i, x in enumerate(v):
-                self.value(x, where + (i,), seen)
-        elif isinstance(v, dict):
-            self.sig.append((dict, tuple(v)))
-            for k, x in v.items():
-                self.value(x, where + (k,), seen)
-        elif isinstance(v, (torch.dtype, torch.device, torch.Size, types.FunctionType, types.ModuleType, type)):
-            self.sig.append((type(v), v))
-        elif isinstance(v, torch.optim.lr_scheduler.LRScheduler):  # its step() runs on every call (_replay_session)
-            self.sig.append(("scheduler", id(v)))
-        else:
-            self.refusal = self.refusal or (f"an argument of type {type(v).__name__} cannot be guarded; pass "
-                                            f"tensors, modules, optimizers, numbers and containers of them")
-            self.sig.append(("?", id(v)))
-
-    def module(self, m, seen):
-        # per submodule (Module.modules() order, each once): its number/string attributes (training, and
-        # those the forward may read), its hooks, its parameters with their grads and its buffers
-        _C.replay_walk_module(m, seen, self.sig, self.kinds, self.owners, self.keys, self.tensors)
-
-    def optimizer(self, opt, seen):
-        if id(opt) in seen:
-            self.sig.append(("seen", id(opt)))
-            return
-        seen.add(id(opt))
-        self.sig.append(("optimizer", id(opt)))
-        for gi, g in enumerate(opt.param_groups):
-            for k, v in g.items():
-                if k == "params":
-                    self.sig.append(tuple(id(p) for p in v))
-                elif isinstance(v, torch.Tensor):
-                    self.sig.append(k)
-                    self.tensor(v, _GROUP, g, k)
-                else:
-                    self.sig.append((k, v if isinstance(v, (_SCALARS, tuple)) else id(v)))
-            # per parameter its state's keys; xla tensors are input slots, anything else is guarded by value
-            _C.replay_walk_state(g["params"], opt.state, self.sig, self.kinds, self.owners, self.keys,
-                                 self.tensors, _XlaTensor, _state_value)
-
-
-def _state_value(v):
-    """An optimizer state entry that is not an xla tensor, as the signature holds it."""
-    if isinstance(v, torch.Tensor):  # a host value (SGD-style step counts): guarded
-        return (v.dtype, tuple(v.reshape(-1).tolist()) if v.numel() <= 16 else id(v))
-    return v if isinstance(v, _SCALARS) else id(v)
-
-
-def _captured(fn):
-    """(name, value) of the globals and closure variables fn's own code reads."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return []
-    out = []
-    g = getattr(fn, "__globals__", {})
-    for name in code.co_names:
-        if name in g:
-            out.append((name, g[name]))
-    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
-        try:
-            out.append((name, cell.cell_contents))
-        except ValueError:  # an empty cell
-            pass
-    return out
-
-
-def _walk(fn, args, kwargs, views=False, late=()) -> _Walk:
-    w = _Walk(views)
-    seen = set()
-    mm = torch.nn.modules.module
-    w.sig.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
-                  torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"),
-                  tuple(mm._global_forward_pre_hooks), tuple(mm._global_forward_hooks)))
-    for i, a in enumerate(args):
-        w.value(a, ("a", i), seen)
-    for k, a in kwargs.items():
-        w.sig.append(k)
-        w.value(a, ("k", k), seen)
-    for name, v in _captured(fn):
-        if isinstance(v, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
-            w.sig.append(name)
-            w.value(v, ("g", name), seen)
-        elif isinstance(v, (bool, int, float, str)):
-            w.sig.append((name, type(v), v))
-    for i, t in enumerate(late):  # Compiled._retry_late
-        w.sig.append("late")
-        w.value(t, ("late", i), seen)
-    return w
-
-
-# --- lifting host state to device tensors ---------------------------------------
-
-def lift_optimizer(opt) -> None:
-    """Adam-family optimizers: step counts and lr on the device (see above;
-    dynamo.py does the same for torch.compile(opt.step))."""
-    if type(opt).__name__ not in _LIFTABLE or getattr(opt, "_txc_lifted", False):
-        return
-    for g in opt.param_groups:
-        dev = next((p.device for p in g["params"] if p.device.type == "xla"), None)
-        if dev is None or g.get("fused") or g.get("differentiable"):
-            return
-    for g in opt.param_groups:
-        dev = g["params"][0].device
-        g["capturable"] = True
-        if not isinstance(g["lr"], torch.Tensor):
-            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32).to(dev)
-        for p in g["params"]:
-            st = opt.state.get(p)
-            if st and isinstance(st.get("step"), torch.Tensor) and st["step"].device.type != "xla":
-                st["step"] = st["step"].to(dev)
-    opt._txc_lifted = True
-
-
-# --- recording and replaying ----------------------------------------------------
-
 class Compiled:
-    """A function whose calls replay recorded graphs (see the module docstring)."""
+    """A function whose calls replay recorded graphs (docs/replay.md)."""
 
     def __init__(self, fn, lift_optimizers=True, wait=False, inner=False):
         functools.update_wrapper(self, fn)
@@ -325,7 +57,7 @@ class Compiled:
         # a graph inside the user's step (dynamo's): it reads no deferred checks (the step's sync does), and its
         # input views, lone ones too (the forward's saved views of its outputs), are read through their chains
         self._inner = inner
-        self._recordings = {}   # signature -> [_Recording]: variants told apart by the values they read
+        self._recordings = {}   # signature -> [Recording]: variants told apart by the values they read
         self._refused = {}      # signature -> reason
         self._warned = set()
         self._late, self._late_tries = [], 0  # weakrefs: tensors walked after the rest (_retry_late)
@@ -340,7 +72,7 @@ class Compiled:
             return self._fn(*args, **kwargs)
         src = self._fn
         if self._lift:
-            for a in list(args) + list(kwargs.values()) + [v for _, v in _captured(src)]:
+            for a in list(args) + list(kwargs.values()) + [v for _, v in captured(src)]:
                 if isinstance(a, torch.optim.Optimizer):
                     lift_optimizer(a)
         if not config.get("TXC_REPLAY"):  # trace every call (same lifting: same numerics)
@@ -354,7 +86,7 @@ class Compiled:
         if collecting:
             gc.disable()
         try:
-            w = _walk(src, args, kwargs, self._inner, self._late_inputs())
+            w = walk(src, args, kwargs, self._inner, self._late_inputs())
             sig = w.signature()
             recs = self._recordings.get(sig) if w.refusal is None else None
             if recs is not None:
@@ -403,18 +135,18 @@ class Compiled:
         metrics.counter_add("replay_trace")
         for t in pre.tensors:
             if t is not None and not (self._inner and t._lt.is_view):
-                _own_storage(t)  # a lone view gets a storage of its own; a shared one is read through its chain
+                own_storage(t)  # a lone view gets a storage of its own; a shared one is read through its chain
         _tensor.sync_lazy()  # inputs become device data; nothing else pending
         if _random._state is None:
             _random._state = _random._upload(_random.initial_seed())
         slots = {}
         for i, t in enumerate(pre.tensors):
             if t is not None:
-                b = _root_buffer(t)  # a view's graph parameter is its storage's buffer
+                b = root_buffer(t)  # a view's graph parameter is its storage's buffer
                 if b is None:
                     return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
                 slots[id(b)] = i
-        session = _S.Session(slots, _random._state.data)
+        session = Session(slots, _random._state.data)
         c0 = metrics.counters().get("execute", 0)
         _tensor.capture, executor._recorder, _Engine.backward_listener = session, session.grab, session.backward
         try:
@@ -426,9 +158,9 @@ class Compiled:
         out = session.detach_consumed(out)  # (and lets go of those graphs before the step's last sync)
         try:
             if session.refusal is not None:
-                raise _Refused(session.refusal)
+                raise Refused(session.refusal)
             rec, outs, results = self._capture(sig, pre, src, args, kwargs, out, session)
-        except _Refused as e:
+        except Refused as e:
             _tensor.sync_lazy()
             if self._retry_late(session, str(e)):
                 metrics.counter_add("replay_retry")
@@ -437,11 +169,11 @@ class Compiled:
             metrics.counter_add("replay_refused")
             return self._warn_refused(str(e), out)
         finally:
-            session.run_schedulers()  # after the step's graph: the lr they write is the next call's input
+            _schedulers.run(session.schedulers)  # after the step's graph: the lr they write is the next call's input
         if rec is not None and (sig in self._recordings or len(self._recordings) < MAX_RECORDINGS):
             self._recordings.setdefault(sig, []).append(rec)
             metrics.counter_add("replay_record")
-            return _returned(rec, pre.tensors, outs, results)  # what a replay returns (detached, the same views)
+            return returned(rec, pre.tensors, outs, results)  # what a replay returns (detached, the same views)
         return out
 
     def _late_inputs(self):
@@ -457,8 +189,8 @@ class Compiled:
         hence up to 3 tries; refusals of the same signature are forgotten
         (a new bucket has the old one's shape)."""
         walked = {id(t) for t in self._late_inputs()}
-        written = [t for t in dict.fromkeys(session.written) if isinstance(t, _XlaTensor)]
-        if (why != _S.UNREACHED and _LOST not in why) or self._late_tries >= 3 or all(
+        written = [t for t in dict.fromkeys(session.written) if isinstance(t, XlaTensor)]
+        if (why != UNREACHED and _LOST not in why) or self._late_tries >= 3 or all(
                 id(t) in walked for t in written):
             return False
         self._late_tries += 1
@@ -483,20 +215,20 @@ class Compiled:
         from the session's segments: where each output goes, what it returns.
         The recording is None when the step is transitional (its outputs have
         another signature than its inputs: optimizer state or grads appeared)."""
-        post = _walk(src, args, kwargs, self._inner, self._late_inputs())
+        post = walk(src, args, kwargs, self._inner, self._late_inputs())
         leaves = []
-        tpl = _flatten(out, leaves)
+        tpl = flatten(out, leaves)
         inputs = {id(t) for t in pre.tensors}
         # fine: an input returned as it is, a view made under no_grad (no grad_fn; returned not requiring grad)
         if any(t.requires_grad and id(t) not in inputs and (t.grad_fn is not None or t._base is None)
                for t in leaves):
-            raise _Refused("it returns a tensor that requires grad and that no backward pass in the step "
+            raise Refused("it returns a tensor that requires grad and that no backward pass in the step "
                            "consumed: replay covers whole steps (forward, backward and optimizer) and no_grad "
                            "functions; return the loss after loss.backward(), or loss.detach()")
         shared = [t for t in post.tensors  # views read through chains
-                  if t is not None and (self._inner and t._lt.is_view or not _own_storage(t))]
-        host = {j for j, t in enumerate(leaves) if not isinstance(t, _XlaTensor)}  # constants (below)
-        views = {j: t._lt for j, t in enumerate(leaves) if j not in host and not _own_storage(t)}  # re-made
+                  if t is not None and (self._inner and t._lt.is_view or not own_storage(t))]
+        host = {j for j, t in enumerate(leaves) if not isinstance(t, XlaTensor)}  # constants (below)
+        views = {j: t._lt for j, t in enumerate(leaves) if j not in host and not own_storage(t)}  # re-made
         gc.collect()  # garbage of the trace holds no pending values
         n_before = len(session.segments)
         executor._recorder = session.grab
@@ -505,17 +237,17 @@ class Compiled:
         finally:
             executor._recorder = None
         if session.refusal is not None:
-            raise _Refused(session.refusal)
+            raise Refused(session.refusal)
         tpl = session.classify_reads(tpl)
         outs, out_of = session.outs, session.out_of
         for t in shared:  # their storage must be an input's or an output's, else its new value is lost
-            b = id(_root_buffer(t))
+            b = id(root_buffer(t))
             if b not in session.slots and b not in out_of:
-                raise _Refused("a tensor it wrote is a view sharing its storage with other tensors")
+                raise Refused("a tensor it wrote is a view sharing its storage with other tensors")
         # claimed: outputs that go somewhere (a tensor, a later segment, a read, a check)
         claimed = set(session.used)
         claimed.update(r.source[1] for r in session.reads if r.source[0] == "out")
-        rec = _Recording()
+        rec = Recording()
         rec.segments = session.segments
         rec.reads = session.reads
         rec.schedulers = session.schedulers
@@ -524,7 +256,7 @@ class Compiled:
         rec.trailing_guard = any(not r.returned and r.after == len(session.segments) for r in session.reads)
 
         def output(t):
-            k = out_of.get(id(_buffer(t)))
+            k = out_of.get(id(buffer(t)))
             if k is not None:
                 claimed.add(k)
                 rec.specs[k] = (t._lt.dtype, list(t._lt.shape))
@@ -541,7 +273,7 @@ class Compiled:
             k = output(t)
             if k is None:
                 if t is not before and not transitional:
-                    raise _Refused("it put an existing tensor where another was (an input moved)")
+                    raise Refused("it put an existing tensor where another was (an input moved)")
                 continue
             writes.append((i, k, "inplace" if t is before else "new"))
         rec.inplace = [(i, k) for i, k, mode in writes if mode == "inplace"]
@@ -558,10 +290,10 @@ class Compiled:
             k = output(t)
             if k is not None:
                 ret.append(("out", k))
-            elif id(_buffer(t)) in session.slots:
-                ret.append(("slot", session.slots[id(_buffer(t))]))
+            elif id(buffer(t)) in session.slots:
+                ret.append(("slot", session.slots[id(buffer(t))]))
             else:
-                raise _Refused("it returned a tensor that is neither computed by it nor an input")
+                raise Refused("it returned a tensor that is neither computed by it nor an input")
         rec.ret = (tpl, ret)
         rec.rng_out = None
         st = _random._state
@@ -576,7 +308,7 @@ class Compiled:
         lost = [k for k in range(len(outs)) if k not in claimed and (k >= last or sys.getrefcount(outs[k]) > 3)]
         if lost:
             shapes = ", ".join(f"{outs[k].dtype} {list(outs[k].shape)}" for k in lost[:4])
-            raise _Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
+            raise Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
         rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs)
         results = {idx: r.value[0] for idx, r in enumerate(session.reads) if r.returned}
         _grad_refs()  # (its probe runs ops: here, not in a replay)
@@ -599,7 +331,7 @@ class Compiled:
             return ("view_out", k, template)
         if id(b) in slots:
             return ("view_slot", slots[id(b)], template)
-        raise _Refused("it returned a view of a tensor that is neither computed by it nor an input")
+        raise Refused("it returned a view of a tensor that is neither computed by it nor an input")
 
     # -- replaying ----------------------------------------------------------
     def _replay(self, recs, w):
@@ -607,10 +339,10 @@ class Compiled:
         pending = False
         if not _C.replay_ready(tensors, self._inner):  # (the common case, every input device data: one C++ pass)
             for t in tensors:
-                if t is not None and not t._lt.is_data and _buffer(t) is None:  # pending, or a view
+                if t is not None and not t._lt.is_data and buffer(t) is None:  # pending, or a view
                     if self._inner and t._lt.is_view:  # read through its chain, lone or not
-                        pending = pending or _root_buffer(t) is None
-                    elif _own_storage(t) and not _number_to_data(t._lt) or _root_buffer(t) is None:
+                        pending = pending or root_buffer(t) is None
+                    elif own_storage(t) and not number_to_data(t._lt) or root_buffer(t) is None:
                         pending = True  # (a shared view reads its storage)
         st = _random._state
         if st is None:
@@ -648,7 +380,7 @@ class Compiled:
 
         def value(r):
             kind, v = r.source
-            return _S.host_value(outs[v] if kind == "out" else _root_buffer(tensors[v]))[0]
+            return host_value(outs[v] if kind == "out" else root_buffer(tensors[v]))[0]
 
         def write(o):  # the last segment's outputs: the step's writes (while the device runs)
             outs.extend(o)
@@ -666,9 +398,8 @@ class Compiled:
             if rec.rng_out is not None:
                 _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
             metrics.counter_add("replay")
-            ret.append(_returned(rec, tensors, outs, results))
-            for sched in rec.schedulers:  # as in the recorded call, after the step's graph
-                _S._step_of_scheduler(sched)
+            ret.append(returned(rec, tensors, outs, results))
+            _schedulers.run(rec.schedulers)  # as in the recorded call, after the step's graph
 
         def checks(_):  # (after write: outs holds every segment's outputs)
             return [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]

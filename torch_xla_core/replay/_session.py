@@ -1,7 +1,7 @@
-"""What a txc.compile recording sees while the step's Python runs (replay.py
-records; this module watches): every sync the step makes (a segment: an
-executable and where each of its parameters comes from), every value it
-reads on the host (a guard, or a value it returns), every upload (baked as
+"""What a txc.compile recording sees while the step's Python runs
+(_compiled.py records; this module watches): every sync the step makes (a
+segment: an executable and where each of its parameters comes from), every
+value it reads on the host (a guard, or a value it returns), every upload (baked as
 a constant when that is sound), every backward pass (the graphs it consumed)
 and every LR scheduler step (run again after each replay).
 
@@ -15,24 +15,19 @@ That is sound only while the segments before a guard overwrite no input
 (they donate nothing): a step that reads after its optimizer update is
 refused, unless the read is its last act and the value is what it returns
 (`return loss.item()`): that value is read again from each replay's
-outputs, as a result, not a guard.
-
-Also here: what a recording holds (_Recording), how inputs' buffers are
-found (_buffer, _root_buffer) and what a replay returns (_returned)."""
-import functools
+outputs, as a result, not a guard."""
 import math
+import os
 import sys
 
 import torch
 
-from . import _C
-from ._execution import executor
-from ._tracing import checks as _checks, tensor as _tensor
-from ._runtime import runtime
+from .. import _C
+from .._runtime import runtime
+from .._tracing import checks as _checks, tensor as _tensor
 
-_SCALARS = (bool, int, float, str, type(None))
 GUARD_ELEMENTS = 64   # the largest value a step may read on the host (a guard compares every element)
-_ALIAS, _FULL = _C.op_ids()["alias"], _C.op_ids()["full"]
+_ALIAS = _C.op_ids()["alias"]
 
 
 UNREACHED = ("it reads device data that is not among its inputs (a tensor reached other than through arguments, "
@@ -96,7 +91,7 @@ class Session:
     def collective_wrote(self, tensors):
         """The "xla" backend's collectives name the tensors they write: DDP's
         gradient buckets, state its reducer keeps out of the walk's reach
-        (replay.py records again with them among the inputs)."""
+        (Compiled records again with them among the inputs)."""
         self.written.extend(tensors)
 
     # -- the executor's recorder: every sync during the call ------------------
@@ -233,10 +228,6 @@ class Session:
         self.schedulers.append(sched)
         return True
 
-    def run_schedulers(self):
-        for s in self.schedulers:
-            _step_of_scheduler(s)
-
     # -- after the call -----------------------------------------------------------
     def classify_reads(self, template):
         """Reads that are the step's last act and whose value it returns
@@ -270,7 +261,7 @@ def _in_module_call() -> bool:
     return False
 
 
-_OPS_DIR = __file__.rsplit("/", 1)[0] + "/_ops/"
+_OPS_DIR = os.path.dirname(os.path.dirname(__file__)) + "/_ops/"  # torch_xla_core/_ops/
 
 
 _READ_ENTRIES = {"local_scalar_dense", "is_nonzero", "_to_copy", "to_copy", "copy_"}  # _ops/elementwise.py
@@ -313,187 +304,3 @@ def _mark_returned(tpl, value, idx, kind):
                 items[j] = new
                 return (tag, items), True
     return tpl, False
-
-
-# --- LR schedulers: their step() inside a recorded step is deferred ------------------
-
-_scheduler_step = None  # torch's LRScheduler.step
-
-
-def _step_of_scheduler(s):
-    return _scheduler_step(s)
-
-
-def install_scheduler_hook() -> None:
-    """Routes LRScheduler.step() (without arguments, of a scheduler that does
-    not override it, not called from another scheduler) to the recording
-    session when one is under way; any other scheduler step inside a
-    recording is refused (its lr would be baked into the graph)."""
-    global _scheduler_step
-    cls = torch.optim.lr_scheduler.LRScheduler
-    if _scheduler_step is not None:
-        return
-    _scheduler_step = orig = cls.step
-
-    @functools.wraps(orig)
-    def step(self, *args, **kwargs):
-        s = _tensor.capture
-        if s is None:
-            r = orig(self, *args, **kwargs)
-            _bind_lrs(self)
-            return r
-        caller = sys._getframe(1).f_locals.get("self")
-        if args or kwargs or type(self).step is not step or isinstance(caller, cls):
-            s.refuse(f"it steps an LR scheduler ({type(self).__name__}.step with arguments, or from another "
-                     f"scheduler) whose new lr would be baked into the graph; step it outside the compiled "
-                     f"function")
-            return orig(self, *args, **kwargs)
-        s.scheduler_step(self)
-        return None
-
-    cls.step = step
-
-
-def _bind_lrs(sched) -> None:
-    """After a scheduler's step outside a recording: a device lr it filled
-    with a number (a lifted optimizer's: replay, torch.compile(opt.step))
-    holds that number's buffer, and so does its copy in _last_lr; else the
-    next sync computes them in a graph with the number in it (one compile
-    per new value)."""
-    last = getattr(sched, "_last_lr", None)
-    for i, g in enumerate(sched.optimizer.param_groups):
-        lr = g.get("lr")
-        if type(lr) is _tensor.XlaTensor and not lr._lt.is_data and _number_to_data(lr._lt):
-            copy = last[i] if isinstance(last, list) and i < len(last) else None
-            if type(copy) is _tensor.XlaTensor and not copy._lt.is_data and not copy.shape:
-                copy._lt.assign(lr._lt)  # (the same immutable buffer: a later fill_ of either is its own)
-
-
-# --- buffers, recordings and what a replay returns ------------------------------------
-
-def _number_to_data(lt) -> bool:
-    """A pending 0-d value made from one number alone (an lr that a scheduler
-    filled, autograd's seed of a loss) becomes the device buffer of that
-    number (runtime.scalar's, kept per value and never donated): no launch,
-    and the value is not part of any graph or guard. False: lt is
-    something else."""
-    c = lt.constant
-    if c is None or c[0] != _FULL or lt.shape or executor._multi:  # (one device: the number's buffer is on xla:0)
-        return False
-    attrs = c[1]
-    value = complex(attrs[0], attrs[3]) if len(attrs) > 3 else attrs[0]
-    lt.assign(_C.from_data(runtime.scalar(value, lt.dtype), lt.dtype, []))
-    return True
-
-
-
-def _buffer(t):
-    """The device buffer holding t's value, or None (pending, or a view that
-    is not just an alias of its whole storage, like x.detach())."""
-    lt = t._lt
-    if lt.is_data:
-        return lt.data
-    if lt.is_view and _alias_only(lt):
-        r = lt.root()
-        return r.data if r.is_data else None
-    return None
-
-
-def _root_buffer(t):
-    """The device buffer of t's storage (t's own, or for a view its root's),
-    or None while that is pending."""
-    lt = t._lt
-    if lt.is_data:
-        return lt.data
-    if lt.is_view:
-        r = lt.root()
-        return r.data if r.is_data else None
-    return None
-
-
-def _alias_only(lt) -> bool:
-    return all(op == "alias" for op in lt.view_ops) and lt.shape == lt.root().shape
-
-
-def _own_storage(t) -> bool:
-    """Makes a view tensor hold its value in a storage of its own, when no
-    other tensor shares its storage (then nobody can tell): autograd's grads
-    and Module.to's parameters are such views. An alias of a whole storage
-    that others share (x.detach()) is left as it is: it reads and writes
-    that storage. False when neither is safe."""
-    lt = t._lt
-    if not lt.is_view:
-        return True
-    if lt.storage_refs != 1 or not t.is_contiguous():
-        return _alias_only(lt)
-    t._lt = _tensor._make(_ALIAS, (lt,), ())
-    return True
-
-
-class _Recording:
-    __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "inplace_of", "ret",
-                 "rng_out", "checks", "specs", "plan")
-
-
-def _lazy_of(buf, spec):
-    return _C.from_data(buf, spec[0], spec[1])
-
-
-def _flatten(out, leaves):
-    """out's structure with tensors replaced by ("T", index into leaves)."""
-    if isinstance(out, torch.Tensor):
-        leaves.append(out)
-        return ("T", len(leaves) - 1)
-    if isinstance(out, (tuple, list)):
-        return (type(out), [_flatten(x, leaves) for x in out])
-    if isinstance(out, dict):
-        return (dict, [(k, _flatten(x, leaves)) for k, x in out.items()])
-    if isinstance(out, _SCALARS):
-        return ("V", out)
-    raise Refused(f"it returned a {type(out).__name__}; return tensors, numbers and containers of them")
-
-
-def _unflatten(tpl, leaves, results):
-    tag, v = tpl
-    if tag == "T":
-        return leaves[v]
-    if tag == "V":
-        return v
-    if tag == "R":  # a value read on the host and returned (return loss.item())
-        return v[1](results[v[0]])
-    if tag is dict:
-        return {k: _unflatten(x, leaves, results) for k, x in v}
-    seq = [_unflatten(x, leaves, results) for x in v]
-    return tag(seq) if tag is not list else seq
-
-
-def _returned(rec, tensors, outs, results):
-    """What a recorded step returns, made from its outputs' buffers and its
-    inputs (the recording call returns the same, so that the tensors it
-    returns look as those of later calls do: detached, the same views)."""
-    tpl, ret = rec.ret
-    specs = rec.specs
-    # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
-    # input written in place is a view of that input
-    made = {}
-    inplace_of = rec.inplace_of
-
-    def out_lt(k):
-        lt = made.get(k)
-        if lt is None:
-            i = inplace_of.get(k)
-            lt = made[k] = tensors[i]._lt if i is not None else _lazy_of(outs[k], specs[k])
-        return lt
-    leaves = []
-    for r in ret:
-        kind, v = r[0], r[1]
-        if kind == "out":
-            leaves.append(_C.wrap(out_lt(v)))
-        elif kind == "slot":
-            leaves.append(tensors[v])
-        elif kind == "host":
-            leaves.append(v.clone())
-        else:  # a view of an input or an output: its chain on the new value
-            base = out_lt(v) if kind == "view_out" else tensors[v]._lt
-            leaves.append(_C.wrap(r[2].rebase(base.root() if base.is_view else base)))  # (the chain is from its root)
-    return _unflatten(tpl, leaves, results)
