@@ -520,3 +520,41 @@ def test_views_held_across_a_replay_see_what_a_traced_step_gives(dev):
     torch.testing.assert_close(alias.cpu(), m.weight.detach().cpu())
     del row, alias
     both_steps(replayed=1)
+
+
+
+def test_a_step_that_raises_while_recorded_leaves_no_recording_under_way(dev):
+    """The one recording hook (executor.recording) is a context: a step that
+    raises while it is recorded leaves no recording under way, so the host
+    reads, uploads and backward passes after it are nobody's, and later calls
+    record afresh and replay, training as the plain step does."""
+    fail = {"n": 1}
+
+    def f(m, opt, x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(m(x), y)
+        if fail["n"]:
+            fail["n"] -= 1
+            raise ValueError("the step failed")
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    m, ref = _model().to(dev).eval(), _model().to(dev).eval()
+    opt, ref_opt = (torch.optim.SGD(p.parameters(), lr=0.1) for p in (m, ref))
+    x, y = torch.randn(4, 8).to(dev), torch.randn(4, 4).to(dev)
+    step = txc.compile(f)
+    with pytest.raises(ValueError, match="the step failed"):
+        step(m, opt, x, y)
+    assert executor.recording_session() is None
+    out = F.mse_loss(ref(x), y)  # a backward pass, a host read and an upload outside any recording
+    out.backward()
+    ref_opt.zero_grad()
+    assert out.item() > 0 and torch.tensor([1.0, 2.0]).to(dev).cpu().tolist() == [1.0, 2.0]
+    for _ in range(4):
+        torch.testing.assert_close(step(m, opt, x, y).cpu(), f(ref, ref_opt, x, y).cpu())
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q.cpu())
+    c = txc.metrics.counters()
+    # the first whole step is transitional (grads appear), the second records, the last two replay
+    assert c["replay_record"] == 1 and c["replay"] == 2 and c.get("replay_refused", 0) == 0, c

@@ -93,7 +93,7 @@ _inflight = {}                       # Key -> Future of a compile under way
 _pool = None
 _sync_listeners = []                 # called with each sync's Plan (the profiler names graphs)
 _last = None                         # the executable that ran last (memory statistics)
-_recorder = None                     # fn(plan, exe, params, outs) after a sync runs (replay/ records)
+_session = None                      # the txc.compile recording under way (recording()), or None
 _multi = False                       # a device other than xla:0 has been used: syncs go device by device
 _collectives = False                 # a collective was traced (torch_xla_core/distributed): cuts are asked
 
@@ -347,7 +347,33 @@ def sync(lts=None, wait=False, read_checks=True) -> None:
             _checks.verify()
 
 
-_tensor.bind_executor(sync, use_devices)  # the tracing layer's sync_lazy and uploads run graphs through here
+@contextlib.contextmanager
+def recording(session):
+    """The one hook of a txc.compile recording (torch_xla_core/replay/):
+    while it is under way, session sees every sync (session.grab: the
+    executable, its parameters and outputs), every value read on the host
+    (session.read: _tracing/tensor.py's materialize) and upload
+    (session.upload: from_cpu), every backward pass outside a scan body's
+    trace (session.backward: _ops/engine.py), every LR scheduler step
+    (session.scheduler_step: replay/_schedulers.py) and the tensors the
+    "xla" backend's collectives write (session.collective_wrote:
+    distributed/backend.py). They ask recording_session(). Process-wide,
+    not per thread: autograd and DDP's reducer may run on other threads."""
+    global _session
+    saved, _session = _session, session
+    try:
+        yield session
+    finally:
+        _session = saved
+
+
+def recording_session():
+    """The txc.compile recording under way (recording()), or None."""
+    return _session
+
+
+# the tracing layer's sync_lazy and uploads run graphs through here; its host reads and uploads ask recording_session()
+_tensor.bind_executor(sync, use_devices, recording_session)
 
 
 def spans_processes(lts=None) -> bool:
@@ -443,8 +469,9 @@ def _run(p: Plan, wait: bool) -> None:
     # with several devices, a check made on another device waits for that device's graph
     checks = [c for c in p.checks if c[0].is_data] if _multi else p.checks
     outs, _ = execute(Launch(exe, params, cut.assign, lambda outs: checks, p.key.spmd and p.key, cut), wait)
-    if _recorder is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay/)
-        _recorder(p, exe, params, outs)
+    session = _session
+    if session is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay/)
+        session.grab(p, exe, params, outs)
 
 
 # --- failures ---------------------------------------------------------------

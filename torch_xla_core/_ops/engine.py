@@ -1,11 +1,13 @@
 """The autograd engine hook: torch's engine with the error of an op handler
-that raised inside a backward pass kept, and a listener that a txc.compile
-recording uses to see the graphs backward consumes. Installed at import
-(_install.py) as Variable._execution_engine."""
+that raised inside a backward pass kept, and the graphs backward consumes
+told to a txc.compile recording under way (executor.recording). Installed at
+import (_install.py) as Variable._execution_engine."""
 import torch
 from torch.autograd.variable import Variable
 
 from .. import _C
+from .._execution import executor
+from .._tracing import trace_context as _trace_context
 
 
 class Engine(torch._C._ImperativeEngine):
@@ -18,12 +20,14 @@ class Engine(torch._C._ImperativeEngine):
     dispatcher keeps the handler's exception per thread
     (csrc/py/dispatch.cpp): raise that one instead."""
 
-    backward_listener = None  # fn(roots, keep_graph): a txc.compile recording notes the graphs it consumes
-
     def run_backward(self, *args, **kwargs):
-        if Engine.backward_listener is not None:
-            Engine.backward_listener(args[0] if args else kwargs.get("tensors", ()),
-                                     args[2] if len(args) > 2 else kwargs.get("keep_graph", False))
+        session = executor.recording_session()
+        # a txc.compile recording notes the graphs a backward pass consumes; not those of a scan body's trace
+        # (its vjp body's torch.autograd.grad): it would hold them, their leaves are body values, and its sync
+        # would then read them
+        if session is not None and _trace_context.current() is None:
+            session.backward(args[0] if args else kwargs.get("tensors", ()),
+                             args[2] if len(args) > 2 else kwargs.get("keep_graph", False))
         _C.take_handler_error()
         try:
             return super().run_backward(*args, **kwargs)

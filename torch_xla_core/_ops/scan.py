@@ -70,7 +70,6 @@ from .._tracing import checks as _checks, random as _random, tensor as _tensor, 
 from .._runtime.dtypes import code
 from .._tracing.tensor import OP, XlaTensor, xla_leaves
 from . import scan_policy as _scan_policy
-from .engine import Engine as _Engine
 
 __all__ = ["scan", "clear_cache"]
 
@@ -253,7 +252,7 @@ def _trace(plan):
     # scan reports its operands and results to it as one op (see _scan).
     try:
         with _trace_context.body(mode, rng_ph) as trace, torch.no_grad(), _disable_current_modes(), mode, \
-                _checks.suspended(), _no_backward_listener():
+                _checks.suspended():
             c = _unflat(carry, plan.c_spec)
             x = _unflat(xs, plan.x_spec)
             if plan.with_consts:
@@ -310,18 +309,6 @@ def _finish_trace(plan, mode, trace, rng_ph, P, out):
     plan.body = _C.build_body(P, outs, cap_lts)
     plan.body_res = _C.build_body(P, outs + P[:plan.nc] + ([rng_ph] if plan.rng_used else []), cap_lts)
     metrics.counter_add("scan_trace")
-
-
-@contextlib.contextmanager
-def _no_backward_listener():
-    """A txc.compile recording must not see the autograd passes of a body
-    trace (the vjp body's torch.autograd.grad): it would hold their graphs,
-    whose leaves are body values, and its sync would then read them."""
-    saved, _Engine.backward_listener = _Engine.backward_listener, None
-    try:
-        yield
-    finally:
-        _Engine.backward_listener = saved
 
 
 def _check_carry(plan, new_c):

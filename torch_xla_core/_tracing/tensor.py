@@ -157,12 +157,15 @@ def configure(device) -> None:
 # --- the execution layer's hooks ---------------------------------------------
 _sync = None         # executor.sync(lts, wait): runs pending graphs
 _use_devices = None  # _use_devices(): a value lives on a device other than xla:0
+_recording = None    # executor.recording_session(): a txc.compile recording under way, which sees host reads
+                     # and uploads (replay/_session.py), or None
 
 
-def bind_executor(sync, use_devices) -> None:
-    """Called by executor.py when it loads: how this layer runs graphs."""
-    global _sync, _use_devices
-    _sync, _use_devices = sync, use_devices
+def bind_executor(sync, use_devices, recording_session) -> None:
+    """Called by executor.py when it loads: how this layer runs graphs, and
+    how it finds a txc.compile recording under way."""
+    global _sync, _use_devices, _recording
+    _sync, _use_devices, _recording = sync, use_devices, recording_session
 
 
 def op(name: str, *operands, attrs=()) -> XlaTensor:
@@ -181,8 +184,9 @@ def from_cpu(t: torch.Tensor, device_index: int = 0, user: bool = False) -> XlaT
     if device_index > 0:
         _use_devices()
     buf = runtime.to_device(t, max(device_index, 0))
-    if capture is not None:
-        capture.upload(t, buf, user)
+    session = _recording()
+    if session is not None:
+        session.upload(t, buf, user)
     return wrap(_C.from_data(buf, code, list(t.shape), device_index))
 
 
@@ -221,9 +225,6 @@ def sync_lazy(lts=None, wait=False) -> None:
     _sync(lts, wait)
 
 
-capture = None  # a txc.compile recording under way (replay's _Session): it sees host reads and uploads
-
-
 def whole_storage(t: XlaTensor):
     """t's storage as a LazyTensor when t is all of it (itself or aliases of
     it, as nn.Parameter makes), else None."""
@@ -246,8 +247,9 @@ def storage_buffer(t: XlaTensor):
 
 def materialize(t: XlaTensor):
     """The device buffer holding t's current value (computing it if pending)."""
-    if capture is not None:
-        return capture.read(t)
+    session = _recording()
+    if session is not None:
+        return session.read(t)
     lt = t._lt
     if lt.is_data:
         if _checks._computed:  # a value is read: checks computed with it raise now (as a sync would)

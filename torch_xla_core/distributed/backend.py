@@ -29,8 +29,8 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 from torch._C._distributed_c10d import _create_work_from_future
 
+from .._execution import executor
 from .._runtime import runtime
-from .._tracing import tensor as _tensor
 from . import collectives as cc
 from . import processes
 
@@ -39,8 +39,9 @@ def _done(result):
     place (a list, or a list of lists), which a txc.compile recording in
     progress is told of: DDP's gradient buckets, which txc.compile (replay/) then
     records again among its inputs."""
-    if _tensor.capture is not None:
-        _tensor.capture.collective_wrote([t for x in result for t in (x if isinstance(x, list) else [x])])
+    session = executor.recording_session()
+    if session is not None:
+        session.collective_wrote([t for x in result for t in (x if isinstance(x, list) else [x])])
     fut = torch.futures.Future()
     fut.set_result(result)
     return _create_work_from_future(fut)

@@ -14,7 +14,6 @@ import torch
 
 from .. import _C, config, metrics
 from .._execution import executor
-from .._ops.engine import Engine as _Engine
 from .._runtime import dtypes as _dtypes
 from .._tracing import random as _random, tensor as _tensor
 from .._tracing.tensor import XlaTensor
@@ -148,11 +147,8 @@ class Compiled:
                 slots[id(b)] = i
         session = Session(slots, _random._state.data)
         c0 = metrics.counters().get("execute", 0)
-        _tensor.capture, executor._recorder, _Engine.backward_listener = session, session.grab, session.backward
-        try:
+        with executor.recording(session):
             out = self._call_fn(args, kwargs)
-        finally:
-            _tensor.capture, executor._recorder, _Engine.backward_listener = None, None, None
         if metrics.counters().get("execute", 0) - c0 != len(session.segments):
             session.refuse("it ran a sync the recording cannot replay (a graph over a mesh of devices)")
         out = session.detach_consumed(out)  # (and lets go of those graphs before the step's last sync)
@@ -231,11 +227,8 @@ class Compiled:
         views = {j: t._lt for j, t in enumerate(leaves) if j not in host and not own_storage(t)}  # re-made
         gc.collect()  # garbage of the trace holds no pending values
         n_before = len(session.segments)
-        executor._recorder = session.grab
-        try:
+        with executor.recording(session):  # (its one sync: the session sees nothing else here)
             _tensor.sync_lazy(wait=self._wait)
-        finally:
-            executor._recorder = None
         if session.refusal is not None:
             raise Refused(session.refusal)
         tpl = session.classify_reads(tpl)

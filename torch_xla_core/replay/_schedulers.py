@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from .._execution import executor
 from .._tracing import tensor as _tensor
 from ._recording import number_to_data
 
@@ -34,7 +35,7 @@ def install() -> None:
 
     @functools.wraps(orig)
     def step(self, *args, **kwargs):
-        s = _tensor.capture
+        s = executor.recording_session()
         if s is None:
             r = orig(self, *args, **kwargs)
             _bind_lrs(self)

@@ -1,9 +1,12 @@
 """What a txc.compile recording sees while the step's Python runs
-(_compiled.py records; this module watches): every sync the step makes (a
-segment: an executable and where each of its parameters comes from), every
-value it reads on the host (a guard, or a value it returns), every upload (baked as
-a constant when that is sound), every backward pass (the graphs it consumed)
-and every LR scheduler step (run again after each replay).
+(_compiled.py records; a Session watches, inside `with
+executor.recording(session):`, the one hook the executor, the tracing
+layer, the autograd engine, the scheduler hook and the "xla" backend ask):
+every sync the step makes (a segment: an executable and where each of its
+parameters comes from), every value it reads on the host (a guard, or a
+value it returns), every upload (baked as a constant when that is sound),
+every backward pass (the graphs it consumed), every LR scheduler step (run
+again after each replay) and the tensors collectives wrote.
 
 A step that reads a tensor value on the host (`.item()`, `if tensor:`,
 transformers' mask checks) is cut there: the recording syncs everything
@@ -94,7 +97,7 @@ class Session:
         (Compiled records again with them among the inputs)."""
         self.written.extend(tensors)
 
-    # -- the executor's recorder: every sync during the call ------------------
+    # -- every sync during the call (executor._run) ----------------------------
     def grab(self, p, exe, params, outs):
         binds = []
         for a in p.cut.params():
