@@ -17,7 +17,9 @@ in order (torch_xla_core/__init__.py calls install() once):
   9. torch.distributed's "xla" backend and xla:// init method, and
      handlers for torch's functional collectives (distributed/);
  10. init_process_group's env:// store per round in a job torchrun
-     restarted (_cluster.isolate_restarts).
+     restarted (_cluster.isolate_restarts);
+ 11. LRScheduler.step deferred inside a txc.compile recording, and a
+     device lr it fills bound to its number's buffer (replay/_schedulers.py).
 
 This module is the top of the layers (ARCHITECTURE.md): it may import any."""
 import torch
@@ -27,6 +29,7 @@ from ._tracing import device as _device, tensor as _tensor
 from . import _ops, config, distributed
 from ._features import tying as _tying, amp, dynamo, serialization
 from ._ops import engine
+from .replay import _schedulers
 
 _done = False
 
@@ -55,4 +58,5 @@ def install() -> None:
     dynamo.install_hook()
     distributed.install()
     _cluster.isolate_restarts()
+    _schedulers.install()
     _done = True

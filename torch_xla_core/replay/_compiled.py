@@ -30,7 +30,6 @@ MAX_VARIANTS = 4     # recordings per signature that differ in the values they r
 _GUARD = "a value it reads on the host differs from every recorded one"
 _LOST = "that are not among its inputs or outputs (their new values would be lost on replay)"
 _tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
-_schedulers.install()
 
 
 def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):

@@ -1,5 +1,5 @@
 """LR schedulers inside a txc.compile step: torch's LRScheduler.step is
-wrapped (install()) so that a step() inside a recording is
+wrapped (install(), from _install.py) so that a step() inside a recording is
 deferred to after the step's graph and run again after each replay (its
 count and the lr it fills move on every call), and so that outside a
 recording a device lr it filled holds its number's buffer (_bind_lrs)."""
