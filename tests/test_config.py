@@ -1,11 +1,12 @@
 """torch_xla_core/config.py: every setting the package reads from the
-environment (TXC_*, PJRT_DEVICE, XLA_FLAGS, LIBTPU_INIT_ARGS, torch_xla's
-legacy dtype flags) declared once and read through it. Defaults, parsing
+environment (TXC_*, PJRT_DEVICE, the launchers' variables, XLA_FLAGS,
+LIBTPU_INIT_ARGS, torch_xla's legacy dtype flags) declared once and read through it. Defaults, parsing
 per type, errors naming the variable and what it takes, the modules' reads
 following the environment at each call, txc.config's report, README's
 settings table equal to the generated one, and no module under
-torch_xla_core/ reading the environment by itself (os.environ, os.getenv;
-the known exceptions are listed in ENVIRON_READERS, each with its reason)."""
+torch_xla_core/ reading the environment by itself (os.environ, os.getenv:
+any read outside config.py fails, naming file:line; compat's xu.getenv_as
+reads a script's own variables through config.caller_variable)."""
 import ast
 import os
 import re
@@ -246,33 +247,73 @@ def test_the_scan_finds_reads_of_any_variable():
     assert _os_environ_reads(src)[0][1] == "os.environ.get"
 
 
-# Modules that still read the environment themselves, each with why. The first four are other rooms' modules,
-# being moved to config (remove an entry when its module reads through config.get); the last is for good.
-ENVIRON_READERS = {
-    "torch_xla_core/_runtime/cluster.py": "the launchers' own variables (torchrun's RANK/WORLD_SIZE/MASTER_ADDR, srun's "
-                                  "SLURM_*, a PyTorchJob's): to be declared in config",
-    "torch_xla_core/_features/launch.py": "saves and restores the variables it sets for torchrun's workers; "
-                                "GLOO_SOCKET_IFNAME: to go through config",
-    "torch_xla_core/_runtime/peers.py": "TORCHELASTIC_ERROR_FILE (torchrun's, per worker): to be declared in config",
-    "torch_xla_core/compat/torch_xla/utils/utils.py": "torch_xla's xu.getenv_as / check_env_flag: the caller's own "
-                                                      "variables, by a name the caller passes (not the package's)",
-}
-
-
 def test_no_module_reads_the_environment_but_config():
-    reads, seen = [], set()
+    reads = []
     for path in sorted(PKG.rglob("*.py")):
         rel = str(path.relative_to(ROOT))
-        if rel == "torch_xla_core/config.py":
-            continue
-        found = _os_environ_reads(path.read_text())
-        if found and rel in ENVIRON_READERS:
-            seen.add(rel)
-        elif found:
-            reads += [f"{rel}:{ln}: {code}" for ln, code in found]
+        if rel != "torch_xla_core/config.py":
+            reads += [f"{rel}:{ln}: {code}" for ln, code in _os_environ_reads(path.read_text())]
     assert not reads, ("declare these in torch_xla_core/config.py and read them with config.get (README's table: "
                        "python -m torch_xla_core.config --markdown):\n" + "\n".join(reads))
-    assert seen == set(ENVIRON_READERS), f"no longer read the environment (drop them): {set(ENVIRON_READERS) - seen}"
+
+
+def test_caller_variables_are_read_only_for_torch_xlas_utils(monkeypatch):
+    """config.caller_variable reads a variable no setting declares: only
+    compat's xu.getenv_as / check_env_flag may (a script's own variables)."""
+    callers = [f"{p.relative_to(ROOT)}:{n.lineno}" for p in sorted(PKG.rglob("*.py"))
+               for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.Attribute) and n.attr == "caller_variable"]
+    assert [c.rpartition(":")[0] for c in callers] == ["torch_xla_core/compat/torch_xla/utils/utils.py"] * 2, callers
+    monkeypatch.setenv("SOME_SCRIPT_FLAG", "3")
+    monkeypatch.delenv("SOME_UNSET_FLAG", raising=False)
+    assert config.caller_variable("SOME_SCRIPT_FLAG") == "3"
+    assert config.caller_variable("SOME_UNSET_FLAG") is None and config.caller_variable("SOME_UNSET_FLAG", "x") == "x"
+
+
+def test_exported_sets_declared_variables_and_puts_back_what_was_there(monkeypatch):
+    monkeypatch.setenv("TXC_COORDINATOR", "10.0.0.1:1")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with config.exported({"TXC_COORDINATOR": "127.0.0.1:2", "GLOO_SOCKET_IFNAME": "lo"}):
+        assert (os.environ["TXC_COORDINATOR"], os.environ["GLOO_SOCKET_IFNAME"]) == ("127.0.0.1:2", "lo")
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['GLOO_SOCKET_IFNAME'])"],
+                               capture_output=True, text=True, timeout=60)
+        assert child.stdout.strip() == "lo"  # children inherit them
+    assert os.environ["TXC_COORDINATOR"] == "10.0.0.1:1" and "GLOO_SOCKET_IFNAME" not in os.environ
+    with pytest.raises(RuntimeError, match="boom"), config.exported({"GLOO_SOCKET_IFNAME": "eth0"}):
+        raise RuntimeError("boom")
+    assert "GLOO_SOCKET_IFNAME" not in os.environ  # put back on an error too
+    with pytest.raises(KeyError, match="TXC_NOPE is not a torch_xla_core setting"):
+        with config.exported({"TXC_NOPE": "1"}):
+            pass
+
+
+def test_the_launchers_variables_are_read_through_config(monkeypatch):
+    """cluster.detect reads torchrun's, a PyTorchJob's and srun's variables
+    through config, an empty one counting as set (as `name in os.environ`
+    did), and still names the launcher in its errors."""
+    from torch_xla_core._runtime import cluster
+    for name in ("TXC_NUM_PROCESSES", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    assert cluster.detect() is None
+    for k, v in dict(WORLD_SIZE="4", RANK="1", MASTER_ADDR="10.0.0.5", MASTER_PORT="29500").items():
+        monkeypatch.setenv(k, v)
+    job = cluster.detect()
+    assert (job.launcher, job.num_processes, job.process_id, job.local_rank, job.local_size) == (
+        "pytorchjob", 4, 1, 0, 1)
+    assert job.master == ("10.0.0.5", 29500) and job.spans_machines
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "")  # set, though empty: torchrun's
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    job = cluster.detect()
+    assert (job.launcher, job.local_size, job.spans_machines) == ("torchrun", 4, False)
+    monkeypatch.setenv("LOCAL_RANK", "")
+    with pytest.raises(cluster.LaunchError, match="LOCAL_RANK='' is not an integer; torchrun sets it"):
+        cluster.detect()
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.setenv("MASTER_PORT", "")
+    with pytest.raises(cluster.LaunchError, match="MASTER_PORT not"):
+        cluster.detect()
+    assert config.get("MASTER_PORT", {"MASTER_PORT": ""}) == "" and config.is_set("RANK", {"RANK": ""})
 
 
 def test_xla_flags_and_legacy_flags_are_read_through_config(monkeypatch):

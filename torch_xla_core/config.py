@@ -1,7 +1,8 @@
 """Every setting torch_xla_core reads from the environment, declared once:
-the TXC_* variables, PJRT_DEVICE, XLA's own flags (XLA_FLAGS,
-LIBTPU_INIT_ARGS: read for the compile cache's key) and torch_xla's legacy
-dtype flags (read to warn that they are ignored), each with its type,
+the TXC_* variables, PJRT_DEVICE, the launchers' variables (torchrun's,
+srun's, a PyTorchJob's: read to join the job's processes), XLA's own flags
+(XLA_FLAGS, LIBTPU_INIT_ARGS: read for the compile cache's key) and
+torch_xla's legacy dtype flags (read to warn that they are ignored), each with its type,
 default, allowed values and a one-line doc. Code reads a setting with get(name) at the moment
 it needs it: each call reads os.environ (nothing is cached here), so a test
 that monkeypatches the environment, or a script that sets a variable before
@@ -20,14 +21,19 @@ takes, at the read that meets it (never a silent fall back to the default).
     python -m torch_xla_core.config [--markdown]
 
 README.md's settings table is markdown_table() (tests/test_config.py keeps
-them equal). The launcher (launch.py) writes TXC_* variables for its
-workers into os.environ; reading goes through here. This module imports
-only the standard library, so every module of the package may import it."""
+them equal), and it finds any other module of the package reading
+os.environ itself. Writes are not reads: the launchers write their
+workers' variables into os.environ (launch.py through exported(), which
+puts them back). compat's xu.getenv_as reads variables a script names,
+none of the package's: caller_variable(). This module imports only the
+standard library, so every module of the package may import it."""
+import contextlib
 import dataclasses
 import os
 import sys
 import warnings
 
+# (exported and caller_variable are for the package's own modules: not in txc.config's API)
 __all__ = ["Setting", "SettingError", "SETTINGS", "get", "is_set", "require", "settings", "report",
            "markdown_table"]
 
@@ -187,6 +193,34 @@ _DECLARED = [
             f"under torchrun process 0 publishes it through torch's store)", takes="host:port"),
     Setting("TXC_COORDINATOR_HOSTED", "bool", False, f"1: the launcher hosts the coordination service, process 0 "
             f"starts none ({_LAUNCH})"),
+    # the launchers' variables (torchrun, srun, a Kubeflow PyTorchJob, gloo): they set them for each process, the
+    # package only reads them (_runtime/cluster.py: which launcher started this process and where its processes
+    # meet). Read as set, an empty value included (cluster.py parses and checks them, naming the launcher)
+    *(Setting(name, "str", None, doc, takes=takes, empty_is_unset=False) for name, takes, doc in (
+        ("WORLD_SIZE", "an integer", "processes in the job (set by torchrun, torch_xla_core.launch or a "
+         "PyTorchJob)"),
+        ("RANK", "an integer", "this process's rank in the job (set with WORLD_SIZE)"),
+        ("LOCAL_RANK", "an integer", "this process's rank on its machine (set by torchrun; unset: 0)"),
+        ("LOCAL_WORLD_SIZE", "an integer", "processes on this machine (set by torchrun; unset: 1)"),
+        ("MASTER_ADDR", "a host", "where torch's TCPStore listens: the job's processes meet there (set with "
+         "WORLD_SIZE)"),
+        ("MASTER_PORT", "an integer", "the port of torch's TCPStore (set with MASTER_ADDR)"),
+        ("TORCHELASTIC_RUN_ID", "a string", "set by torchrun: tells its workers from a PyTorchJob's"),
+        ("TORCHELASTIC_RESTART_COUNT", "an integer", "torchrun's restart round: keys in torch's store are per "
+         "round from round 1 on"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True or False", "True: torch's store is torchrun's agent's (or process "
+         "0's in a PyTorchJob, which torch_xla_core sets), init_process_group's keys are then per round"),
+        ("TORCHELASTIC_ERROR_FILE", "a file", "set by torchrun for each worker: a worker that ends because a "
+         "peer was lost records it there"),
+        ("SLURM_NTASKS", "an integer", "processes in an srun step"),
+        ("SLURM_PROCID", "an integer", "this process's rank in an srun step"),
+        ("SLURM_LOCALID", "an integer", "this process's rank on its node in an srun step"),
+        ("SLURM_STEP_NUM_NODES", "an integer", "nodes of an srun step (unset: 1; one node binds loopback)"),
+        ("JAX_COORDINATOR_PORT", "an integer", "jax's: the coordinator's port under srun (unset: "
+         "SLURM_JOB_ID % 4096 + 61440)"),
+        ("GLOO_SOCKET_IFNAME", "an interface", "gloo's network interface; torch_xla_core.launch sets lo for its "
+         "workers when unset"),
+    )),
     # XLA's own flags: XLA and libtpu read them when their first client starts; the package reads them for the
     # persistent compile cache's key (runtime.compiler_flags: those that change the code XLA emits)
     Setting("XLA_FLAGS", "str", None, "XLA's flags (XLA reads them when the runtime starts); those that change the "
@@ -239,6 +273,33 @@ def require(name: str, env=None, why: str = ""):
         raise SettingError(f"{name} is not set{' (' + why + ')' if why else ''}: set it to {s.allowed()} "
                            f"({name}: {s.doc})")
     return v
+
+
+@contextlib.contextmanager
+def exported(values: dict):
+    """Sets the declared variables `values` (name -> str) in os.environ for
+    the block, for the child processes it starts (they inherit it), and puts
+    back what was there on exit (torch_xla_core.launch for torchrun's workers)."""
+    for name in values:
+        _setting(name)
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, raw in saved.items():
+            if raw is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = raw
+
+
+def caller_variable(name: str, default: str | None = None) -> str | None:
+    """The raw value of a variable the caller names, which is none of the
+    package's settings: torch_xla's xu.getenv_as / check_env_flag (compat)
+    read a script's own variables by the names it passes. The package's
+    own reads are declared above and go through get()."""
+    return os.environ.get(name, default)
 
 
 def settings(env=None) -> dict:

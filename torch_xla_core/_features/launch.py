@@ -96,15 +96,14 @@ def launch(script_argv, nproc: int, devices: int = 1, max_restarts: int = 0) -> 
     env = dict(TXC_NUM_CPU_DEVICES=str(devices), TXC_COORDINATOR_HOSTED="1" if service else "0")
     if coordinator:
         env["TXC_COORDINATOR"] = coordinator
-    if os.path.exists("/sys/class/net/lo") and "GLOO_SOCKET_IFNAME" not in os.environ:
+    if os.path.exists("/sys/class/net/lo") and not config.is_set("GLOO_SOCKET_IFNAME"):
         env["GLOO_SOCKET_IFNAME"] = "lo"
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # torchrun's agent passes its environment on to the workers
-    args = torchrun.parse_args(["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
-                                str(port), "--max-restarts", str(max_restarts), "--monitor-interval", "0.05",
-                                *script_argv])
     try:
-        torchrun.run(args)
+        with config.exported(env):  # torchrun's agent passes its environment on to the workers
+            args = torchrun.parse_args(["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+                                        "--master-port", str(port), "--max-restarts", str(max_restarts),
+                                        "--monitor-interval", "0.05", *script_argv])
+            torchrun.run(args)
         return 0
     except ChildFailedError as e:
         rank, failure = peers.root_failure(e.failures)
@@ -114,11 +113,6 @@ def launch(script_argv, nproc: int, devices: int = 1, max_restarts: int = 0) -> 
         print(f"torch_xla_core.launch: process {rank} of {nproc} {how}", file=sys.stderr, flush=True)
         return status or 1
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         if service is not None:
             service.shutdown()
         del store

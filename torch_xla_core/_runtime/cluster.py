@@ -62,8 +62,8 @@ class Job:
     local_size: int = 1       # processes on this machine (several: each takes GPU local_rank, as torchrun's)
 
 
-def _int(env, name, launcher):
-    raw = env.get(name)
+def _int(name, launcher):
+    raw = config.get(name)
     try:
         return int(raw)
     except (TypeError, ValueError):
@@ -73,40 +73,40 @@ def _int(env, name, launcher):
 
 def detect():
     """The Job this process belongs to, or None when it runs alone."""
-    env = os.environ
+    has = config.is_set  # the launchers' variables count as set when empty (config.py)
     if config.get("TXC_NUM_PROCESSES") > 1:
         why = f"TXC_NUM_PROCESSES={config.get('TXC_NUM_PROCESSES')}"
         coord = config.require("TXC_COORDINATOR", why=why)
         return Job("txc", config.get("TXC_NUM_PROCESSES"), config.require("TXC_PROCESS_ID", why=why),
                    config.get("TXC_LOCAL_RANK"), not is_loopback(coord.rpartition(":")[0]), coord)  # devices: as set
-    if "WORLD_SIZE" in env and "RANK" in env:
-        elastic = "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+    if has("WORLD_SIZE") and has("RANK"):
+        elastic = has("TORCHELASTIC_RUN_ID") or has("LOCAL_RANK")
         who = "torchrun" if elastic else "pytorchjob"
-        n, rank = _int(env, "WORLD_SIZE", who), _int(env, "RANK", who)
+        n, rank = _int("WORLD_SIZE", who), _int("RANK", who)
         if n <= 1:
             return None
-        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not config.get(v)]
         if missing:
             raise LaunchError(f"RANK and WORLD_SIZE={n} are set but {' and '.join(missing)} not: torch_xla_core "
                               f"meets the other processes through torch's store at MASTER_ADDR:MASTER_PORT (as "
                               f"init_process_group('env://') does); set them, or start with torchrun")
-        local = _int(env, "LOCAL_RANK", who) if "LOCAL_RANK" in env else 0
-        local_size = _int(env, "LOCAL_WORLD_SIZE", who) if "LOCAL_WORLD_SIZE" in env else 1
-        master = (env["MASTER_ADDR"], _int(env, "MASTER_PORT", who))
+        local = _int("LOCAL_RANK", who) if has("LOCAL_RANK") else 0
+        local_size = _int("LOCAL_WORLD_SIZE", who) if has("LOCAL_WORLD_SIZE") else 1
+        master = (config.get("MASTER_ADDR"), _int("MASTER_PORT", who))
         return Job(who, n, rank, local, local_size < n and not is_loopback(master[0]),
                    config.get("TXC_COORDINATOR"), master, local_size)
-    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
-        n = _int(env, "SLURM_NTASKS", "srun")
+    if has("SLURM_NTASKS") and has("SLURM_PROCID"):
+        n = _int("SLURM_NTASKS", "srun")
         if n <= 1:
             return None
         if not SlurmCluster.is_env_present():
             raise LaunchError("SLURM_NTASKS and SLURM_PROCID are set but not SLURM_JOB_ID, SLURM_STEP_NODELIST and "
                               "SLURM_LOCALID: start the processes with srun (inside an allocation)")
-        nodes = _int(env, "SLURM_STEP_NUM_NODES", "srun") if "SLURM_STEP_NUM_NODES" in env else 1
-        coord = SlurmCluster.get_coordinator_address(None, env.get("JAX_COORDINATOR_PORT"))
+        nodes = _int("SLURM_STEP_NUM_NODES", "srun") if has("SLURM_STEP_NUM_NODES") else 1
+        coord = SlurmCluster.get_coordinator_address(None, config.get("JAX_COORDINATOR_PORT"))
         if nodes <= 1:
             coord = "127.0.0.1:" + coord.rpartition(":")[2]
-        return Job("slurm", n, _int(env, "SLURM_PROCID", "srun"), _int(env, "SLURM_LOCALID", "srun"),
+        return Job("slurm", n, _int("SLURM_PROCID", "srun"), _int("SLURM_LOCALID", "srun"),
                    nodes > 1, coord, (), -(-n // nodes))
     return None
 
@@ -154,7 +154,7 @@ def coordinator(job: Job, timeout: float) -> str:
 
 def _restart() -> str | None:
     """This round's number when torchrun restarted the job (TORCHELASTIC_RESTART_COUNT > 0)."""
-    n = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    n = config.get("TORCHELASTIC_RESTART_COUNT")
     return n if n not in (None, "", "0") else None
 
 
@@ -177,7 +177,7 @@ def isolate_restarts() -> None:
     def per_round(url, *args, **kwargs):
         for store, rank, world in env(url, *args, **kwargs):
             n = _restart()
-            if n is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            if n is not None and config.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 store = dist.PrefixStore(f"torch_xla_core/round{n}", store)
             yield store, rank, world
     per_round._txc_rounds = True

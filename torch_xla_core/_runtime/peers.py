@@ -372,7 +372,7 @@ def _record_consequence(message, peer):
     timestamp in whole seconds, so a survivor that exits within the same
     second as the dead one may be named instead; torch_xla_core.launch skips
     failures so marked (root_failure)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    path = config.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):
         return
     try:

@@ -2,13 +2,14 @@
 (environment lookups of the caller's own variables, list coercion,
 synthetic data loaders, timing, a temporary folder, pytree walks)."""
 import copy
-import os
 import shutil
 import sys
 import tempfile
 import time
 
 import torch
+
+from .... import config as _config  # (private: xu has no `config`)
 
 
 def as_list(t):
@@ -19,7 +20,7 @@ def as_list(t):
 def getenv_as(name: str, type, defval=None):
     """The caller's environment variable `name` converted with `type` (bool:
     an integer, nonzero is True), defval when unset."""
-    v = os.environ.get(name)
+    v = _config.caller_variable(name)
     if v is None:
         return defval
     return bool(int(v)) if type is bool else type(v)
@@ -27,7 +28,7 @@ def getenv_as(name: str, type, defval=None):
 
 def check_env_flag(name: str, default: str = "") -> bool:
     """True when `name` is 'true' or a positive integer."""
-    v = os.environ.get(name, default)
+    v = _config.caller_variable(name, default)
     return v == "true" or (v.isdigit() and int(v) > 0)
 
 
