@@ -317,9 +317,9 @@ def test_cpu_fallback_honours_conjugate_views_inside_the_kernel():
     # linalg.pinv's CPU kernel takes mH (a conjugate view) internally, which
     # the CPU fallback must not ignore (pinv itself now refuses complex on the
     # device with a clear error, so the fallback is called directly)
-    from torch_xla_core._ops import _fallback
+    from torch_xla_core._ops import fallback
     a = _c(5, 5, seed=5)
-    r = _fallback(torch.ops.aten.linalg_pinv.atol_rtol_float)(a.to(txc.device()))
+    r = fallback(torch.ops.aten.linalg_pinv.atol_rtol_float)(a.to(txc.device()))
     torch.testing.assert_close(r.cpu(), torch.linalg.pinv(a), atol=1e-4, rtol=1e-4)
 
 

@@ -162,10 +162,10 @@ def test_grad_scaler_with_fused_adamw_is_sync_free_and_matches_cpu():
 
 
 def test_cpu_fallback_writes_back_mutated_tensor_lists():
-    from torch_xla_core._ops import _fallback
+    from torch_xla_core._ops import fallback
     a = _lists(2)
     xa = _xla(a)
-    _fallback(aten._foreach_add_.Scalar)(xa, 1.5)
+    fallback(aten._foreach_add_.Scalar)(xa, 1.5)
     _close(xa, [t + 1.5 for t in a])
 
 

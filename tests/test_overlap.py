@@ -4,7 +4,7 @@ tensor and the written-to tensor refer to a single memory location" where
 the result would depend on the order of the element writes, and computes as
 if the inputs were read first where its kernel writes through a separate
 result (mm.out, reductions). The xla device does what CPU does, per op:
-torch_xla_core/_ops/__init__.py (_overlap_checked, check_writes)."""
+torch_xla_core/_ops/resolution.py (_overlap_checked, check_writes)."""
 import warnings
 
 import pytest
@@ -163,10 +163,10 @@ def test_the_check_costs_one_call_when_nothing_overlaps(dev, monkeypatch):
     """The detailed check runs only when an argument shares the written
     tensor's storage (one C++ pass decides): an optimizer's in-place update
     over separate tensors never reaches it."""
-    from torch_xla_core import _ops
+    from torch_xla_core._ops import resolution
     calls = []
-    real = _ops.check_no_partial_overlap
-    monkeypatch.setattr(_ops, "check_no_partial_overlap", lambda a, b: calls.append(1) or real(a, b))
+    real = resolution.check_no_partial_overlap
+    monkeypatch.setattr(resolution, "check_no_partial_overlap", lambda a, b: calls.append(1) or real(a, b))
     def step(p, g):
         p.add_(g, alpha=-0.1).mul_(0.9).addcmul_(g, g)
     p, g = torch.arange(4.0), torch.linspace(0, 1, 4)

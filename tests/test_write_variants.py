@@ -2,8 +2,8 @@
 device against CPU: the values written, the written tensor returned (the
 same object), and torch's dtype rule for a result written into an int64 out.
 
-out= overloads reach the device three ways (torch_xla_core/_ops/__init__.py
-_derive): the functional overload's handler then a write (`_out`, found by
+out= overloads reach the device three ways (torch_xla_core/_ops/resolution.py
+_derive): the functional overload's handler then a write (`out_variant`, found by
 name or by arguments: sum.IntList_out -> sum.dim_IntList,
 linalg_inv_ex.inverse -> linalg_inv_ex), torch's composite kernel, or the CPU
 fallback (which writes its host copies back into the out tensors)."""

@@ -39,7 +39,7 @@ import sys
 import torch
 
 from .. import _C
-from . import (COMPOSITE, DECOMPOSITION, DERIVED, FALLBACK, HANDLERS, _Rest, declared, dtype_rules, load_all,
+from . import (COMPOSITE, DECOMPOSITION, DERIVED, FALLBACK, HANDLERS, Rest, declared, dtype_rules, load_all,
                route)
 
 MAPPING, HANDLER, KERNEL, REFUSED = "mapping", "handler", "kernel", "refused"
@@ -118,7 +118,7 @@ def how_dispatched(func):
     if declared(func):
         h = HANDLERS[func]
         if isinstance(h, _C.Mapping):
-            rest = "" if isinstance(h.rest, _Rest) or h.rest is None else f"; else `{_where(h.rest)}`"
+            rest = "" if isinstance(h.rest, Rest) or h.rest is None else f"; else `{_where(h.rest)}`"
             return MAPPING, f"core op `{h.op}`{rest}"
         return HANDLER, f"`{_where(h)}`"
     kind, fn = route(func)

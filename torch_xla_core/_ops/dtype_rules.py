@@ -26,7 +26,7 @@ refusal() by their mapping's check= (_ops/elementwise.py), at no cost to the
 calls the core takes. The declarations fill RULES: an overload ("aten::round.decimals") or a whole
 packet ("aten::celu") -> (what it refuses, which argument's dtype decides).
 The dispatcher's resolver wraps the handlers of the listed overloads
-(_ops._entry); nothing else pays for the check. Listed: float math whose
+(_ops.resolution.entry); nothing else pays for the check. Listed: float math whose
 integer result would be truncated, and bool products whose result dtype would
 be wrong. Not listed on purpose: ops that compute integers and bools exactly
 (histc, pools and unpooling, nearest interpolation, pads, trace, median,

@@ -23,7 +23,7 @@ from torch.optim import optimizer
 from torch.utils import _foreach_utils
 
 from .._tracing.tensor import XlaTensor
-from . import HANDLERS, _entry, assign, check_writes, impl
+from . import HANDLERS, assign, check_writes, entry, impl
 
 aten = torch.ops.aten
 
@@ -97,7 +97,7 @@ def _direct(ov):
             return ov(*args, **kwargs)
         h = HANDLERS.get(ov)
         if h is None or h is not seen[0]:
-            seen[1] = _entry(ov)[0]
+            seen[1] = entry(ov)[0]
             seen[0] = HANDLERS.get(ov)
         return seen[1](*args, **kwargs)
     return call

@@ -26,7 +26,7 @@ from .._tracing.tensor import XlaTensor
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
 from .linalg import _integral_scalars, product_sum
-from . import _functional_of, _out, aten, handler, impl
+from . import aten, functional_of, handler, impl, out_variant
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -409,14 +409,14 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
 # instead of writing it, so `o` kept its old values (torch 2.13,
 # linalg_matrix_rank_out). A composite kernel runs above __torch_dispatch__;
 # one registered on the xla device's autograd key comes first: it runs the
-# functional overload and writes o, as the other out= overloads do (_out).
+# functional overload and writes o, as the other out= overloads do (out_variant).
 def _matrix_rank_out_kernel(func):
     h = None
 
     def kernel(*args, **kwargs):
         nonlocal h
         if h is None:
-            h = _out(handler(_functional_of(func)), func)
+            h = out_variant(handler(functional_of(func)), func)
         return h(*args, **kwargs)
     return kernel
 

@@ -12,7 +12,7 @@ index/index_put). index_reduce is scatter_reduce with the index spread along
 import torch
 
 from .._tracing import checks as _checks, tensor as _tensor
-from . import _fallback, _tname, aten, impl
+from . import aten, fallback, impl, type_name
 from .factory import register
 from .elementwise import copy_
 
@@ -75,7 +75,7 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
 @impl(aten.allclose.default)
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     if a.dtype != b.dtype:
-        raise RuntimeError(f"{_tname(a.dtype)} did not match {_tname(b.dtype)}")
+        raise RuntimeError(f"{type_name(a.dtype)} did not match {type_name(b.dtype)}")
     return bool(torch.isclose(a, b, rtol, atol, equal_nan).all().item())
 
 
@@ -149,7 +149,7 @@ def repeat_interleave(repeats, *, output_size=None):
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if output_size is None:  # the length is the repeats' sum: data-dependent
         if _repeat_fallback is None:
-            _repeat_fallback = _fallback(aten.repeat_interleave.Tensor)
+            _repeat_fallback = fallback(aten.repeat_interleave.Tensor)
         return _repeat_fallback(repeats)
     if repeats.dtype not in (torch.int32, torch.int64):
         raise RuntimeError("repeats has to be Long or Int tensor")

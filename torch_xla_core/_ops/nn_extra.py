@@ -11,7 +11,7 @@ window starts."""
 import torch
 from torch._decomp import decomposition_table
 
-from . import _fallback, assign, aten, impl
+from . import assign, aten, fallback, impl
 from .dtype_rules import BOOL, INTEGRAL
 
 # ---- shrink ---------------------------------------------------------------------
@@ -315,7 +315,7 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
     if scale_grad_by_freq:
         # CPU eager's scaling here follows its own bag bookkeeping (sum mode is
         # scaled like mean): keep its exact values through the counted fallback
-        return _fallback(aten._embedding_bag_backward.default)(
+        return fallback(aten._embedding_bag_backward.default)(
             grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
             sparse, per_sample_weights, padding_idx)
     return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,

@@ -7,7 +7,7 @@ import torch
 
 from .._tracing import tensor as _tensor
 from .._tracing.tensor import OP, XlaTensor, _op, _view, _view_op, wrap
-from . import XLA, Arg, _tname, aten, code, convert, impl, mapping
+from . import XLA, Arg, aten, code, convert, impl, mapping, type_name
 from .complex import root_as
 
 
@@ -55,7 +55,7 @@ def view_dtype(x, dtype):
                                   f"use torch.view_as_real / view_as_complex")
     a, b = x.element_size(), torch.empty((), dtype=dtype).element_size()
     if a != b:
-        what = f"to view {_tname(x.dtype)} as {_tname(dtype)} (different element sizes)"
+        what = f"to view {type_name(x.dtype)} as {type_name(dtype)} (different element sizes)"
         if x.dim() == 0:
             raise RuntimeError(f"self.dim() cannot be 0 {what}")
         if x.stride(-1) != 1:
