@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Host time per training step: per-op tracing every step vs txc.compile
-(trace once, replay; torch_xla_core/replay.py).
+(trace once, replay; torch_xla_core/replay/).
 
 A program, not a test: it prints a table and writes JSON. For each model
 (bench/_models.py: the 64-layer residual MLP and the GPT-style decoder) one

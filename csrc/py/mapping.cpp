@@ -1,5 +1,5 @@
 // Mappings (see mapping.h): applying one to a call, and the _C.Mapping class
-// that torch_xla_core/_ops/__init__.py (mapping()) builds from a declaration.
+// that torch_xla_core/_ops/registry.py (mapping()) builds from a declaration.
 #include "py/mapping.h"
 #include <pybind11/stl.h>
 #include "ops/registry.h"

@@ -1,5 +1,5 @@
 // A Mapping: the one declaration of an aten overload that is one core op
-// (torch_xla_core/_ops/__init__.py: mapping()). It says which positional
+// (torch_xla_core/_ops/registry.py: mapping()). It says which positional
 // args are operands (and what they must be), where each attribute comes
 // from (a constant, a positional arg, a keyword arg; missing optional args
 // take the schema's default), and whether the result is a view of operand 0.

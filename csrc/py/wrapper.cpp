@@ -242,7 +242,7 @@ void bind_wrapper(py::module_& m) {
   m.def("wrap", [](LazyTensor& t) { return wrap(t.alias()); },
         "An xla tensor sharing t's storage (and view chain).");
   // The cheap first test of an out= op's overlap check
-  // (torch_xla_core/_ops/__init__.py check_writes): one pass, no Python per arg.
+  // (torch_xla_core/_ops/resolution.py _check_writes): one pass, no Python per arg.
   m.def("shares_storage", [](py::handle w, py::handle args) {
           if (!is_wrapper(w)) return false;
           for (py::handle a : args)
