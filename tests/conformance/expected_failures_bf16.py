@@ -9,6 +9,10 @@ failing samples have ("error", "mismatch", "fallback"; several joined with
 set of failing outcomes differs from its entry's fails, an unexpected pass
 too, and test_opinfo_bf16 checks that every entry names a real case.
 
+An entry with `torch=(low, high)` holds on torch versions low <= v < high
+only (either end None: open), where what the op or its OpInfo samples are
+changed between versions; no two entries of a case overlap.
+
 Reasons, by kind:
   unsupported   the device refuses the dtype/op by design with a clear error
   fallback      computed by a counted CPU fallback (values match)
@@ -16,8 +20,14 @@ Reasons, by kind:
 """
 from dataclasses import dataclass
 
+import torch
+
 KINDS = ("error", "fallback", "mismatch")
 RUNS = ("bf16", "autocast")
+
+
+def _version(v=torch.__version__):
+    return tuple(int(p) for p in v.split("+")[0].split(".")[:2])
 
 
 @dataclass(frozen=True)
@@ -26,9 +36,15 @@ class X:
     run: str
     fails: str
     reason: str
+    torch: tuple = (None, None)
 
     def kinds(self):
         return tuple(sorted(self.fails.split("+")))
+
+    def holds(self, version=None):
+        """Whether the entry applies to this torch (major, minor)."""
+        v, (low, high) = version or _version(), self.torch
+        return (low is None or v >= low) and (high is None or v < high)
 
 
 EXPECTED = [
@@ -57,13 +73,21 @@ EXPECTED = [
       'less accurate on an ill-conditioned sample: p=0.5 over a dim of size 1, so y = sign(x) and the exact gradient '
       '0 is a difference of two terms of order 1/|x|. Both sides compute torch\'s norm backward formula in bf16 ops '
       '(CPU is 3.1x bf16 tolerance off too); a one-ulp difference in an intermediate (|x|^-0.5) becomes ours -0.25, '
-      '25x. The other samples pass'),
+      '25x. The other samples pass (all 3 pass on torch 2.11, whose samples differ)', torch=((2, 12), None)),
+    X('nn.functional.scaled_dot_product_attention', 'bf16', 'mismatch',
+      'less accurate: on torch 2.11\'s samples (no enable_gqa; other random values than 2.13+\'s) the gradients of '
+      'q and k of samples 0, 1 and 4 are 3-7x bf16 tolerance from float64 where CPU\'s fused kernel is within '
+      '(0.1-0.2x); the same lowering passes 2.13-2.15\'s samples. Not the rounding of dS to bf16 (a hi+lo split of '
+      'dS did not close it); to find', torch=(None, (2, 12))),
+    X('nn.functional.scaled_dot_product_attention', 'autocast', 'mismatch',
+      'less accurate: as its bf16 run on torch 2.11\'s samples (grads of samples 0 and 4: 3-15x bf16 tolerance, '
+      'CPU 2.5x)', torch=(None, (2, 12))),
 ]
 
 
 def lookup(op, run):
     """The entry for an op in a run, or None."""
-    hits = [x for x in EXPECTED if x.op == op and x.run == run]
+    hits = [x for x in EXPECTED if x.op == op and x.run == run and x.holds()]
     if len(hits) > 1:
         raise ValueError(f"{len(hits)} expected-failure entries match {op} {run}: {hits}")
     return hits[0] if hits else None
