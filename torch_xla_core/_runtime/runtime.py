@@ -189,7 +189,7 @@ def replicated(device_ids):
 
 def compile_text(text: str, device_index: int = 0):
     """Compiles StableHLO text for device `device_index` (one replica)."""
-    return compile_on(text, (_devices[device_index],), _options(device_index))
+    return compile_on(text, (devices()[device_index],), _options(device_index))  # (devices(): starts the backend)
 
 
 def compile_on(text: str, devices, options):
