@@ -11,32 +11,31 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 import torch_xla_core as txc
 from torch_xla_core import metrics
+from mlp_job import hsdp_net, hsdp_train
 
 out_dir = sys.argv[1]
 dist.init_process_group("xla", init_method="xla://")
 r = dist.get_rank()
 mesh = init_device_mesh("xla", (2, 2), mesh_dim_names=("replicate", "shard"))
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
-for m in (net[0], net[2], net):
-    fully_shard(m, mesh=mesh)
-opt = torch.optim.SGD(net.parameters(), lr=0.1)
-g = torch.Generator().manual_seed(2)
-execs, hlo = [], ""
-for i in range(3):
-    x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
-    before = metrics.counter_value("execute") or 0
-    ((net(x[2 * r:2 * r + 2].to("xla")) - y[2 * r:2 * r + 2].to("xla")) ** 2).mean().backward()
-    opt.step()
-    opt.zero_grad()
+net = hsdp_net(mesh)
+execs, hlo, done = [], [""], [metrics.counter_value("execute") or 0]
+
+
+def after_step(i):
+    """Keeps the first step's StableHLO and counts each step's executions."""
     if i == 0:
-        hlo = txc.debug.stablehlo()
+        hlo[0] = txc.debug.stablehlo()
     txc.sync()
-    execs.append((metrics.counter_value("execute") or 0) - before)
+    now = metrics.counter_value("execute") or 0
+    execs.append(now - done[0])
+    done[0] = now
+
+
+hsdp_train(net, r, after_step)
+hlo = hlo[0]
 res = {"params": [p.full_tensor().cpu().tolist() for p in net.parameters()],
        "shard": list(net[0].weight.to_local().shape), "executions": execs,
        "collectives": {op: hlo.count(f'"stablehlo.{op}"') for op in ("all_gather", "reduce_scatter", "all_reduce")}}

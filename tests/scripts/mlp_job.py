@@ -2,9 +2,13 @@
 dcp_ckpt.py, ckpt_manager_mp.py, restart_train.py): the seeded 16-32-8 MLP
 they train, the mesh over every process's devices, and the AdamW step on
 batches sharded over its "data" axis (the tests compare with CPU eager:
-tests/test_multiprocess.py's _reference). The scripts import it by name:
-a script's folder is first on sys.path."""
+tests/test_multiprocess.py's _reference); and the HSDP training of
+hsdp_train.py and subgroups_train.py (tests/test_fsdp.py's _whole_batch is
+its reference). The scripts import it by name: a script's folder is first
+on sys.path."""
 import torch
+from torch.distributed.fsdp import fully_shard
+
 import torch_xla_core as txc
 import torch_xla_core.sharding as xs
 
@@ -50,3 +54,26 @@ def train(model, opt, mesh, steps):
     for _ in range(steps):
         x, y = batch(g, mesh)
         yield step(model, opt, x, y), x
+
+
+def hsdp_net(mesh):
+    """The seeded 8-16-4 MLP under FSDP2 on a 2-D mesh: fully_shard per Linear and on the root."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
+    for m in (net[0], net[2], net):
+        fully_shard(m, mesh=mesh)
+    return net
+
+
+def hsdp_train(net, rank, after_step=None):
+    """3 SGD steps (lr 0.1) of hsdp_net's model, each of 4 ranks on its
+    quarter of the batches of generator seed 2; each step ends with
+    after_step(i), which syncs (default: txc.sync())."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    for i in range(3):
+        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+        ((net(x[2 * rank:2 * rank + 2].to("xla")) - y[2 * rank:2 * rank + 2].to("xla")) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        txc.sync() if after_step is None else after_step(i)

@@ -23,11 +23,11 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
 
 import torch_xla_core as txc
 from torch_xla_core import distributed as xd
+from mlp_job import hsdp_net, hsdp_train
 
 out_dir = sys.argv[1]
 dist.init_process_group("xla", init_method="xla://")
@@ -105,18 +105,8 @@ res["init_device_mesh"] = {"groups": [dist.get_process_group_ranks(m2.get_group(
                            "coordinate": m2["tp"].get_coordinate()}
 
 # --- HSDP: FSDP2 on the 2-D mesh (replicated over "dp", sharded over "tp"), 3 SGD steps on this rank's quarter
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
-for mod in (net[0], net[2], net):
-    fully_shard(mod, mesh=m2)
-opt = torch.optim.SGD(net.parameters(), lr=0.1)
-g = torch.Generator().manual_seed(2)
-for _ in range(3):
-    xb, yb = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
-    ((net(xb[2 * r:2 * r + 2].to("xla")) - yb[2 * r:2 * r + 2].to("xla")) ** 2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-    txc.sync()
+net = hsdp_net(m2)
+hsdp_train(net, r)
 res["hsdp"] = [p.full_tensor().cpu().tolist() for p in net.parameters()]
 
 # --- a group of 3 on 4 processes: a clear error on its members
