@@ -34,6 +34,7 @@ from .._runtime import runtime
 from . import collectives as cc
 from . import processes
 
+
 def _done(result):
     """A completed Work holding `result`, the tensors the collective wrote in
     place (a list, or a list of lists), which a txc.compile recording in
