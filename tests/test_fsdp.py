@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import torch_xla_core  # noqa: F401  (the xla device, the hooks)
+from torch_xla_core import metrics
 from torch_xla_core.distributed import _fsdp as fsdp
 from launched_ranks import launched_ranks
 
@@ -31,6 +32,19 @@ def test_fsdp_ops_equal_torchs_cpu_kernels():
         out = torch.zeros(want.shape, device="xla")
         torch.ops.fsdp.chunk_cat([t.to("xla") for t in tensors], dim, 2, out=out)
         torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+    if hasattr(torch.ops.fsdp, "chunk_cat_mixed_dtype"):  # torch 2.15: gradients of several dtypes, cast to out's
+        mixed = [ts[0].to(torch.bfloat16), ts[1], ts[2].to(torch.bfloat16)]
+        for dtype in (torch.float32, torch.bfloat16):
+            want = torch.empty(torch._chunk_cat(ts, 0, 2).shape, dtype=dtype)
+            torch.ops.fsdp.chunk_cat_mixed_dtype(mixed, 0, 2, out=want)  # torch's CPU kernel
+            out = torch.zeros(want.shape, dtype=dtype, device="xla")
+            torch.ops.fsdp.chunk_cat_mixed_dtype([t.to("xla") for t in mixed], 0, 2, out=out)
+            torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+    if hasattr(torch.ops.fsdp, "record_grad_output_stream"):  # torch 2.15: ordering a free; nothing to do here
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import record_grad_output_stream
+        before = metrics.counter_value("execute") or 0
+        record_grad_output_stream(out, torch.xla.current_stream())
+        assert (metrics.counter_value("execute") or 0) == before and not metrics.fallbacks()
     flat = [t.reshape(-1) for t in ts]
     sizes = [t.numel() for t in flat]
     buf_cpu, buf = torch.zeros(2 * sum(sizes)), torch.zeros(2 * sum(sizes), device="xla")

@@ -176,3 +176,15 @@ def test_arg_combiner_does_not_depend_on_combine_order(name, dev):
     want = getattr(x, name)(1)
     for got in _run_swapped(getattr(x.to(dev), name)(1)):
         assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("fn", [torch.std, torch.var, torch.var_mean, torch.std_mean])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_std_var_of_integers_raise_cpus_error(fn, dtype, dev):
+    """torch 2.15 raises NotImplementedError here, 2.11-2.14 RuntimeError: the
+    device raises what CPU eager raises, with its message, before tracing."""
+    x = torch.ones(2, 3, dtype=dtype)
+    with pytest.raises(Exception) as cpu:
+        fn(x, dim=0)
+    with pytest.raises(type(cpu.value), match="only support floating point and complex"):
+        fn(x.to(dev), dim=0)

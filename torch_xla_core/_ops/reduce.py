@@ -1,6 +1,7 @@
 """Reduction aten ops -> core reductions (csrc/ops/reduce.cpp)."""
 import torch
 
+from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import code
 from .._tracing.tensor import OP, _op
 from . import XLA, Arg, aten, impl, mapping
@@ -171,6 +172,8 @@ impl(aten._is_any_true.default)(lambda x: any_(x))
 
 @impl(aten.var.correction)
 def var(x, dim=None, *, correction=None, keepdim=False):
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):  # CPU eager's check and error type (by torch version)
+        raise _compat.STD_VAR_DTYPE_ERROR("std and var only support floating point and complex dtypes")
     c = 1.0 if correction is None else float(correction)
     return _reduce("var", x, dim, keepdim, extra=(c,))
 

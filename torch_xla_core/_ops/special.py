@@ -202,7 +202,24 @@ def _j_erfcx(x):
 
 
 def _j_frexp(x):
-    return jnp.frexp(x)
+    """frexp from the bits alone: XLA:CPU treats subnormal operands of float
+    arithmetic as 0 (jnp.frexp scales subnormals by a float product, so every
+    subnormal came out 0.5 * 2**-149). A subnormal's exponent comes from its
+    mantissa's leading zeros; 0, inf and nan are returned with exponent 0,
+    as torch does."""
+    fi = jnp.finfo(x.dtype)
+    nbits, nmant, bias = fi.bits, fi.nmant, fi.maxexp - 1
+    u = jnp.uint32 if nbits == 32 else jnp.uint64
+    b = lax.bitcast_convert_type(x, u)
+    field, mant = (b >> nmant) & u((1 << (nbits - 1 - nmant)) - 1), b & u((1 << nmant) - 1)
+    top = (nbits - 1) - lax.clz(mant).astype(jnp.int32)  # the mantissa's highest set bit (-1 when 0)
+    sub = (field == 0) & (mant != 0)
+    special = ((field == 0) & (mant == 0)) | (field == (1 << (nbits - 1 - nmant)) - 1)
+    e = jnp.where(sub, top - (nmant + bias - 2), field.astype(jnp.int32) - (bias - 1))
+    shift = jnp.where(sub, nmant - top, 0).astype(u)
+    m_bits = (b & u(1 << (nbits - 1))) | u((bias - 1) << nmant) | ((mant << shift) & u((1 << nmant) - 1))
+    m = lax.bitcast_convert_type(m_bits, x.dtype)
+    return jnp.where(special, x, m), jnp.where(special, 0, e)
 
 
 def _j_logcumsumexp(x, *, axis):

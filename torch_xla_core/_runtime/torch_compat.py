@@ -23,6 +23,11 @@ exercised by a venv whose torch needs it, and by a stand-in where none does):
                       real bounds ([0, 2]); every other integer dtype from the
                       real bounds on every torch. factory._arange;
                       conformance arange-int64-fwd, tests/test_factory_out.py
+  STD_VAR_DTYPE_ERROR  the error std/var of an integer or bool tensor raises:
+                      RuntimeError on torch 2.11-2.14, NotImplementedError on
+                      torch >= 2.15 (CPU eager's, which _ops/reduce.py's var
+                      raises before tracing). tests/test_reduce.py
+                      test_std_var_of_integers_raise_cpus_error, test_fuzz
   array_result_handler  jaxlib >= 0.11 took away _skip_checks (runtime.py's
                       outputs). test_array_result_handler_either_jaxlib
   linear_cross_entropy  torch 2.11-2.12 have no torch.nn.modules.
@@ -69,6 +74,8 @@ TORCH = version_tuple(torch.__version__)
 # torch 2.11-2.13: an int64 arange's length is counted from its bounds and step
 # truncated to integers; torch >= 2.14 counts it from the real ones (_ops/factory.py)
 ARANGE_INT64_TRUNCATED_LENGTH = TORCH < (2, 14)
+# std and var of an integer or bool tensor: torch 2.15 raises NotImplementedError, before RuntimeError
+STD_VAR_DTYPE_ERROR = NotImplementedError if TORCH >= (2, 15) else RuntimeError
 
 
 def check_torch(version: str | None = None) -> None:

@@ -68,15 +68,15 @@ class _DeviceModule:
     # (a collective's data moves inside the graph that needs it).
     @staticmethod
     def current_stream(device=None):
-        return _STREAM
+        return _default_stream(index(device) or 0)
 
     @staticmethod
     def default_stream(device=None):
-        return _STREAM
+        return _default_stream(index(device) or 0)
 
     @staticmethod
     def Stream(device=None, priority=0, **kwargs):  # noqa: N802 (torch's name)
-        return _Stream()
+        return _Stream(index(device) or 0)
 
     @staticmethod
     def Event(enable_timing=False, blocking=False, interprocess=False):  # noqa: N802 (torch's name)
@@ -92,10 +92,23 @@ class _DeviceModule:
 
 
 class _Stream:
-    """The one stream of the xla devices: synchronize() waits for every
-    launched graph and transfer."""
+    """A stream of an xla device, which runs everything in order as one
+    stream: synchronize() waits for every launched graph and transfer. Each
+    Stream() is an object of its own (FSDP2 keys events by stream); current
+    and default streams are one per device. Its fields are torch.Stream's (FSDP2 on
+    torch 2.15 passes them to torch.ops.fsdp.record_grad_output_stream):
+    stream 0 of the device, whose type is an int, PrivateUse1's (the
+    device type "xla" is PrivateUse1 renamed)."""
 
-    device_type = "xla"
+    stream_id = 0
+    device_type = int(torch._C._autograd.DeviceType.PrivateUse1)
+
+    def __init__(self, device_index: int = 0):
+        self.device_index = device_index
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("xla", self.device_index)
 
     def synchronize(self) -> None:
         _DeviceModule.synchronize()
@@ -113,6 +126,11 @@ class _Stream:
         return True
 
 
+@functools.cache
+def _default_stream(device_index: int) -> "_Stream":
+    return _Stream(device_index)
+
+
 class _Event:
     """An event on the one stream: recorded work is ordered already;
     synchronize() waits for every launched graph."""
@@ -128,9 +146,6 @@ class _Event:
 
     def synchronize(self) -> None:
         _DeviceModule.synchronize()
-
-
-_STREAM = _Stream()
 
 
 def index(device):

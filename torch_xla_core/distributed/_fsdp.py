@@ -17,9 +17,13 @@ buffer lifetimes.
 The two functions are replaced when torch's module loads (an import hook,
 _Finder), whatever the order of imports; a torch without them leaves the
 hook inert, and FSDP2 then raises torch's own storage error. FSDP2's own
-ops (fsdp::all_gather_copy_in, split_with_sizes_copy, chunk_cat: copies
+ops (fsdp::all_gather_copy_in, split_with_sizes_copy, chunk_cat and torch
+2.15's chunk_cat_mixed_dtype: copies
 into and out of the flat collective buffers) get handlers that do what
-torch's device kernels do, traced into the step's graph."""
+torch's device kernels do, traced into the step's graph; torch 2.15's
+fsdp::record_grad_output_stream (orders a device free after a stream's
+reads) is a no-op, as torch's default: a PJRT buffer is freed only when the
+graphs that read it are done."""
 import functools
 import importlib.abc
 import importlib.machinery
@@ -100,14 +104,23 @@ def split_with_sizes_copy(output, split_sizes, dim=0, *, out):
 
 
 @impl_by_name("fsdp::chunk_cat")
+@impl_by_name("fsdp::chunk_cat_mixed_dtype")  # torch 2.15's, for gradients of several dtypes
 def chunk_cat(tensors, dim, num_chunks, *, out):
     """The gradients, each cut in num_chunks along dim, catenated chunk by
-    chunk into the reduce-scatter's flat input (torch._chunk_cat)."""
+    chunk into the reduce-scatter's flat input (torch._chunk_cat), each cast
+    to out's dtype."""
     parts = []
     for t in tensors:
+        t = t.to(out.dtype)
         pad = -t.shape[dim] % num_chunks  # torch pads each tensor's dim to a multiple of num_chunks
         if pad:
             t = torch.cat([t, t.new_zeros(*t.shape[:dim], pad, *t.shape[dim + 1:])], dim)
         parts.append(t.reshape(*t.shape[:dim], num_chunks, -1))
     with torch.no_grad():
         out.copy_(torch.cat(parts, dim + 1).reshape(out.shape))
+
+
+@impl_by_name("fsdp::record_grad_output_stream")  # torch 2.15
+def record_grad_output_stream(buffer, stream_id, device_index, device_type):
+    """Nothing to order: without it the op would run as a CPU fallback, a
+    sync per reduce-scatter."""
