@@ -9,7 +9,14 @@ so that it also runs in pytest-xdist's controller, which collects nothing):
   counts (report.py) and TXC_CONFORMANCE_JSON=PATH writes every record;
   the bf16 training run's records (test_opinfo_bf16.py, modes "bf16" and
   "autocast") get their own report (report_bf16.py: pass rate, per-family
-  accuracy against CPU), and TXC_BF16_REPORT=PATH writes them.
+  accuracy against CPU), and TXC_BF16_REPORT=PATH writes them;
+- TXC_TEST_CONFORMANCE_CACHE=DIR: the conformance cases compile through
+  the persistent compile cache in DIR (the rest of the suite keeps it off:
+  tests/conftest.py). CI sets it for the suite and for the conformance
+  files on the other torches (tests/compat/run.py), which then load most
+  executables instead of compiling them: a sample's StableHLO is mostly the
+  same on every torch, and the cache's key holds the StableHLO, jaxlib, the
+  device and our build, so only an identical program is reused.
 
 Imports no torch: it is loaded by every pytest run under tests/.
 """
@@ -55,6 +62,13 @@ def pytest_cmdline_main(config):
         if config.option.dist == "no":
             # "load", keeping tests marked xdist_group together (tests/multidevice.py)
             config.option.dist = "loadgroup"
+
+
+@pytest.fixture(autouse=True)
+def _conformance_compile_cache(request, monkeypatch):
+    cache = os.environ.get("TXC_TEST_CONFORMANCE_CACHE")
+    if cache and Path(str(request.node.path)).is_relative_to(_HERE):
+        monkeypatch.setenv("TXC_COMPILE_CACHE", cache)
 
 
 def pytest_runtest_logreport(report):
