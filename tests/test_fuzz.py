@@ -195,3 +195,20 @@ def test_fills_wrap_or_refuse_numbers_as_cpu(dev, dtype):
                    lambda t: t.masked_fill(m.to(t.device), v), lambda t: t.index_fill(0, torch.tensor([0], device=t.device), v)):
             _same(dev, fn, x)
     _same(dev, lambda t: t.scatter(-1, torch.zeros(0, dtype=torch.long, device=t.device), value=-2), x[:1])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64, torch.float32])
+def test_addcmul_casts_value_to_an_integer_result_as_cpu(dev, dtype):
+    """value=0.5 on integer tensors is cast to the integer dtype first (0): the
+    result stays integer, as ATen's kernel (it came out float32, case 1:251)."""
+    a, b, c = (torch.tensor(v, dtype=dtype) for v in (3, 5, 7))
+    for value in (0.5, -1.5, 2, 2.75):
+        _same(dev, lambda x, y, z: torch.addcmul(x, y, z, value=value), a, b, c)
+        _same(dev, lambda x, y, z: torch.addcmul(x, y, z, value=value), a.expand(2, 3), b, c.reshape(1, 1))
+
+
+def test_topk_of_bool_raises_as_cpu(dev):
+    """torch's CPU and CUDA kernels refuse bool topk; it ran on the device (case 1:230)."""
+    x = torch.tensor([[True, False, True], [False, False, True]])
+    _same(dev, lambda t: torch.topk(t, 1, -2).values, x)
+    _same(dev, lambda t: torch.sort(t, -1).values, x)  # sort of bool is fine on CPU, and here

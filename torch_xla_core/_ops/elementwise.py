@@ -1,5 +1,7 @@
 """Elementwise aten ops -> core elementwise ops (csrc/ops/elementwise.cpp,
 csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
+import functools
+
 import torch
 
 from .._runtime.dtypes import UnsupportedDtype, code
@@ -312,7 +314,13 @@ def _lerp(a, b, w, number, a_dtype, out):
 
 def _addc(x, t1, t2, value, core):
     """x + value * t1 core t2, left to right as ATen's kernels ((value * t1) / t2 for addcdiv);
-    half dtypes in float32 with value at full precision, rounded once."""
+    half dtypes in float32 with value at full precision, rounded once; for an
+    integer result, value is cast to it first (truncated; one it cannot hold
+    raises torch's overflow error), as ATen's kernels do."""
+    if isinstance(value, (int, float)) and not any(t.is_floating_point() or t.is_complex() for t in (x, t1, t2)):
+        dims = [t.dtype for t in (x, t1, t2) if t.dim()] or [t.dtype for t in (x, t1, t2)]  # 0-d ones don't promote
+        check_fill(value, functools.reduce(torch.promote_types, dims))
+        value = int(value)
     dt = _half_result(x, t1, t2)
     if dt is None:
         return _op(_OP_ADD, (x, _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())), ())

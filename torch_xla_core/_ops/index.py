@@ -484,6 +484,8 @@ def argsort_stable(x, *, stable, dim=-1, descending=False):
 
 @impl(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.dtype == torch.bool:  # as torch's CPU and CUDA kernels
+        raise RuntimeError("topk does not support bool dtypes: convert the input to an integer dtype first")
     if x.dim() == 0:
         if k not in (0, 1):
             raise RuntimeError("topk(): selected index k out of range")
