@@ -9,7 +9,9 @@
   ddp_txc, ddp_dynamo: the DDP step under txc.compile (small buckets) and
     torch.compile(backend="torch_xla_core") (one bucket: dynamo's DDP
     optimizer wants the first bucket no larger than the others), 6 steps
-    (weights, executions per step, counters);
+    (weights, executions per step, counters); ddp_dynamo_ca: the same under
+    torch.compile with compiled autograd and optimize_ddp="python_reducer"
+    (torch's way to trace DDP's reducer into the backward graph);
   dist: dist.* collectives, funcol and DTensor;
   host: rendezvous and mesh_reduce;
   cpu, mixed: CPU tensors' collectives (all_reduce, all_gather_object,
@@ -111,7 +113,11 @@ for xb, yb in batches(3, 8, 8, 4, seed=2):
 res["ddp"] = {"params": [cpu(p) for p in net.parameters()], "executions": execs}
 
 # --- the DDP step under txc.compile and under torch.compile (the dynamo route)
-for route in ("txc", "dynamo"):
+for route in ("txc", "dynamo", "dynamo_ca"):
+    ca = route == "dynamo_ca"
+    torch._dynamo.reset()  # as a fresh process: nothing compiled under the other route's settings
+    patch = torch._dynamo.config.patch(compiled_autograd=ca, optimize_ddp="python_reducer" if ca else True)
+    patch.__enter__()
     torch.manual_seed(r)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to("xla")
     ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.0002 if route == "txc" else 25)
@@ -127,6 +133,7 @@ for route in ("txc", "dynamo"):
     execs = [executions(lambda: (step(xb, yb), txc.sync())) for xb, yb in batches(6, 8, 8, 4, seed=2)]
     res[f"ddp_{route}"] = {"params": [cpu(p) for p in net.parameters()], "executions": execs,
                            "counters": metrics.counters()}
+    patch.__exit__(None, None, None)
 
 # --- dist.*, funcol, DTensor
 t = torch.arange(3.0, device="xla") + 10 * r
