@@ -14,6 +14,8 @@
                                   and flavor installed with its deps, pytest -m release
     nox -s release_smoke          that training step alone on release/ as it is
     nox -s tests                  pytest tests (package installed from source)
+    nox -s docs                   the docs site (Sphinx + MyST, warnings as errors):
+                                  docs/_build/html/index.html
     nox -s fuzz                   random calls of common ops vs CPU eager (tests/fuzz.py),
                                   each case in a child process; -- --cases N --seed S --jobs J
     nox -s conformance            PyTorch's OpInfo samples, full sweep: every sample,
@@ -163,6 +165,21 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".[test]", env=_jobs_env())
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=PY, reuse_venv=True, default=False)
+def docs(session: nox.Session) -> None:
+    """The docs site (docs/conf.py): Sphinx with MyST pages, warnings as
+    errors (-W, --keep-going to list them all), nitpicky references (-n),
+    every page read again (-E: an unchanged page's warnings are not lost).
+    The package is installed from source: the API reference imports it.
+    Static HTML in docs/_build/html (open index.html from disk; search works
+    there). Options after -- go to sphinx-build."""
+    session.install(TORCH)
+    session.install(".[docs]", env=_jobs_env())
+    session.run("sphinx-build", "-E", "-W", "--keep-going", "-n", "-b", "html", "docs", "docs/_build/html",
+                *session.posargs)
+    session.log(f"open {ROOT / 'docs' / '_build' / 'html' / 'index.html'}")
 
 
 @nox.session(python=PY, reuse_venv=True, default=False)

@@ -62,6 +62,7 @@ def device(index: int = 0) -> torch.device:
 
 
 def device_count() -> int:
+    """The number of xla devices this process drives (xla:0 .. xla:N-1)."""
     return runtime.device_count()
 
 

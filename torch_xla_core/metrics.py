@@ -23,11 +23,13 @@ _listeners = []  # fn(name, start, end): perf_counter seconds, called on the tim
 
 
 def counter_add(name: str, n: int = 1) -> None:
+    """Adds n to a counter."""
     with _lock:
         _counters[name] += n
 
 
 def timer_add(name: str, seconds: float) -> None:
+    """Records a timer sample of `seconds` (and tells the listeners)."""
     with _lock:
         t = _timers.get(name)
         if t is None:
@@ -50,6 +52,7 @@ def add_listener(fn) -> None:
 
 
 def remove_listener(fn) -> None:
+    """Stops calling fn (add_listener's)."""
     with _lock:
         if fn in _listeners:
             _listeners.remove(fn)
@@ -57,6 +60,7 @@ def remove_listener(fn) -> None:
 
 @contextmanager
 def timed(name: str):
+    """A context manager that records its body's wall time as a sample of timer `name`."""
     t0 = time.perf_counter()
     try:
         yield
@@ -129,6 +133,7 @@ def metric_names() -> list:
 
 
 def counter_names() -> list:
+    """Counter names, ours and torch_xla's aliases of them."""
     with _lock:
         names = set(_counters)
     return sorted(names | {a for a, ours in COUNTER_ALIASES.items() if ours in names})
@@ -141,22 +146,26 @@ def fallbacks() -> dict:
 
 
 def clear() -> None:
+    """Resets every counter and timer."""
     with _lock:
         _counters.clear()
         _timers.clear()
 
 
 def clear_counters() -> None:
+    """Resets every counter."""
     with _lock:
         _counters.clear()
 
 
 def clear_timers() -> None:
+    """Resets every timer."""
     with _lock:
         _timers.clear()
 
 
 def report() -> str:
+    """Every counter and timer (count, total seconds), as text."""
     cs, ts = counters(), timers()
     lines = ["counters:"]
     for k in sorted(cs):

@@ -241,6 +241,7 @@ def _update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_fact
 
 
 def register_handlers() -> None:
+    """Registers the xla handlers of GradScaler's aten ops (unscale, update_scale); the package calls it at import."""
     aten = torch.ops.aten
     impl(aten._amp_foreach_non_finite_check_and_unscale_.default)(_unscale_)
     impl(aten._amp_update_scale_.default)(_update_scale_)

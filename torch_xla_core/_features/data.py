@@ -38,6 +38,7 @@ class _Raised:
 
 
 class DeviceLoader:
+    """Iterates a loader's batches moved to the xla device, `prefetch` batches ahead (torch_xla's MpDeviceLoader)."""
     def __init__(self, loader, prefetch: int = 4, device=None, mark_step: bool = True, transform=None):
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"DeviceLoader: prefetch={prefetch!r} must be an int >= 1 (batches moved ahead)")

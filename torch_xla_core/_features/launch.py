@@ -119,6 +119,7 @@ def launch(script_argv, nproc: int, devices: int = 1, max_restarts: int = 0) -> 
 
 
 def main(argv=None) -> int:
+    """`python -m torch_xla_core.launch`'s command line; returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m torch_xla_core.launch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, required=True, help="number of processes")
     ap.add_argument("--devices", type=int, default=1, help="CPU devices per process (TXC_NUM_CPU_DEVICES)")

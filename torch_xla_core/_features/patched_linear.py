@@ -44,6 +44,7 @@ class XLAPatchedLinear(torch.autograd.Function):
 
 
 def xla_patched_nn_linear_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    """nn.Linear's forward through XLAPatchedLinear (apply_xla_patch_to_nn_linear installs it)."""
     return XLAPatchedLinear.apply(input, module.weight, module.bias)
 
 

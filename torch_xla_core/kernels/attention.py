@@ -425,6 +425,7 @@ def set_sdpa_kernel(mode: str) -> None:
 
 
 def sdpa_kernel() -> str:
+    """Where F.scaled_dot_product_attention goes: set_sdpa_kernel's choice, else TXC_SDPA_KERNEL."""
     if _sdpa_mode is not None:
         return _sdpa_mode
     return config.get("TXC_SDPA_KERNEL")

@@ -38,6 +38,7 @@ def real_devices() -> list:
 
 
 def device_count() -> int:
+    """torch_xla.device_count(): the xla devices this process drives."""
     return _runtime.device_count()
 
 

@@ -22,10 +22,12 @@ def device_type() -> str:
 
 
 def is_bf16_supported() -> bool:
+    """True: every platform computes bfloat16."""
     return True
 
 
 def local_process_count() -> int:
+    """Processes on this machine (TXC_NUM_PROCESSES when started by hand, else 1)."""
     return config.get("TXC_NUM_PROCESSES") if config.get("TXC_COORDINATOR") else 1
 
 
@@ -43,6 +45,7 @@ def world_size() -> int:
 
 
 def local_device_count() -> int:
+    """Devices this process drives."""
     return runtime.device_count()
 
 
@@ -52,24 +55,29 @@ def addressable_device_count() -> int:
 
 
 def global_ordinal() -> int:
+    """This process's rank in the job."""
     runtime.backend()
     return jax.process_index()
 
 
 def local_ordinal() -> int:
+    """This process's rank on its machine (TXC_LOCAL_RANK)."""
     return config.get("TXC_LOCAL_RANK")
 
 
 def process_index() -> int:
+    """This process's rank in the job (global_ordinal())."""
     return global_ordinal()
 
 
 def process_count() -> int:
+    """Processes in the job."""
     runtime.backend()
     return jax.process_count()
 
 
 def host_index() -> int:
+    """This process's rank in the job (global_ordinal())."""
     return global_ordinal()
 
 
@@ -79,6 +87,7 @@ def global_runtime_device_count() -> int:
 
 
 def addressable_runtime_device_count() -> int:
+    """Physical devices this process drives."""
     return runtime.device_count()
 
 
@@ -90,6 +99,7 @@ def runtime_device_attributes(device) -> dict:
 
 
 def global_runtime_device_attributes() -> list:
+    """name, platform and id of every device of every process."""
     return [{"name": str(d), "platform": device_type(), "id": int(d.id)} for d in runtime.global_devices()]
 
 
@@ -108,6 +118,7 @@ def use_spmd(auto: bool = False) -> None:
 
 
 def is_spmd() -> bool:
+    """Whether use_spmd() was called."""
     return _spmd
 
 

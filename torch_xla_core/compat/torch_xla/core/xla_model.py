@@ -56,6 +56,7 @@ def xla_device_hw(device) -> str:
 
 
 def is_xla_tensor(tensor) -> bool:
+    """Whether tensor is a torch.Tensor on an xla device."""
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "xla"
 
 
@@ -150,4 +151,5 @@ get_local_ordinal = _xr.local_ordinal
 
 
 def is_master_ordinal(local: bool = True) -> bool:
+    """Whether this process has rank 0 on its machine (local=True) or in the job."""
     return (get_local_ordinal() if local else get_ordinal()) == 0

@@ -23,6 +23,7 @@ def metric_data(name: str):
 
 
 def metric_names() -> list:
+    """Timer names that have samples, ours and torch_xla's aliases of them."""
     return metrics.metric_names()
 
 
@@ -43,6 +44,7 @@ def counter_value(name: str):
 
 
 def counter_names() -> list:
+    """Counter names, with the CPU fallbacks as 'aten::<op>'."""
     return sorted(set(metrics.counter_names()) | set(executed_fallback_ops()))
 
 
@@ -56,14 +58,17 @@ def executed_fallback_ops() -> list:
 
 
 def clear_counters() -> None:
+    """Resets every counter."""
     metrics.clear_counters()
 
 
 def clear_metrics() -> None:
+    """Resets every timer."""
     metrics.clear_timers()
 
 
 def clear_all() -> None:
+    """Resets every counter and timer."""
     metrics.clear()
 
 

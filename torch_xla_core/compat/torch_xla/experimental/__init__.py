@@ -4,4 +4,5 @@ from . import scan, scan_layers  # noqa: F401
 
 
 def is_eager_mode() -> bool:
+    """False: torch_xla_core has no eager mode (ops are traced and run at a sync)."""
     return False

@@ -102,6 +102,7 @@ def set_global_mesh(mesh: Mesh) -> None:
 
 
 def get_global_mesh():
+    """The mesh set_global_mesh() set, or None."""
     return _global_mesh
 
 
@@ -110,6 +111,7 @@ def _tensor_of(t):
 
 
 def wrap_as_sharded_tensor(t, mesh_shape=None, partition_spec=None) -> XLAShardedTensor:
+    """t as an XLAShardedTensor (t itself if it is one)."""
     if isinstance(t, XLAShardedTensor):
         return t
     return XLAShardedTensor(t, mesh_shape=mesh_shape, partition_spec=partition_spec)
