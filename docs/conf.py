@@ -70,13 +70,13 @@ API = DOCS / "api"
 
 
 def _api() -> dict[str, list[tuple[str, str]]]:
-    """{module: [(name, kind)]} from the snapshot, modules bound as names left out."""
+    """{module: [(name, kind)]} from the snapshot."""
     by_mod: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for line in SNAPSHOT.read_text().splitlines():
         full, kind = line.split()
         mod, name = full.rsplit(".", 1)
         by_mod[mod].append((name, kind))
-    return {m: [(n, k) for n, k in names if k != "module"] for m, names in sorted(by_mod.items())}
+    return dict(sorted(by_mod.items()))
 
 
 def _undocumented(api) -> list[str]:
@@ -85,6 +85,7 @@ def _undocumented(api) -> list[str]:
         m = importlib.import_module(mod)
         if not inspect.getdoc(m):
             missing.append(f"{mod} (module)")
+        names = [(n, k) for n, k in names if k != "module"]  # a module bound as a name: checked as a module
         for name, kind in names:
             obj = getattr(m, name)
             if kind in ("function", "class") and not (obj.__doc__ or "").strip():
@@ -99,8 +100,14 @@ def _write_api(api) -> None:
     API.mkdir(exist_ok=True)
     pages, seen = [], set()
     for mod, names in api.items():
-        lines = [f"# `{mod}`", "", "```{eval-rst}", f".. automodule:: {mod}", ""]
+        subs = [f"{mod}.{n}" for n, k in names if k == "module"]
+        lines = [f"# `{mod}`", ""]
+        if subs:  # modules bound as names: a link to each one's page where it has one
+            lines += ["Modules: " + ", ".join(f"[`{m}`]({m}.md)" if m in api else f"`{m}`" for m in subs), ""]
+        lines += ["```{eval-rst}", f".. automodule:: {mod}", ""]
         for name, kind in names:
+            if kind == "module":
+                continue
             lines.append(f".. {DIRECTIVE[kind]}:: {mod}.{name}")
             if kind == "class":
                 lines.append("   :members:")

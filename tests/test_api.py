@@ -1,5 +1,6 @@
 """The public API, snapshotted: `txc.*` and every documented module's public
-names (README.md, ARCHITECTURE.md, docs/porting.md name them), compared with
+names (the docs site's pages, ARCHITECTURE.md and docs/porting.md name them; the
+site's API reference, docs/conf.py, has an entry for each), compared with
 tests/api_snapshot.txt, so that moving modules around (issue 39's folders per
 layer) cannot drop or rename a name unseen. A module's public names are its
 __all__ where it has one, else the names not starting with "_" that are

@@ -20,7 +20,7 @@ takes, at the read that meets it (never a silent fall back to the default).
     print(txc.config.report())    # the same as a table, with where each came from
     python -m torch_xla_core.config [--markdown]
 
-README.md's settings table is markdown_table() (tests/test_config.py keeps
+docs/settings.md's settings table is markdown_table() (tests/test_config.py keeps
 them equal), and it finds any other module of the package reading
 os.environ itself. Writes are not reads: the launchers write their
 workers' variables into os.environ (launch.py through exported(), which
@@ -342,7 +342,7 @@ def _md_default(s: Setting) -> str:
 
 
 def markdown_table() -> str:
-    """README.md's settings table (tests/test_config.py keeps README equal to it)."""
+    """docs/settings.md's settings table (tests/test_config.py and the docs build keep it equal to this)."""
     lines = ["| Variable | Takes | Default | What it does |", "|---|---|---|---|"]
     for s in _DECLARED:
         doc = s.doc.replace("|", "\\|")

@@ -1,0 +1,54 @@
+"""Every ```python example of README.md and the docs site's pages (docs/*.md)
+runs (issue 40), on the CPU, in the README's test command. Sybil parses the
+pages; each page's examples run in order in one namespace, as a reader
+types them. An example that needs a GPU, a TPU or several processes is
+marked just above its block with Sybil's skip comment,
+
+    <!-- skip: next "needs several processes (torchrun)" -->
+
+and docs/conf.py shows that reason on the built page. A page whose examples
+are all skipped is reported as skipped with their reasons."""
+import unittest
+from pathlib import Path
+
+import pytest
+from sybil import Sybil
+from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SYBIL = Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
+
+
+def _run(page: Path) -> tuple[int, list[str]]:
+    """(examples run, reasons of those skipped); raises at the first failing one."""
+    ran, skipped = 0, []
+    for example in SYBIL.parse(page):
+        try:
+            example.evaluate()
+        except unittest.SkipTest as e:
+            skipped.append(f"line {example.line}: {e}")
+            continue
+        except Exception as e:
+            where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+            raise AssertionError(f"{where}, the example at line {example.line} fails: "
+                                 f"{type(e).__name__}: {e}") from e
+        ran += example.region.evaluator is not None and not isinstance(example.parsed, tuple)
+    return ran, skipped
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_the_examples_of_a_page_run(page):
+    ran, skipped = _run(page)
+    if skipped and not ran:
+        pytest.skip("every example needs what CI lacks: " + "; ".join(skipped))
+
+
+def test_a_failing_example_fails_and_a_marked_one_is_skipped(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text('```python\nx = 1 + 1\n```\n\n<!-- skip: next "needs a TPU" -->\n\n```python\n'
+                    'raise RuntimeError("not run")\n```\n\n```python\nassert x == 3, x\n```\n')
+    with pytest.raises(AssertionError, match=r"line 11 fails: AssertionError: 2"):
+        _run(page)
+    page.write_text(page.read_text().replace("x == 3", "x == 2"))
+    assert _run(page) == (2, ['line 7: needs a TPU'])
