@@ -12,8 +12,11 @@ import unittest
 from pathlib import Path
 
 import pytest
+import torch
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+from torch_xla_core import recompiles
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -37,8 +40,18 @@ def _run(page: Path) -> tuple[int, list[str]]:
     return ran, skipped
 
 
+@pytest.fixture
+def _isolated(monkeypatch):
+    """What a page turns on for its reader stays off for the next test in
+    this process: recompile explanations (concepts.md), dynamo's caches
+    (quickstart.md's torch.compile)."""
+    monkeypatch.setattr(recompiles, "_forced", recompiles._forced)
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
-def test_the_examples_of_a_page_run(page):
+def test_the_examples_of_a_page_run(page, _isolated):
     ran, skipped = _run(page)
     if skipped and not ran:
         pytest.skip("every example needs what CI lacks: " + "; ".join(skipped))
