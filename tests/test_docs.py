@@ -65,3 +65,17 @@ def test_a_failing_example_fails_and_a_marked_one_is_skipped(tmp_path):
         _run(page)
     page.write_text(page.read_text().replace("x == 3", "x == 2"))
     assert _run(page) == (2, ['line 7: needs a TPU'])
+
+
+def test_readme_is_a_front_door_and_the_home_page_answers_the_first_questions():
+    """Issue 40's targets: README.md at most 80 lines; the site's home page
+    links, one click each, the flavor choice, replay and xm.optimizer_step,
+    and those anchors exist on their pages (the docs build checks the links)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 80, f"README.md has {len(readme.splitlines())} lines; keep it <= 80"
+    home = (ROOT / "docs" / "index.md").read_text()
+    for link, heading in [("install.md#pick-a-flavor", ("install.md", "## Pick a flavor\n")),
+                          ("replay.md", ("replay.md", "# txc.compile")),
+                          ("porting.md#porting-xmoptimizer_step", ("porting.md", "### Porting xm.optimizer_step\n"))]:
+        assert f"]({link})" in home, link
+        assert heading[1] in (ROOT / "docs" / heading[0]).read_text(), heading
