@@ -153,13 +153,14 @@ def _docstring(app, what, name, obj, options, lines):
 
 
 # --- examples the docs tests skip (tests/test_docs.py) ----------------------
-# `<!-- skip: next "needs a GPU" -->` above a block: Sybil skips it; the page
-# shows the reason in a note above the example.
+# `<!-- skip: next "not run: needs a GPU" -->` above a block: Sybil skips it
+# (tests/test_docs.py runs "run in a child process with N CPU devices" ones
+# in a child); the page shows the reason in a note above the example.
 SKIP_RE = re.compile(r'^<!-- skip: (?:next|start) "([^"]+)" -->$', re.M)
 
 
 def _show_skips(app, docname, source):
-    source[0] = SKIP_RE.sub(lambda m: f":::{{note}}\nNot run by the docs tests: {m.group(1)}.\n:::", source[0])
+    source[0] = SKIP_RE.sub(lambda m: f":::{{note}}\nDocs tests: {m.group(1)}.\n:::", source[0])
 
 
 def setup(app):

@@ -4,10 +4,17 @@ pages; each page's examples run in order in one namespace, as a reader
 types them. An example that needs a GPU, a TPU or several processes is
 marked just above its block with Sybil's skip comment,
 
-    <!-- skip: next "needs several processes (torchrun)" -->
+    <!-- skip: next "not run: needs several processes (torchrun)" -->
 
-and docs/conf.py shows that reason on the built page. A page whose examples
-are all skipped is reported as skipped with their reasons."""
+and docs/conf.py shows that reason on the built page. One reason is not a
+skip: "run in a child process with N CPU devices" runs the block (it must
+import what it uses) in a fresh interpreter with TXC_NUM_CPU_DEVICES=N, as
+the device count is fixed when this process's runtime starts. A page whose
+examples are all skipped is reported as skipped with their reasons."""
+import os
+import re
+import subprocess
+import sys
 import unittest
 from pathlib import Path
 
@@ -23,6 +30,20 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SYBIL = Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
 
 
+CHILD = re.compile(r"run in a child process with (\d+) CPU devices")
+
+
+def _where(page: Path):
+    return page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+
+
+def _run_in_child(source: str, devices: int) -> str:
+    """The block's stderr tail if it fails in a fresh interpreter with `devices` CPU devices, else ''."""
+    env = dict(os.environ, PJRT_DEVICE="CPU", TXC_NUM_CPU_DEVICES=str(devices), TXC_COMPILE_CACHE="off")
+    p = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=600)
+    return "" if p.returncode == 0 else p.stderr[-3000:]
+
+
 def _run(page: Path) -> tuple[int, list[str]]:
     """(examples run, reasons of those skipped); raises at the first failing one."""
     ran, skipped = 0, []
@@ -30,11 +51,16 @@ def _run(page: Path) -> tuple[int, list[str]]:
         try:
             example.evaluate()
         except unittest.SkipTest as e:
-            skipped.append(f"line {example.line}: {e}")
-            continue
+            child = CHILD.match(str(e))
+            if not child:
+                skipped.append(f"line {example.line}: {e}")
+                continue
+            err = _run_in_child(str(example.parsed), int(child.group(1)))
+            if err:
+                raise AssertionError(f"{_where(page)}, the example at line {example.line} fails in its child "
+                                     f"process:\n{err}") from None
         except Exception as e:
-            where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
-            raise AssertionError(f"{where}, the example at line {example.line} fails: "
+            raise AssertionError(f"{_where(page)}, the example at line {example.line} fails: "
                                  f"{type(e).__name__}: {e}") from e
         ran += example.region.evaluator is not None and not isinstance(example.parsed, tuple)
     return ran, skipped
@@ -65,6 +91,13 @@ def test_a_failing_example_fails_and_a_marked_one_is_skipped(tmp_path):
         _run(page)
     page.write_text(page.read_text().replace("x == 3", "x == 2"))
     assert _run(page) == (2, ['line 7: needs a TPU'])
+    child = ('<!-- skip: next "run in a child process with 3 CPU devices" -->\n\n```python\n'
+             'import torch_xla_core as txc\nassert txc.device_count() == {}, txc.device_count()\n```\n')
+    page.write_text(child.format(3))
+    assert _run(page) == (1, [])
+    page.write_text(child.format(2))
+    with pytest.raises(AssertionError, match=r"line 3 fails in its child process:\n(.|\n)*AssertionError: 3"):
+        _run(page)
 
 
 def test_readme_is_a_front_door_and_the_home_page_answers_the_first_questions():
