@@ -28,6 +28,14 @@ PYBIND11_MODULE(_C, m) {
   using namespace txc;
   m.doc() = "torch_xla_core's C++ lazy-tensor core";
   bind_build_info(m);
+  // A dtype an op has no kernel for (ops/registry.h): NotImplementedError, as torch's kernels raise.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const DtypeNotImplemented& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    }
+  });
   ext::bind_ext_api(m);
 
   m.def("op_ids", [] {

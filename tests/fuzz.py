@@ -80,6 +80,9 @@ KNOWN: list[Known] = [
     Known("scatter", "index_", "an index out of range: CPU raises IndexError or RuntimeError by which of its "
           "kernels runs (index_add_cpu_ picks one by the slices' layout); the device's check, read after the "
           "graph ran, raises one type naming the op and the valid range", _out_of_range_both),
+    Known("index", "index_select", "an index out of range of a tensor with no elements: CPU's kernel for those "
+          "raises RuntimeError ('INDICES element is out of DATA bounds'), for every other tensor IndexError; the "
+          "device raises IndexError naming the op and the valid range (case 1:674)", _out_of_range_both),
     Known("order", "kthvalue", "kthvalue of bools: CPU has no Bool kernel (NotImplementedError); the device "
           "computes it exactly, on purpose, as sorting and median (tests/test_dtype_rules.py _EXACT_BOOL)",
           lambda c, cpu, xla: isinstance(cpu, NotImplementedError) and not isinstance(xla, Exception)),

@@ -99,10 +99,15 @@ def test_indexing_zero_size_tensors(dev):
     _same(dev, lambda x, a, b: x[a, b], x, i0, i1)
     _same(dev, lambda x, b: x[:, b], x, i1)
     _same(dev, lambda x, a, b: x.index_put((a, b), torch.tensor(1.0, dtype=x.dtype, device=x.device)), x, i0, i1)
-    # index_add into a tensor of no elements adds nothing, whatever the index (CPU's kernel; case 0:281)
+    # index_add into a tensor of no elements adds nothing, whatever the index (CPU's kernel; case 0:281),
+    # except a 1-D one: IndexError for any index (case 1:391)
     src = torch.ones(3, 1, 1, dtype=torch.float16)
     for i in (torch.tensor([0]), torch.tensor([5])):
         _same(dev, lambda x, i, s: x.index_add(1, i, s), torch.zeros(3, 0, 1, dtype=torch.float16), i, src)
+    for dt in (torch.float32, torch.complex64):
+        _same(dev, lambda x, i, s: x.index_add(0, i, s), torch.zeros(0, dtype=dt), torch.tensor([0]), torch.ones(1, dtype=dt))
+        _same(dev, lambda x, i, s: x.index_add(0, i, s), torch.zeros(0, dtype=dt), torch.tensor([], dtype=torch.long),
+              torch.ones(0, dtype=dt))
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bool, torch.int64])
@@ -212,3 +217,26 @@ def test_topk_of_bool_raises_as_cpu(dev):
     x = torch.tensor([[True, False, True], [False, False, True]])
     _same(dev, lambda t: torch.topk(t, 1, -2).values, x)
     _same(dev, lambda t: torch.sort(t, -1).values, x)  # sort of bool is fine on CPU, and here
+
+
+def test_arg_reductions_of_bool_raise_as_cpu(dev):
+    """CPU refuses bool argmax/argmin before any other check (cases 1:634, 1:927: it ran; an empty one raised
+    the empty-reduction IndexError)."""
+    for x in (torch.tensor([[True, False, True]]).t(), torch.zeros(3, 0, 1, dtype=torch.bool)):
+        for fn in (torch.argmax, torch.argmin):
+            _same(dev, fn, x)
+            _same(dev, lambda t: fn(t, dim=-1), x)
+
+
+def test_complex_refusals_raise_not_implemented_as_cpu(dev):
+    """An op torch has no complex kernel for raises NotImplementedError, as CPU's (cases 1:457, 1:458, 1:652,
+    1:884: RuntimeError here); the complex functions CPU has (log2, log10, exp2, acosh, asinh, atanh: refused
+    here, case 1:864) compute, judged against complex128 from the same inputs."""
+    z = torch.tensor([1 + 2j, -0.5 + 0.25j, 3 - 1j, 0.1 - 0.7j, -2 - 3j], dtype=torch.complex64)
+    for fn in (torch.sign, lambda t: torch.amin(t, 0), lambda t: t > t, lambda t: torch.atan2(t, t)):
+        _same(dev, fn, z)
+    for fn in (torch.log2, torch.log10, torch.exp2, torch.acosh, torch.asinh, torch.atanh):
+        want, cpu, got = fn(z.to(torch.complex128)), fn(z), fn(z.to(dev)).cpu()
+        assert got.dtype == torch.complex64
+        err, cpu_err = (got.to(torch.complex128) - want).abs().max(), (cpu.to(torch.complex128) - want).abs().max()
+        assert err <= max(4 * cpu_err, 1e-6 * want.abs().max()), (fn, err, cpu_err)

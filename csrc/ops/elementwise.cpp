@@ -47,9 +47,9 @@ void infer(Node& n, Kind k, unsigned flags) {
   for (size_t i = 1; i < n.operands.size(); ++i) d = broadcast_dims(n, d, n.operands[i]->dims);
   DType c = compute_dtype(n, k);
   if (k == Kind::Integral && (is_floating(c) || is_complex(c)))
-    op_error(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
+    op_dtype_not_implemented(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
   if (is_complex(c) && !(flags & COMPLEX))
-    op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
+    op_dtype_not_implemented(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
   if ((flags & NO_BOOL) && is_bool(c))
     op_error(n, "not implemented for bool tensors, as in torch; cast the operands to an integer or floating dtype first");
   if (flags & NO_BOOL_OPERAND)
@@ -207,11 +207,19 @@ std::string floor_divide_floats(LowerCtx& cx, const std::string& a, const std::s
   return cx.select(cx.compare(b, zero, t, d, "EQ"), q, fl, t, d);
 }
 
-// log(v) / log(base), as jnp.log2/log10 (within an ulp or two of ATen's).
+// log(v) / log(base), as jnp.log2/log10 (within an ulp or two of ATen's);
+// complex: each part divided (as std::complex / a real: a complex division
+// by log(base) + 0i would make inf * 0 = NaN of an infinite part).
 Emit log_base(double base) {
   return [base](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-    return cx.binary("stablehlo.divide", cx.unary("stablehlo.log", a[0], c, n.dims), cx.constant(std::log(base), c, n.dims),
-                     c, n.dims);
+    auto l = cx.unary("stablehlo.log", a[0], c, n.dims);
+    if (!is_complex(c)) return cx.binary("stablehlo.divide", l, cx.constant(std::log(base), c, n.dims), c, n.dims);
+    DType part = real_part_dtype(c);
+    auto ty = LowerCtx::type(c, n.dims), pty = LowerCtx::type(part, n.dims);
+    auto k = cx.constant(std::log(base), part, n.dims);
+    auto re = cx.binary("stablehlo.divide", cx.op("stablehlo.real", {l}, {ty}, pty), k, part, n.dims);
+    auto im = cx.binary("stablehlo.divide", cx.op("stablehlo.imag", {l}, {ty}, pty), k, part, n.dims);
+    return cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty);
   };
 }
 
@@ -377,9 +385,9 @@ TXC_OP(simple("fmod", 2, Kind::Same, "stablehlo.remainder", NO_BOOL));
 
 // -- special functions (aten ops that torch's decompositions turn into
 // prims; the Python side is torch_xla_core/_ops/special.py) --------------
-TXC_OP(simple("acosh", 1, Kind::Float, "chlo.acosh"));
-TXC_OP(simple("asinh", 1, Kind::Float, "chlo.asinh"));
-TXC_OP(simple("atanh", 1, Kind::Float, "chlo.atanh"));
+TXC_OP(simple("acosh", 1, Kind::Float, "chlo.acosh", COMPLEX));
+TXC_OP(simple("asinh", 1, Kind::Float, "chlo.asinh", COMPLEX));
+TXC_OP(simple("atanh", 1, Kind::Float, "chlo.atanh", COMPLEX));
 TXC_OP(simple("erfc", 1, Kind::Float, "chlo.erfc"));
 TXC_OP(simple("lgamma", 1, Kind::Float, "chlo.lgamma"));
 // digamma(+-0) = -+inf, as ATen (chlo.digamma gives NaN there)
@@ -391,13 +399,13 @@ TXC_OP(custom("digamma", 1, Kind::Float,
                                  c, d);
               }));
 TXC_OP(simple("bessel_i1e", 1, Kind::Float, "chlo.bessel_i1e"));
-TXC_OP(custom("log2", 1, Kind::Float, log_base(2.0)));
-TXC_OP(custom("log10", 1, Kind::Float, log_base(10.0)));
+TXC_OP(custom("log2", 1, Kind::Float, log_base(2.0), COMPLEX));
+TXC_OP(custom("log10", 1, Kind::Float, log_base(10.0), COMPLEX));
 // 2^x through power, exact at integer x (exp(x ln 2) is not)
 TXC_OP(custom("exp2", 1, Kind::Float,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
-              }));
+              }, COMPLEX));
 TXC_OP(custom("signbit", 1, Kind::Compare,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return sign_bit(cx, a[0], c, n.dims); }));
 // i1(x) = exp(|x|) i1e(x) (NaN at +-inf, as ATen's)

@@ -7,6 +7,10 @@ namespace txc {
 
 void op_error(const Node& n, const std::string& msg) { throw std::runtime_error(op_def(n.op).name + ": " + msg); }
 
+void op_dtype_not_implemented(const Node& n, const std::string& msg) {
+  throw DtypeNotImplemented(op_def(n.op).name + ": " + msg);
+}
+
 Dims broadcast_dims(const Node& n, const Dims& a, const Dims& b) {
   size_t r = std::max(a.size(), b.size());
   Dims out(r);

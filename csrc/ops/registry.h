@@ -3,6 +3,7 @@
 // ir/op.h), in its family's file (ops/*.cpp), and the shape-rule pieces the
 // families share.
 #pragma once
+#include <stdexcept>
 #include <string>
 #include "ir/op.h"
 
@@ -10,6 +11,14 @@ namespace txc {
 
 // Errors from shape rules name the op: "add: shapes [2, 3] and [4] ...".
 [[noreturn]] void op_error(const Node& n, const std::string& msg);
+
+// A dtype the op has no kernel for, in torch too: Python sees it as
+// NotImplementedError (module.cpp's translator), the type torch's kernels
+// raise for it ("not implemented for 'ComplexFloat'").
+struct DtypeNotImplemented : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void op_dtype_not_implemented(const Node& n, const std::string& msg);
 
 #define TXC_CAT2(a, b) a##b
 #define TXC_CAT(a, b) TXC_CAT2(a, b)

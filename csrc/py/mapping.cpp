@@ -105,7 +105,9 @@ PyObject* Mapping::call(PyObject* args, PyObject* kwargs) const {
       if (!r) return nullptr;
       Py_DECREF(r);
     }
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    // a dtype the op has no kernel for: NotImplementedError, as torch's kernels (ops/registry.h)
+    PyErr_SetString(dynamic_cast<const DtypeNotImplemented*>(&e) ? PyExc_NotImplementedError : PyExc_RuntimeError,
+                    e.what());
     note_handler_error();
     return nullptr;
   }

@@ -213,8 +213,10 @@ def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
 @impl(aten.index_add.default)
 @_checks.staged
 def index_add(x, dim, index, source, *, alpha=1):
-    if x.numel() == 0 and index.dim() <= 1:  # CPU's kernel adds nothing and reads no index (case 0:281)
-        return _op(OP.alias, (x._lt,))
+    if x.numel() == 0 and index.dim() <= 1:
+        if x.dim() == 1 and index.numel():  # CPU's 1-D kernel checks each index: none is in range (case 1:391)
+            raise IndexError("index_add(): index out of range in self: the tensor has no elements")
+        return _op(OP.alias, (x._lt,))  # CPU's kernel adds nothing and reads no index (case 0:281)
     if alpha != 1:
         source = call(aten.mul.Tensor, source, alpha)
     return _put_along("index_add", x, dim, index, source, True)

@@ -130,12 +130,20 @@ def _arg(name, x, dim, keepdim):
 
 @impl(aten.argmax.default)
 def argmax(x, dim=None, keepdim=False):
+    _no_bool("argmax", x)
     return _arg("argmax", x, dim, keepdim)
 
 
 @impl(aten.argmin.default)
 def argmin(x, dim=None, keepdim=False):
+    _no_bool("argmin", x)
     return _arg("argmin", x, dim, keepdim)
+
+
+def _no_bool(name, x):
+    """CPU's check, before any other (cases 1:634, 1:927)."""
+    if x.dtype == torch.bool:
+        raise RuntimeError(f"{name}(): does not support bool input: convert it to an integer dtype first")
 
 
 @impl(aten.max.dim)
