@@ -190,7 +190,7 @@ def test_unknown_memory_kind_is_refused(dev):
     with pytest.raises(ValueError, match=r"unknown memory kind 'unpinned'; use 'pinned_host' .* or 'device'"):
         offload_impl.place(x, "unpinned")
     with pytest.raises(RuntimeError, match=r"place: unknown memory kind 'hbm'"):  # the core's own check
-        txc._tensor._make(txc._tensor.OP.place, (x._lt,), ("hbm",))
+        txc._tensor.lazy_op(txc._tensor.OP.place, (x._lt,), ("hbm",))
 
 
 def test_platform_without_host_memory_is_refused(dev, monkeypatch):

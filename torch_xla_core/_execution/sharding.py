@@ -223,7 +223,7 @@ def _annotate(lt, mesh: Mesh, names: tuple):
     _spmd.activate(mesh._jax)
     hlo = _spmd.hlo_sharding(NamedSharding(mesh._jax, PartitionSpec(*names)), len(names))
     attrs = (hlo, list(mesh.device_ids), list(mesh.mesh_shape), ",".join(mesh.axis_names))
-    out = _tensor._make(_tensor.OP.sharding, (lt,), attrs)
+    out = _tensor.lazy_op(_tensor.OP.sharding, (lt,), attrs)
     if len(_annotated) > 4096:
         _annotated.clear()
     _annotated[out.hash] = (mesh, names)

@@ -65,7 +65,7 @@ class _Place(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, kind):
-        return _tensor.wrap(_tensor._make(OP.place, (t._lt,), (kind,)))
+        return _tensor.wrap(_tensor.lazy_op(OP.place, (t._lt,), (kind,)))
 
     @staticmethod
     def backward(ctx, g):
@@ -126,14 +126,14 @@ def offload_activations(threshold_bytes: int = 1 << 16):
         if t.numel() * t.element_size() < threshold_bytes:
             return t
         with torch.no_grad():
-            h = _tensor.wrap(_tensor._make(OP.place, (t._lt,), (HOST,)))
+            h = _tensor.wrap(_tensor.lazy_op(OP.place, (t._lt,), (HOST,)))
         return _Offloaded(h, t.requires_grad)
 
     def unpack(p):
         if not isinstance(p, _Offloaded):
             return p
         with torch.no_grad():
-            return _tensor.wrap(_tensor._make(OP.place, (p.host._lt,), (DEVICE,)))
+            return _tensor.wrap(_tensor.lazy_op(OP.place, (p.host._lt,), (DEVICE,)))
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield

@@ -17,7 +17,7 @@ from jax import lax
 
 from .._runtime import runtime
 from .._runtime.dtypes import CODE, UnsupportedDtype, code
-from .._tracing.tensor import OP, _op, _view, _view_op
+from .._tracing.tensor import OP, wrapped_op, lazy_view, wrapped_view
 from ..kernels.call_jax import call_jax
 from . import XLA, aten, impl, mapping
 
@@ -26,7 +26,7 @@ from . import XLA, aten, impl, mapping
 def view_as_real(x):
     if not x.is_complex():
         raise RuntimeError("view_as_real is only supported for complex tensors")
-    return _view_op(OP.view_as_real, x._lt, ())
+    return wrapped_view(OP.view_as_real, x._lt, ())
 
 
 @impl(aten.view_as_complex.default)
@@ -44,14 +44,14 @@ def view_as_complex(x):
         raise RuntimeError("Tensor must have a stride divisible by 2 for all but last dimension")
     if x.storage_offset() % 2:
         raise RuntimeError("Tensor must have a storage_offset divisible by 2")
-    return _view_op(OP.view_as_complex, x._lt, ())
+    return wrapped_view(OP.view_as_complex, x._lt, ())
 
 
 @impl(aten._conj.default)
 def conj_view(x):
     if not x.is_complex():
-        return _view_op(OP.alias, x._lt, ())
-    return _view_op(OP.conj_view, x._lt, ())
+        return wrapped_view(OP.alias, x._lt, ())
+    return wrapped_view(OP.conj_view, x._lt, ())
 
 
 neg_view = mapping(aten._neg_view.default, op="neg_view", ranks=(XLA,), view=True)
@@ -72,32 +72,32 @@ def _check_parts(op, a, b):
 @impl(aten.complex.default)
 def complex_(real, imag):
     _check_parts("complex", real, imag)
-    return _op(OP.complex, (real._lt, imag._lt), ())
+    return wrapped_op(OP.complex, (real._lt, imag._lt), ())
 
 
 @impl(aten.polar.default)
 def polar(abs, angle):
     _check_parts("polar", abs, angle)
-    re = _op(OP.mul, (abs._lt, _op(OP.cos, (angle._lt,), ())._lt), ())
-    im = _op(OP.mul, (abs._lt, _op(OP.sin, (angle._lt,), ())._lt), ())
-    return _op(OP.complex, (re._lt, im._lt), ())
+    re = wrapped_op(OP.mul, (abs._lt, wrapped_op(OP.cos, (angle._lt,), ())._lt), ())
+    im = wrapped_op(OP.mul, (abs._lt, wrapped_op(OP.sin, (angle._lt,), ())._lt), ())
+    return wrapped_op(OP.complex, (re._lt, im._lt), ())
 
 
 @impl(aten.angle.default)
 def angle(x):
     if not (x.is_floating_point() or x.is_complex()):  # torch: integers and bools give float
-        x = _op(OP.convert, (x._lt,), (code(torch.get_default_dtype()),))
-    return _op(OP.angle, (x._lt,), ())
+        x = wrapped_op(OP.convert, (x._lt,), (code(torch.get_default_dtype()),))
+    return wrapped_op(OP.angle, (x._lt,), ())
 
 
 @impl(aten.sgn.default)
 def sgn(x):
     """x / |x| (0 where x is 0) for complex x; sign(x) for real x."""
     if not x.is_complex():
-        return _op(OP.sign, (x._lt,), ())
-    a = _op(OP.abs, (x._lt,), ())
-    q = _op(OP.div, (x._lt, a._lt), ())
-    return _op(OP.where, (_op(OP.eq, (a._lt, 0), ())._lt, 0, q._lt), ())
+        return wrapped_op(OP.sign, (x._lt,), ())
+    a = wrapped_op(OP.abs, (x._lt,), ())
+    q = wrapped_op(OP.div, (x._lt, a._lt), ())
+    return wrapped_op(OP.where, (wrapped_op(OP.eq, (a._lt, 0), ())._lt, 0, q._lt), ())
 
 
 def _jax_eig(a, vectors):
@@ -145,5 +145,5 @@ def root_as(lt, dtype):
     if dtype.is_complex:  # a real storage of 2n floats read as n complex numbers
         if n % 2:
             raise RuntimeError(f"as_strided: a {dtype} view of a storage of {n} real elements (an odd number)")
-        return _view(OP.view_as_complex, _view(OP.reshape, root, ([n // 2, 2],)), ())
-    return _view(OP.reshape, _view(OP.view_as_real, root, ()), ([2 * n],))
+        return lazy_view(OP.view_as_complex, lazy_view(OP.reshape, root, ([n // 2, 2],)), ())
+    return lazy_view(OP.reshape, lazy_view(OP.view_as_real, root, ()), ([2 * n],))

@@ -7,7 +7,7 @@ import torch
 from .._runtime.dtypes import UnsupportedDtype, code
 from .._tracing import checks as _checks, device as _device, tensor as _tensor
 from .. import metrics
-from .._tracing.tensor import OP, XlaTensor, _make, _op, device_error
+from .._tracing.tensor import OP, XlaTensor, lazy_op, wrapped_op, device_error
 from . import (XLA, Arg, assign, aten, check_fill, check_no_partial_overlap, convert, decomposed, full_like, impl,
                mapping)
 from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED, refusal
@@ -148,7 +148,7 @@ _OP_CONVERT, _F32 = OP.convert, code(torch.float32)
 def _in_f32(x):
     """x as a float32 core operand: an xla tensor's convert node as a LazyTensor (no wrapper), else x.float()."""
     if type(x) is XlaTensor:
-        return x if x.dtype == torch.float32 else _make(_OP_CONVERT, (x,), (_F32,))
+        return x if x.dtype == torch.float32 else lazy_op(_OP_CONVERT, (x,), (_F32,))
     return x.float()
 
 
@@ -167,12 +167,12 @@ def _scaled(op, a, b, alpha):
     number operand) cast to the half dtype, then computed in float32 and
     rounded once — not b*alpha rounded and then added."""
     if alpha == 1:
-        return _op(op, (a, b), ())
+        return wrapped_op(op, (a, b), ())
     dt = _half_result(a, b)
     if dt is None:
-        return _op(op, (a, _op(_OP_MUL, (b, alpha), ())), ())
+        return wrapped_op(op, (a, wrapped_op(_OP_MUL, (b, alpha), ())), ())
     f = [_as(x, torch.float32) if isinstance(x, torch.Tensor) else _cast_number(x, dt) for x in (a, b)]
-    return convert(_op(op, (f[0], _op(_OP_MUL, (f[1], _cast_number(alpha, dt)), ())), ()), dt)
+    return convert(wrapped_op(op, (f[0], wrapped_op(_OP_MUL, (f[1], _cast_number(alpha, dt)), ())), ()), dt)
 
 
 @impl(aten.add.Tensor, aten.add.Scalar)
@@ -222,7 +222,7 @@ def _integer_division(name, op, a, b):
     """The ops whose integer kernels refuse a zero divisor (_check_integer_divisor)."""
     _refuse_bool_result(name, a, b)
     _check_integer_divisor(name, a, b)
-    return _op(op, (a, b), ())
+    return wrapped_op(op, (a, b), ())
 
 
 def _is_bool(x):
@@ -236,7 +236,9 @@ def pow_(a, b):
     # give that dtype.
     if _is_bool(a) and _is_bool(b):
         if isinstance(a, XlaTensor) and isinstance(b, bool):
-            return _op(OP.alias, (a._lt,), ()) if b else _op(OP.full, (), (1.0, code(torch.bool), list(a.shape)))
+            if b:
+                return wrapped_op(OP.alias, (a._lt,), ())
+            return wrapped_op(OP.full, (), (1.0, code(torch.bool), list(a.shape)))
         raise NotImplementedError('"pow" not implemented for \'Bool\'')
     if isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(a, XlaTensor):
         floating = a.is_floating_point()
@@ -246,10 +248,10 @@ def pow_(a, b):
             if b == 2:
                 return mul(a, a)
             if b == 1:
-                return _op(OP.alias, (a._lt,), ())
+                return wrapped_op(OP.alias, (a._lt,), ())
         if b == 0.5:
-            return _op(OP.sqrt, (a._lt,), ())  # float result, as a ** 0.5
-    return _op(OP.pow, (a, b), ())
+            return wrapped_op(OP.sqrt, (a._lt,), ())  # float result, as a ** 0.5
+    return wrapped_op(OP.pow, (a, b), ())
 
 
 @impl(aten.equal.default)
@@ -260,21 +262,21 @@ def equal(a, b):
             raise device_error(t)
     if a.shape != b.shape:
         return False
-    return a.numel() == 0 or bool(_op(OP.all, (_make(OP.eq, (a._lt, b._lt), ()),), ([], False)).item())
+    return a.numel() == 0 or bool(wrapped_op(OP.all, (lazy_op(OP.eq, (a._lt, b._lt), ()),), ([], False)).item())
 
 
 @impl(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def where(cond, a, b):
-    return _op(OP.where, (cond, a, b), ())
+    return wrapped_op(OP.where, (cond, a, b), ())
 
 
 @impl(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
     r = x
     if min is not None:
-        r = _op(OP.maximum, (r._lt, min), ())
+        r = wrapped_op(OP.maximum, (r._lt, min), ())
     if max is not None:
-        r = _op(OP.minimum, (r._lt, max), ())
+        r = wrapped_op(OP.minimum, (r._lt, max), ())
     if r is x:
         raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
     return r
@@ -292,24 +294,24 @@ def lerp(a, b, w):
     dt = _half_result(a, b, w)
     number = not isinstance(w, torch.Tensor)
     if dt is None:
-        return _lerp(a, b, w, number, a.dtype, _op)
-    r = _lerp(_in_f32(a), _in_f32(b), w if number else _in_f32(w), number, torch.float32, _make)
-    return _op(_OP_CONVERT, (r,), (code(dt),))
+        return _lerp(a, b, w, number, a.dtype, wrapped_op)
+    r = _lerp(_in_f32(a), _in_f32(b), w if number else _in_f32(w), number, torch.float32, lazy_op)
+    return wrapped_op(_OP_CONVERT, (r,), (code(dt),))
 
 
 def _lerp(a, b, w, number, a_dtype, out):
     """lerp of core operands (xla tensors, LazyTensors), a of dtype a_dtype; the last node made by
-    out (_op: an xla tensor, _make: a LazyTensor), the intermediate ones as LazyTensors."""
-    d = _make(_OP_SUB, (b, a), ())
+    out (wrapped_op: an xla tensor, lazy_op: a LazyTensor), the intermediate ones as LazyTensors."""
+    d = lazy_op(_OP_SUB, (b, a), ())
     if number:
         if abs(w) < 0.5:
-            return out(_OP_ADD, (a, _make(_OP_MUL, (w, d), ())), ())
+            return out(_OP_ADD, (a, lazy_op(_OP_MUL, (w, d), ())), ())
         # 1 - w in the compute dtype, as ATen (the weight is cast first): 1 - 0.8 in float32 is not 0.2
         one_minus = float(1 - torch.tensor(w, dtype=torch.promote_types(a_dtype, torch.float32)))
-        return out(_OP_SUB, (b, _make(_OP_MUL, (d, one_minus), ())), ())
-    low = _make(_OP_ADD, (a, _make(_OP_MUL, (w, d), ())), ())
-    high = _make(_OP_SUB, (b, _make(_OP_MUL, (d, _make(_OP_SUB, (1, w), ())), ())), ())
-    return out(OP.where, (_make(OP.lt, (_make(OP.abs, (w,), ()), 0.5), ()), low, high), ())
+        return out(_OP_SUB, (b, lazy_op(_OP_MUL, (d, one_minus), ())), ())
+    low = lazy_op(_OP_ADD, (a, lazy_op(_OP_MUL, (w, d), ())), ())
+    high = lazy_op(_OP_SUB, (b, lazy_op(_OP_MUL, (d, lazy_op(_OP_SUB, (1, w), ())), ())), ())
+    return out(OP.where, (lazy_op(OP.lt, (lazy_op(OP.abs, (w,), ()), 0.5), ()), low, high), ())
 
 
 def _addc(x, t1, t2, value, core):
@@ -323,10 +325,11 @@ def _addc(x, t1, t2, value, core):
         value = int(value)
     dt = _half_result(x, t1, t2)
     if dt is None:
-        return _op(_OP_ADD, (x, _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())), ())
+        t1 = t1 if value == 1 else lazy_op(_OP_MUL, (value, t1), ())
+        return wrapped_op(_OP_ADD, (x, lazy_op(core, (t1, t2), ())), ())
     x, t1, t2 = _in_f32(x), _in_f32(t1), _in_f32(t2)
-    r = _make(_OP_ADD, (x, _make(core, (t1 if value == 1 else _make(_OP_MUL, (value, t1), ()), t2), ())), ())
-    return _op(_OP_CONVERT, (r,), (code(dt),))
+    r = lazy_op(_OP_ADD, (x, lazy_op(core, (t1 if value == 1 else lazy_op(_OP_MUL, (value, t1), ()), t2), ())), ())
+    return wrapped_op(_OP_CONVERT, (r,), (code(dt),))
 
 
 @impl(aten.addcmul.default, refuses=BOOL)
@@ -341,12 +344,12 @@ def addcdiv(x, t1, t2, *, value=1):
 
 @impl(aten.relu.default)
 def relu(x):
-    return _op(OP.maximum, (x._lt, 0), ())
+    return wrapped_op(OP.maximum, (x._lt, 0), ())
 
 
 @impl(aten.threshold_backward.default)
 def threshold_backward(grad, x, threshold):
-    return where(_op(OP.gt, (x._lt, threshold), ()), grad, 0)
+    return where(wrapped_op(OP.gt, (x._lt, threshold), ()), grad, 0)
 
 
 gelu = mapping(aten.gelu.default, op="gelu", ranks=(XLA,), attrs=(Arg("approximate"),))
@@ -357,26 +360,26 @@ silu = mapping(aten.silu.default, op="silu", ranks=(XLA,))
 
 @impl(aten.silu_backward.default)
 def silu_backward(grad, x):
-    return _op(OP.silu_backward, (grad._lt, x._lt), ())
+    return wrapped_op(OP.silu_backward, (grad._lt, x._lt), ())
 
 
 def _conj_of(y):
-    return _op(OP.conj, (y._lt,), ()) if y.is_complex() else y
+    return wrapped_op(OP.conj, (y._lt,), ()) if y.is_complex() else y
 
 
 @impl(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
     # grad * conj(y * (1 - y))
     y = _conj_of(y)
-    one_minus = _make(_OP_SUB, (1, y._lt), ())
-    return _op(_OP_MUL, (grad._lt, _make(_OP_MUL, (y._lt, one_minus), ())), ())
+    one_minus = lazy_op(_OP_SUB, (1, y._lt), ())
+    return wrapped_op(_OP_MUL, (grad._lt, lazy_op(_OP_MUL, (y._lt, one_minus), ())), ())
 
 
 @impl(aten.tanh_backward.default)
 def tanh_backward(grad, y):
     # grad * conj(1 - y^2)
     y = _conj_of(y)
-    return _op(_OP_MUL, (grad._lt, _make(_OP_SUB, (1, _make(_OP_MUL, (y._lt, y._lt), ())), ())), ())
+    return wrapped_op(_OP_MUL, (grad._lt, lazy_op(_OP_SUB, (1, lazy_op(_OP_MUL, (y._lt, y._lt), ())), ())), ())
 
 
 @impl(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
@@ -401,14 +404,14 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 def _to_copy(x, dtype, device):
     if device is None and type(x) is XlaTensor:  # x.to(dtype), x.float(): the common case first
-        return convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
+        return convert(x, dtype) if dtype is not None and dtype != x.dtype else wrapped_op(OP.alias, (x._lt,), ())
     dev = torch.device(device) if device is not None else x.device
     if dev.type == "xla":
         i = _device.index(dev)
         if isinstance(x, XlaTensor):
             if i is not None and i != _tensor.index_of(x):  # another xla device: the data moves
                 x = _tensor.move(x, i)
-            r = convert(x, dtype) if dtype is not None and dtype != x.dtype else _op(OP.alias, (x._lt,), ())
+            r = convert(x, dtype) if dtype is not None and dtype != x.dtype else wrapped_op(OP.alias, (x._lt,), ())
             return r
         src = x if dtype is None else x.to(dtype)
         return _tensor.from_cpu(src, i or 0, user=True)
@@ -421,12 +424,12 @@ def _to_copy(x, dtype, device):
 @impl(torch.ops.prims.convert_element_type.default)
 def convert_element_type(x, dtype):
     """torch's decompositions' cast (renorm of bf16 computes in float32 through it)."""
-    return convert(x, dtype) if dtype != x.dtype else _op(OP.alias, (x._lt,), ())
+    return convert(x, dtype) if dtype != x.dtype else wrapped_op(OP.alias, (x._lt,), ())
 
 
 @impl(aten.clone.default)
 def clone(x, *, memory_format=None):
-    return _op(OP.alias, (x._lt,), ())
+    return wrapped_op(OP.alias, (x._lt,), ())
 
 
 @impl(aten.copy_.default)

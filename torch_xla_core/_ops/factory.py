@@ -10,7 +10,7 @@ from torch._decomp import decomposition_table
 from .._runtime import torch_compat as _compat
 from .._tracing import device as _device, tensor as _tensor
 from .._runtime.dtypes import UnsupportedDtype, code
-from .._tracing.tensor import OP, _make, _op, wrap
+from .._tracing.tensor import OP, lazy_op, wrapped_op, wrap
 from . import aten, full, impl
 from .elementwise import copy_
 
@@ -95,11 +95,11 @@ def _arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pi
             length_of = (start, end, step)
     a, b, c = length_of
     n = max(-((a - b) // c) if all(isinstance(x, int) for x in length_of) else math.ceil((b - a) / c), 0)
-    i = _make(OP.iota, (), (code(dtype if dtype.is_floating_point else torch.int64), [n], 0))
-    r = _make(OP.add, (_make(OP.mul, (i, step), ()), start), ()) if (start != 0 or step != 1) else i
+    i = lazy_op(OP.iota, (), (code(dtype if dtype.is_floating_point else torch.int64), [n], 0))
+    r = lazy_op(OP.add, (lazy_op(OP.mul, (i, step), ()), start), ()) if (start != 0 or step != 1) else i
     t = wrap(r)
     if t.dtype != dtype:
-        t = _op(OP.convert, (t._lt,), (code(dtype),))
+        t = wrapped_op(OP.convert, (t._lt,), (code(dtype),))
     return t
 
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .._tracing.tensor import OP, _op
+from .._tracing.tensor import OP, wrapped_op
 from .._runtime.dtypes import code
 from . import aten, impl
 
@@ -28,15 +28,15 @@ def _to_end(x, dims):
     back = [0] * len(perm)
     for i, p in enumerate(perm):
         back[p] = i
-    return _op(OP.permute, (x._lt,), (perm,)), back
+    return wrapped_op(OP.permute, (x._lt,), (perm,)), back
 
 
 def _back(x, back):
-    return x if back is None else _op(OP.permute, (x._lt,), (back,))
+    return x if back is None else wrapped_op(OP.permute, (x._lt,), (back,))
 
 
 def _fft(x, kind, lengths):
-    return _op(OP.fft, (x._lt,), (kind, list(lengths)))
+    return wrapped_op(OP.fft, (x._lt,), (kind, list(lengths)))
 
 
 def _c2c_trailing(x, k, inverse):
@@ -60,7 +60,7 @@ def _scale(x, n, normalization, inverse):
     want = {_NONE: 1.0, _BY_ROOT_N: 1.0 / math.sqrt(n), _BY_N: 1.0 / n}[normalization]
     have = 1.0 / n if inverse else 1.0
     f = want / have
-    return x if f == 1.0 else _op(OP.mul, (x._lt, f), ())
+    return x if f == 1.0 else wrapped_op(OP.mul, (x._lt, f), ())
 
 
 def _dims(x, dim):
@@ -71,7 +71,7 @@ def _dims(x, dim):
 def fft_c2c(x, dim, normalization, forward):
     dims = _dims(x, dim)
     if not dims:
-        return _op(OP.alias, (x._lt,), ())
+        return wrapped_op(OP.alias, (x._lt,), ())
     n = math.prod(x.shape[d] for d in dims)
     y, back = _to_end(x, dims)
     y = _c2c_trailing(y, len(dims), inverse=not forward)
@@ -82,7 +82,8 @@ def fft_c2c(x, dim, normalization, forward):
 def fft_r2c(x, dim, normalization, onesided):
     dims = _dims(x, dim)
     if not onesided:  # the full spectrum: a complex transform of the real input
-        xc = _op(OP.convert, (x._lt,), (code(torch.complex128 if x.dtype == torch.float64 else torch.complex64),))
+        ct = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+        xc = wrapped_op(OP.convert, (x._lt,), (code(ct),))
         return fft_c2c(xc, dim, normalization, True)
     n = math.prod(x.shape[d] for d in dims)
     y, back = _to_end(x, dims)
@@ -110,7 +111,7 @@ def fft_c2r(x, dim, normalization, last_dim_size):
     need = int(last_dim_size) // 2 + 1
     if y.shape[-1] != need:  # torch reads only the first last_dim_size // 2 + 1 bins (or pads with zeros)
         if y.shape[-1] > need:
-            y = _op(OP.slice, (y._lt,), (y.dim() - 1, 0, need, 1))
+            y = wrapped_op(OP.slice, (y._lt,), (y.dim() - 1, 0, need, 1))
         else:
             pad = [0, 0] * (y.dim() - 1) + [0, need - y.shape[-1]]
             y = torch.nn.functional.pad(y, pad)

@@ -20,7 +20,7 @@ import torch
 from .._tracing import checks as _checks, tensor as _tensor
 from .. import metrics
 from .._runtime.dtypes import code
-from .._tracing.tensor import OP, XlaTensor, _make, _view, wrap
+from .._tracing.tensor import OP, XlaTensor, lazy_op, lazy_view, wrap
 from . import aten, call, impl
 from .factory import full
 from .dtype_rules import refusal
@@ -36,7 +36,7 @@ def _dim(d, rank):
 
 
 def _op(opid, operands, attrs=()):
-    return wrap(_make(opid, operands, attrs))
+    return wrap(lazy_op(opid, operands, attrs))
 
 
 def _host_nonzero(mask, op):
@@ -143,12 +143,12 @@ def _mask_put(x, mask, values, d, accumulate):
                                f"broadcast to indexing result of shape {pre + ['K'] + post}")
     v = _tensor.v(values)
     if not isinstance(values, XlaTensor) or values.dtype != x.dtype:
-        v = _make(OP.convert, (v,), (code(x.dtype),))
+        v = lazy_op(OP.convert, (v,), (code(x.dtype),))
     if vshape != list(values.shape if isinstance(values, torch.Tensor) else []):
-        v = _make(OP.reshape, (v,), (vshape,))
+        v = lazy_op(OP.reshape, (v,), (vshape,))
     if vshape != target:
-        v = _make(OP.expand, (v,), (target,))
-    mk = mask._lt if mask.dtype == torch.bool else _make(OP.convert, (mask._lt,), (code(torch.bool),))
+        v = lazy_op(OP.expand, (v,), (target,))
+    mk = mask._lt if mask.dtype == torch.bool else lazy_op(OP.convert, (mask._lt,), (code(torch.bool),))
     return _op(OP.mask_put, (x._lt, mk, v), (d, bool(accumulate)))
 
 
@@ -185,9 +185,9 @@ def index_select(x, dim, index):
     d = _dim(dim, x.dim())
     lt = _index_lt(index, "index_select", 0, x.shape[d] if x.dim() else 1)
     if index.dim() == 0:
-        lt = _make(OP.reshape, (lt,), ([1],))
+        lt = lazy_op(OP.reshape, (lt,), ([1],))
     if x.dim() == 0:
-        r = _op(OP.index, (_make(OP.reshape, (x._lt,), ([1],)), lt), ([0],))
+        r = _op(OP.index, (lazy_op(OP.reshape, (x._lt,), ([1],)), lt), ([0],))
         return _op(OP.reshape, (r._lt,), ([],))
     return _op(OP.index, (x._lt, lt), ([d],))
 
@@ -198,15 +198,15 @@ def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
     n = x.shape[_dim(dim, x.dim())] if x.dim() else 1
     lt = _index_lt(index, op, -n if low is None else low, n, exc)
     if index.dim() == 0:
-        lt = _make(OP.reshape, (lt,), ([1],))
+        lt = lazy_op(OP.reshape, (lt,), ([1],))
     src = _tensor.v(source)
     if x.dim() == 0:
-        r = _op(OP.index_put, (_make(OP.reshape, (x._lt,), ([1],)), _make(OP.reshape, (src,), ([1],)), lt),
+        r = _op(OP.index_put, (lazy_op(OP.reshape, (x._lt,), ([1],)), lazy_op(OP.reshape, (src,), ([1],)), lt),
                 ([0], accumulate))
         return _op(OP.reshape, (r._lt,), ([],))
     d = _dim(dim, x.dim())
     if isinstance(source, torch.Tensor) and source.dim() == x.dim() - 1 and index.dim() == 0:
-        src = _make(OP.reshape, (src,), ([*source.shape[:d], 1, *source.shape[d:]],))
+        src = lazy_op(OP.reshape, (src,), ([*source.shape[:d], 1, *source.shape[d:]],))
     return _op(OP.index_put, (x._lt, src, lt), ([d], accumulate))
 
 
@@ -237,7 +237,7 @@ def _full_scalar(value, dtype):
 @_checks.staged
 def index_fill(x, dim, index, value):
     v = _full_scalar(value, x.dtype) if not isinstance(value, torch.Tensor) \
-        else _make(OP.convert, (_tensor.v(value),), (code(x.dtype),))
+        else lazy_op(OP.convert, (_tensor.v(value),), (code(x.dtype),))
     return _put_along("index_fill", x, dim, index, wrap(v), False, low=None, exc=IndexError)  # negatives wrap
 
 
@@ -263,8 +263,8 @@ def gather(x, dim, index, *, sparse_grad=False):
             raise RuntimeError("gather(): Index tensor must have the same number of dimensions as input tensor")
         _dim(dim, 0)
         _index_lt(index, "gather", 0, x.numel(), RuntimeError)
-        r = _op(OP.gather, (_make(OP.reshape, (x._lt,), ([x.numel()],)),
-                            _make(OP.reshape, (index._lt,), ([index.numel()],))), (0,))
+        r = _op(OP.gather, (lazy_op(OP.reshape, (x._lt,), ([x.numel()],)),
+                            lazy_op(OP.reshape, (index._lt,), ([index.numel()],))), (0,))
         return _op(OP.reshape, (r._lt,), (list(index.shape),))
     d = _dim(dim, x.dim())
     _index_lt(index, "gather", 0, x.shape[d], RuntimeError)
@@ -281,7 +281,7 @@ def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
     else:
         s = _full_scalar(src, x.dtype)
     if x.dim() == 0 or index.dim() == 0:
-        one = lambda t, n: _make(OP.reshape, (t,), ([n],))  # noqa: E731
+        one = lambda t, n: lazy_op(OP.reshape, (t,), ([n],))  # noqa: E731
         r = _op(OP.scatter, (one(x._lt, 1), one(index._lt, index.numel()),
                              one(s, 1) if not isinstance(src, torch.Tensor) or src.dim() == 0 else one(s, src.numel())),
                 (0, reduce, bool(include_self)))
@@ -335,17 +335,17 @@ def masked_scatter(x, mask, source):
     shape = list(torch.broadcast_shapes(x.shape, mask.shape))
     xl, ml = x._lt, mask._lt
     if list(x.shape) != shape:
-        xl = _make(OP.expand, (xl,), (shape,))
+        xl = lazy_op(OP.expand, (xl,), (shape,))
     if list(mask.shape) != shape:
-        ml = _make(OP.expand, (ml,), (shape,))
+        ml = lazy_op(OP.expand, (ml,), (shape,))
     if not shape:
-        xl, ml, shape0 = _make(OP.reshape, (xl,), ([1],)), _make(OP.reshape, (ml,), ([1],)), [1]
+        xl, ml, shape0 = lazy_op(OP.reshape, (xl,), ([1],)), lazy_op(OP.reshape, (ml,), ([1],)), [1]
     else:
         shape0 = shape
     n = source.numel()
     if n == 0:
         return _op(OP.alias, (xl,)) if shape else _op(OP.reshape, (xl,), ([],))
-    src = _make(OP.reshape, (source._lt,), ([n],))
+    src = lazy_op(OP.reshape, (source._lt,), ([n],))
     r = _op(OP.mask_put, (xl, ml, src), (0, False))
     return r if shape0 == shape else _op(OP.reshape, (r._lt,), ([],))
 
@@ -358,14 +358,14 @@ def masked_scatter_backward(grad, mask, sizes):
         numel *= s
     gl, ml = grad._lt, mask._lt
     if list(mask.shape) != list(grad.shape):
-        ml = _make(OP.expand, (ml,), (list(grad.shape),))
+        ml = lazy_op(OP.expand, (ml,), (list(grad.shape),))
     n = grad.numel()
-    g = wrap(_make(OP.reshape, (gl,), ([n],)))
-    m = wrap(_make(OP.reshape, (ml,), ([n],)))
+    g = wrap(lazy_op(OP.reshape, (gl,), ([n],)))
+    m = wrap(lazy_op(OP.reshape, (ml,), ([n],)))
     pos = _op(OP.cumsum, (m._lt,), (0, code(torch.int64)))
     pos = call(aten.sub.Tensor, pos, 1)
-    pos = call(aten.where.self, m, pos, wrap(_make(OP.full, (), (float(numel), code(torch.int64), []))))
-    zeros = _make(OP.full, (), (0.0, code(grad.dtype), [numel]))
+    pos = call(aten.where.self, m, pos, wrap(lazy_op(OP.full, (), (float(numel), code(torch.int64), []))))
+    zeros = lazy_op(OP.full, (), (0.0, code(grad.dtype), [numel]))
     r = _op(OP.index_put, (zeros, g._lt, pos._lt), ([0], True))
     return _op(OP.reshape, (r._lt,), (list(sizes),))
 
@@ -380,7 +380,7 @@ def masked_select(x, mask):
     if not shape:
         xe, me = _op(OP.reshape, (xe._lt,), ([1],)), _op(OP.reshape, (me._lt,), ([1],))
     nz = _host_nonzero(me, "masked_select")
-    xf = _make(OP.reshape, (xe._lt,), ([xe.numel()],))
+    xf = lazy_op(OP.reshape, (xe._lt,), ([xe.numel()],))
     flat = nz[:, 0]
     for j in range(1, nz.shape[1]):
         flat = flat * me.shape[j] + nz[:, j]
@@ -405,8 +405,8 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         raise RuntimeError(f"embedding_dense_backward: indices must be int64 or int32, got {indices.dtype}")
     pad = padding_idx if padding_idx >= 0 else -1
     if scale_grad_by_freq:
-        ones = _make(OP.full, (), (1.0, code(grad.dtype), [*indices.shape, 1]))
-        counts = _make(OP.embedding_backward, (ones, indices._lt), (num_weights, -1))  # [num_weights, 1]
+        ones = lazy_op(OP.full, (), (1.0, code(grad.dtype), [*indices.shape, 1]))
+        counts = lazy_op(OP.embedding_backward, (ones, indices._lt), (num_weights, -1))  # [num_weights, 1]
         per = _op(OP.index, (counts, indices._lt), ([0],))  # [*indices, 1]
         grad = call(aten.div.Tensor, grad, per)
     return _op(OP.embedding_backward, (grad._lt, indices._lt), (num_weights, pad))
@@ -432,7 +432,7 @@ def _cumext(opid, x, dim):
     """cummax/cummin: running extreme and the (last) index where it was reached."""
     if x.dim() == 0:
         _dim(dim, 0)
-        return _op(OP.alias, (x._lt,)), wrap(_make(OP.full, (), (0.0, code(torch.int64), [])))
+        return _op(OP.alias, (x._lt,)), wrap(lazy_op(OP.full, (), (0.0, code(torch.int64), [])))
     d = _dim(dim, x.dim())
     v = _op(opid, (x._lt,), (d, code(x.dtype)))
     # the extreme was reached at i where x[i] == running[i] (or x[i] is NaN);
@@ -440,8 +440,8 @@ def _cumext(opid, x, dim):
     hit = call(aten.eq.Tensor, x, v)
     if x.is_floating_point():
         hit = call(aten.logical_or.default, hit, call(aten.ne.Tensor, x, x))
-    pos = wrap(_make(OP.iota, (), (code(torch.int64), list(x.shape), d)))
-    pos = call(aten.where.self, hit, pos, wrap(_make(OP.full, (), (-1.0, code(torch.int64), []))))
+    pos = wrap(lazy_op(OP.iota, (), (code(torch.int64), list(x.shape), d)))
+    pos = call(aten.where.self, hit, pos, wrap(lazy_op(OP.full, (), (-1.0, code(torch.int64), []))))
     return v, _op(OP.cummax, (pos._lt,), (d, code(torch.int64)))
 
 
@@ -458,7 +458,7 @@ def cummin(x, dim):
 def _sort(x, dim, descending):
     if x.dim() == 0:
         _dim(dim, 0)
-        return _op(OP.alias, (x._lt,)), wrap(_make(OP.full, (), (0.0, code(torch.int64), [])))
+        return _op(OP.alias, (x._lt,)), wrap(lazy_op(OP.full, (), (0.0, code(torch.int64), [])))
     d = _dim(dim, x.dim())
     return (_op(OP.sort, (x._lt,), (d, bool(descending), 0)),
             _op(OP.sort, (x._lt,), (d, bool(descending), 1)))
@@ -546,7 +546,7 @@ def _diag_attrs(x, offset, dim1, dim2):
 def diagonal(x, offset=0, dim1=0, dim2=1):
     if x.dim() < 2:
         raise RuntimeError(f"diagonal(): expected a tensor of at least 2 dimensions, got {x.dim()}")
-    return wrap(_view(OP.diagonal, x._lt, _diag_attrs(x, offset, dim1, dim2)))
+    return wrap(lazy_view(OP.diagonal, x._lt, _diag_attrs(x, offset, dim1, dim2)))
 
 
 @impl(aten.diagonal_scatter.default)

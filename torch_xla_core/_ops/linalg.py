@@ -3,7 +3,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from .._runtime.dtypes import code
-from .._tracing.tensor import XlaTensor, OP, _make, _op, wrap
+from .._tracing.tensor import XlaTensor, OP, lazy_op, wrapped_op, wrap
 from . import XLA, aten, convert, impl, mapping
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
@@ -40,13 +40,13 @@ def _integral_scalars(dtype, beta, alpha):
 
 def _scaled_sum(c, p, beta, alpha):
     if alpha != 1:
-        p = _make(_MUL, (p, alpha), ())
+        p = lazy_op(_MUL, (p, alpha), ())
     if beta == 0:
         return wrap(p)
     cv = c
     if beta != 1:
-        cv = _make(_MUL, (cv, beta), ())
-    return _op(_ADD, (cv, p), ())
+        cv = lazy_op(_MUL, (cv, beta), ())
+    return wrapped_op(_ADD, (cv, p), ())
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -60,9 +60,9 @@ def product_sum(c, a, b, dims, beta, alpha):
     elements)."""
     if a.dtype in _HALF and b.dtype == a.dtype and isinstance(c, XlaTensor) and c.dtype == a.dtype:
         f32 = torch.float32
-        p = _make(_DOT, (a._lt, b._lt), tuple(dims) + (code(f32),))
+        p = lazy_op(_DOT, (a._lt, b._lt), tuple(dims) + (code(f32),))
         return convert(_scaled_sum(convert(c, f32), p, beta, alpha), a.dtype)
-    return _scaled_sum(c, _make(_DOT, (a._lt, b._lt), dims), *_integral_scalars(a.dtype, beta, alpha))
+    return _scaled_sum(c, lazy_op(_DOT, (a._lt, b._lt), dims), *_integral_scalars(a.dtype, beta, alpha))
 
 
 # addmm(c, a, b) is one dot node: the product plus c (half precision: added in float32, rounded once). Its
@@ -73,7 +73,7 @@ mapping(aten.addmm.default, op="dot", operands=(1, 2, 0), ranks=(2, 2, XLA), att
 @impl(aten.addmm.default)
 def addmm(c, a, b, *, beta=1, alpha=1):
     if beta == 1 and alpha == 1 and type(c) is XlaTensor:
-        return _op(_DOT, (a, b, c), _MM)  # one node: the product plus c
+        return wrapped_op(_DOT, (a, b, c), _MM)  # one node: the product plus c
     _check_dtypes("addmm", a, b)
     return product_sum(c, a, b, _MM, beta, alpha)
 
@@ -100,20 +100,20 @@ def addr(c, v1, v2, *, beta=1, alpha=1):
 def dot(a, b):
     if a.dim() != 1 or b.dim() != 1:
         raise RuntimeError(f"1D tensors expected, but got {a.dim()}D and {b.dim()}D tensors")
-    return _op(_DOT, (a._lt, b._lt), ([], [], [0], [0]))
+    return wrapped_op(_DOT, (a._lt, b._lt), ([], [], [0], [0]))
 
 
 @impl(aten.vdot.default)
 def vdot(a, b):
     """sum(conj(a) * b): dot with a conjugated first operand (the same as dot for real a)."""
     if a.is_complex():
-        a = _op(OP.conj, (a._lt,), ())
+        a = wrapped_op(OP.conj, (a._lt,), ())
     return dot(a, b)
 
 
 @impl(aten.mv.default)
 def mv(a, b):
-    return _op(_DOT, (a._lt, b._lt), ([], [], [1], [0]))
+    return wrapped_op(_DOT, (a._lt, b._lt), ([], [], [1], [0]))
 
 
 # ---- cdist (p-norm distances between row sets; torch's small-size path) ----

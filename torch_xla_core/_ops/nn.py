@@ -20,7 +20,7 @@ import torch
 from .._runtime.dtypes import code
 from .._tracing import checks as _checks
 from .. import metrics
-from .._tracing.tensor import OP, XlaTensor, _make, _op
+from .._tracing.tensor import OP, XlaTensor, lazy_op, wrapped_op
 from . import aten, decomposed, impl
 from .dtype_rules import INTEGRAL, INTEGRAL_PROMOTED
 from ..kernels import attention as kernels
@@ -43,37 +43,37 @@ def _half_to_float(name, x, half_to_float):
 
 @impl(aten._softmax.default)
 def _softmax(x, dim, half_to_float):
-    return _op(_SM, (x,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0))
+    return wrapped_op(_SM, (x,), (dim, 0, code(_half_to_float("softmax", x, half_to_float)), 0))
 
 
 @impl(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float):
-    return _op(_SM, (x,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0))
+    return wrapped_op(_SM, (x,), (dim, 1, code(_half_to_float("log_softmax", x, half_to_float)), 0))
 
 
 @impl(aten.softmax.int)
 def softmax_int(x, dim, dtype=None):
-    return _op(_SM, (x,), (dim, 0, code(dtype or x.dtype), 0))
+    return wrapped_op(_SM, (x,), (dim, 0, code(dtype or x.dtype), 0))
 
 
 @impl(aten.log_softmax.int)
 def log_softmax_int(x, dim, dtype=None):
-    return _op(_SM, (x,), (dim, 1, code(dtype or x.dtype), 0))
+    return wrapped_op(_SM, (x,), (dim, 1, code(dtype or x.dtype), 0))
 
 
 @impl(aten._safe_softmax.default)
 def _safe_softmax(x, dim, dtype=None):
-    return _op(_SM, (x,), (dim, 0, code(dtype or x.dtype), 1))
+    return wrapped_op(_SM, (x,), (dim, 0, code(dtype or x.dtype), 1))
 
 
 @impl(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad, out, dim, input_dtype):
-    return _op(_SMB, (grad, out), (dim, 0, code(input_dtype)))
+    return wrapped_op(_SMB, (grad, out), (dim, 0, code(input_dtype)))
 
 
 @impl(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad, out, dim, input_dtype):
-    return _op(_SMB, (grad, out), (dim, 1, code(input_dtype)))
+    return wrapped_op(_SMB, (grad, out), (dim, 1, code(input_dtype)))
 
 
 # ---- layer norm ----------------------------------------------------------------
@@ -100,8 +100,8 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         ops += (bias,)
     hw, hb = weight is not None, bias is not None
     eps = float(eps)
-    return (_op(_LN, ops, (axis, eps, 0, hw, hb)), _op(_LN, ops, (axis, eps, 1, hw, hb)),
-            _op(_LN, ops, (axis, eps, 2, hw, hb)))
+    return (wrapped_op(_LN, ops, (axis, eps, 0, hw, hb)), wrapped_op(_LN, ops, (axis, eps, 1, hw, hb)),
+            wrapped_op(_LN, ops, (axis, eps, 2, hw, hb)))
 
 
 @impl(aten.native_layer_norm_backward.default)
@@ -111,9 +111,9 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
     hw = weight is not None
     if hw:
         ops += (weight,)
-    gi = _op(_LNB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
-    gw = _op(_LNB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
-    gb = (_op(_LNB, ops, (axis, 2, hw, code(bias.dtype))) if output_mask[2] and bias is not None
+    gi = wrapped_op(_LNB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
+    gw = wrapped_op(_LNB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
+    gb = (wrapped_op(_LNB, ops, (axis, 2, hw, code(bias.dtype))) if output_mask[2] and bias is not None
           else None)
     return gi, gw, gb
 
@@ -132,7 +132,7 @@ def _fused_rms_norm(x, normalized_shape, weight=None, eps=None):
     eps = _rms_eps(x, eps)
     hw = weight is not None
     ops = (x, weight) if hw else (x,)
-    return _op(_RMS, ops, (axis, eps, 0, hw)), _op(_RMS, ops, (axis, eps, 1, hw))
+    return wrapped_op(_RMS, ops, (axis, eps, 0, hw)), wrapped_op(_RMS, ops, (axis, eps, 1, hw))
 
 
 @impl(aten._fused_rms_norm_backward.default)
@@ -140,8 +140,8 @@ def _fused_rms_norm_backward(grad, x, normalized_shape, rstd, weight, output_mas
     axis = _norm_axis(x, normalized_shape)
     hw = weight is not None
     ops = (grad, x, rstd) + ((weight,) if hw else ())
-    gi = _op(_RMSB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
-    gw = _op(_RMSB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
+    gi = wrapped_op(_RMSB, ops, (axis, 0, hw, code(x.dtype))) if output_mask[0] else None
+    gw = wrapped_op(_RMSB, ops, (axis, 1, hw, code(weight.dtype))) if output_mask[1] and hw else None
     return gi, gw
 
 
@@ -177,19 +177,19 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     if isinstance(target, XlaTensor) and target.dtype in (torch.int64, torch.int32):
         c = x.shape[1] if x.dim() > 1 else x.shape[0]
         t = target._lt
-        bad = _make(OP.logical_and, (_checks.out_of_range(t, 0, c), _make(OP.ne, (t, int(ignore_index)), ())), ())
+        bad = lazy_op(OP.logical_and, (_checks.out_of_range(t, 0, c), lazy_op(OP.ne, (t, int(ignore_index)), ())), ())
         _checks.require(bad, f"nll_loss: a target class is out of bounds: targets must lie in [0, {c}) "
                              f"or be ignore_index ({ignore_index})")
     ops = (x, target) + ((weight,) if weight is not None else ())
     a = (int(reduction), int(ignore_index))
     hw = weight is not None
-    return _op(_NLL, ops, a + (0, hw)), _op(_NLL, ops, a + (1, hw))
+    return wrapped_op(_NLL, ops, a + (0, hw)), wrapped_op(_NLL, ops, a + (1, hw))
 
 
 @impl(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
     ops = (grad, x, target, total_weight) + ((weight,) if weight is not None else ())
-    return _op(_NLLB, ops, (int(reduction), int(ignore_index), weight is not None))
+    return wrapped_op(_NLLB, ops, (int(reduction), int(ignore_index), weight is not None))
 
 
 # ---- scaled dot-product attention ------------------------------------------------
@@ -242,9 +242,9 @@ def sdpa_fused(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_d
     hm = attn_bias is not None
     ops = (q, k, v) + ((attn_bias,) if hm else ())
     a = (_scale(q, scale), bool(is_causal))
-    out = _op(_SDPA, ops, a + (0, hm))
-    lse = _op(_SDPA, ops, a + (1, hm))
-    e = _op(OP.full, (), (0.0, _EMPTY_I64, [0]))
+    out = wrapped_op(_SDPA, ops, a + (0, hm))
+    lse = wrapped_op(_SDPA, ops, a + (1, hm))
+    e = wrapped_op(OP.full, (), (0.0, _EMPTY_I64, [0]))
     return out, lse, e, e, q.shape[-2], k.shape[-2], e, e, e
 
 
@@ -254,8 +254,8 @@ def sdpa_fused_backward(grad, q, k, v, attn_bias, grad_input_mask, out, lse, cum
     hm = attn_bias is not None
     ops = (q, k, v, grad, out, lse) + ((attn_bias,) if hm else ())
     a = (_scale(q, scale), bool(is_causal))
-    r = [_op(_SDPAB, ops, a + (i, hm)) if grad_input_mask[i] else None for i in range(3)]
-    r.append(_op(_SDPAB, ops, a + (3, hm)) if hm and grad_input_mask[3] and attn_bias.is_floating_point()
+    r = [wrapped_op(_SDPAB, ops, a + (i, hm)) if grad_input_mask[i] else None for i in range(3)]
+    r.append(wrapped_op(_SDPAB, ops, a + (3, hm)) if hm and grad_input_mask[3] and attn_bias.is_floating_point()
              else None)
     return tuple(r)
 
@@ -285,7 +285,8 @@ def _for_cpu_args(q, k, v, dropout_p, attn_mask):
 def sdpa_for_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     ops = _for_cpu_args(q, k, v, dropout_p, attn_mask)
     a = (_scale(q, scale), bool(is_causal))
-    return _op(_SDPA, ops, a + (0, attn_mask is not None)), _op(_SDPA, ops, a + (1, attn_mask is not None))
+    masked = attn_mask is not None
+    return wrapped_op(_SDPA, ops, a + (0, masked)), wrapped_op(_SDPA, ops, a + (1, masked))
 
 
 @impl(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
@@ -293,7 +294,7 @@ def sdpa_for_cpu_backward(grad, q, k, v, out, lse, dropout_p, is_causal, *, attn
     q, k, v, *m = _for_cpu_args(q, k, v, dropout_p, attn_mask)
     ops = (q, k, v, grad, out, lse, *m)
     a = (_scale(q, scale), bool(is_causal))
-    return tuple(_op(_SDPAB, ops, a + (i, attn_mask is not None)) for i in range(3))
+    return tuple(wrapped_op(_SDPAB, ops, a + (i, attn_mask is not None)) for i in range(3))
 
 
 # ---- embedding, losses -------------------------------------------------------------
@@ -302,7 +303,7 @@ _EMB = OP.embedding
 
 @impl(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    r = _op(_EMB, (weight, indices), ())
+    r = wrapped_op(_EMB, (weight, indices), ())
     if isinstance(indices, XlaTensor):
         _checks.require(_checks.out_of_range(indices._lt, 0, weight.shape[0]),
                         f"embedding: index out of range in self: indices must lie in [0, {weight.shape[0]})")
@@ -311,19 +312,19 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 @impl(aten.mse_loss.default)
 def mse_loss(x, target, reduction=1):
-    return _op(OP.mse_loss, (x, target), (int(reduction),))
+    return wrapped_op(OP.mse_loss, (x, target), (int(reduction),))
 
 
 @impl(aten.mse_loss_backward.default)
 def mse_loss_backward(grad, x, target, reduction):
-    return _op(OP.mse_loss_backward, (grad, x, target), (int(reduction),))
+    return wrapped_op(OP.mse_loss_backward, (grad, x, target), (int(reduction),))
 
 
 @impl(aten.binary_cross_entropy_with_logits.default)
 def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     ops = (x, target) + ((weight,) if weight is not None else ()) + \
           ((pos_weight,) if pos_weight is not None else ())
-    return _op(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None))
+    return wrapped_op(OP.bce_logits, ops, (int(reduction), weight is not None, pos_weight is not None))
 
 
 # ---- multilabel margin loss -------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from .._tracing import checks as _checks, random as _random
 from .._runtime.dtypes import code
-from .._tracing.tensor import OP, _make, op, wrap
+from .._tracing.tensor import OP, lazy_op, op, wrap
 from . import assign, aten, impl, sizes
 from .factory import _like, register
 
@@ -32,7 +32,7 @@ def _float_check(name, dtype):
 
 
 def _draw(kind, dtype, shape, a, b, generator):
-    return wrap(_make(_RNG, _key(generator), (kind, code(dtype), sizes(shape), float(a), float(b))))
+    return wrap(lazy_op(_RNG, _key(generator), (kind, code(dtype), sizes(shape), float(a), float(b))))
 
 
 def _fill(self, name, kind, a, b, generator, refused=None):
@@ -148,10 +148,10 @@ def normal_tensor(mean, std, *, generator=None):
 
 def _bern(dtype, shape, p, generator):
     if isinstance(p, torch.Tensor):
-        return wrap(_make(_BERN, (*_key(generator), p._lt), (code(dtype), [int(s) for s in shape], 0.0)))
+        return wrap(lazy_op(_BERN, (*_key(generator), p._lt), (code(dtype), [int(s) for s in shape], 0.0)))
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
-    return wrap(_make(_BERN, _key(generator), (code(dtype), [int(s) for s in shape], float(p))))
+    return wrap(lazy_op(_BERN, _key(generator), (code(dtype), [int(s) for s in shape], float(p))))
 
 
 @impl(aten.bernoulli.default)
@@ -202,7 +202,7 @@ def _ints(dtype, shape, low, high, generator, name="random_"):
     r1 = (high - low - 1) & ((1 << 64) - 1)
     if r1 >= 1 << 63:
         r1 -= 1 << 64
-    return wrap(_make(_INT, _key(generator), (code(dtype), sizes(shape), int(low), r1)))
+    return wrap(lazy_op(_INT, _key(generator), (code(dtype), sizes(shape), int(low), r1)))
 
 
 @impl(aten.random.default)
@@ -277,7 +277,7 @@ def _randint(high, size, **kw):
 def _randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     if n < 0:
         raise RuntimeError(f"randperm: n must be non-negative, got {n}")
-    return wrap(_make(_PERM, _key(generator), (code(dtype or torch.int64), int(n))))
+    return wrap(lazy_op(_PERM, _key(generator), (code(dtype or torch.int64), int(n))))
 
 
 def _normal_ff(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
@@ -326,18 +326,18 @@ def randint_like_low(x, low, high, *, generator=None, dtype=None, layout=None, d
 @impl(aten.native_dropout.default)
 def native_dropout(x, p, train):
     if train is not None and not train:
-        return op("alias", x), wrap(_make(OP.full, (), (1.0, code(torch.bool), list(x.shape))))
+        return op("alias", x), wrap(lazy_op(OP.full, (), (1.0, code(torch.bool), list(x.shape))))
     if not 0 <= p <= 1:
         raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
     p1m = 1.0 - p
     scale = 0.0 if p1m == 0 else 1.0 / p1m
-    mask = wrap(_make(_BERN, _key(), (code(torch.bool), list(x.shape), p1m)))
-    return wrap(_make(OP.masked_scale, (x._lt, mask._lt), (scale,))), mask
+    mask = wrap(lazy_op(_BERN, _key(), (code(torch.bool), list(x.shape), p1m)))
+    return wrap(lazy_op(OP.masked_scale, (x._lt, mask._lt), (scale,))), mask
 
 
 @impl(aten.native_dropout_backward.default)
 def native_dropout_backward(grad, mask, scale):
-    return wrap(_make(OP.masked_scale, (grad._lt, mask._lt), (float(scale),)))
+    return wrap(lazy_op(OP.masked_scale, (grad._lt, mask._lt), (float(scale),)))
 
 
 # --- multinomial, rrelu -----------------------------------------------------

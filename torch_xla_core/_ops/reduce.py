@@ -3,7 +3,7 @@ import torch
 
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import code
-from .._tracing.tensor import OP, _op
+from .._tracing.tensor import OP, wrapped_op
 from . import XLA, Arg, aten, impl, mapping
 
 
@@ -27,8 +27,8 @@ def _check_dims(x, dim=None, *args, **kwargs):
 def _reduce(name, x, dim, keepdim, dtype=None, extra=()):
     axes = _axes(x, dim)
     if name in ("sum", "mean", "prod"):
-        return _op(getattr(OP, name), (x,), (axes, bool(keepdim), code(dtype) if dtype is not None else -1))
-    return _op(getattr(OP, name), (x,), (axes, bool(keepdim)) + extra)
+        return wrapped_op(getattr(OP, name), (x,), (axes, bool(keepdim), code(dtype) if dtype is not None else -1))
+    return wrapped_op(getattr(OP, name), (x,), (axes, bool(keepdim)) + extra)
 
 
 @impl(aten.sum.default)
@@ -118,14 +118,14 @@ def aminmax(x, *, dim=None, keepdim=False):
 def _arg(name, x, dim, keepdim):
     _no_identity(name, x, dim)
     if dim is None:
-        flat = _op(OP.reshape, (x._lt,), ([x.numel()],))
-        r = _op(getattr(OP, name), (flat._lt,), (0, False))
+        flat = wrapped_op(OP.reshape, (x._lt,), ([x.numel()],))
+        r = wrapped_op(getattr(OP, name), (flat._lt,), (0, False))
         if keepdim:
-            r = _op(OP.reshape, (r._lt,), ([1] * x.dim(),))
+            r = wrapped_op(OP.reshape, (r._lt,), ([1] * x.dim(),))
         return r
     if x.dim() == 0:
-        return _op(OP.full, (), (0.0, code(torch.int64), []))
-    return _op(getattr(OP, name), (x._lt,), (dim % x.dim(), bool(keepdim)))
+        return wrapped_op(OP.full, (), (0.0, code(torch.int64), []))
+    return wrapped_op(getattr(OP, name), (x._lt,), (dim % x.dim(), bool(keepdim)))
 
 
 @impl(aten.argmax.default)
@@ -188,7 +188,7 @@ def var(x, dim=None, *, correction=None, keepdim=False):
 
 @impl(aten.std.correction)
 def std(x, dim=None, *, correction=None, keepdim=False):
-    return _op(OP.sqrt, (var(x, dim, correction=correction, keepdim=keepdim)._lt,), ())
+    return wrapped_op(OP.sqrt, (var(x, dim, correction=correction, keepdim=keepdim)._lt,), ())
 
 
 @impl(aten.var_mean.correction)

@@ -14,7 +14,7 @@ from .. import _C, metrics
 from .._tracing import checks as _checks, tensor as _tensor
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import UnsupportedDtype, code
-from .._tracing.tensor import OP, XlaTensor, _op
+from .._tracing.tensor import OP, XlaTensor, wrapped_op
 from . import dtype_rules
 from .table import BY_NAME, HANDLERS, aten, declared, resolving
 
@@ -223,7 +223,7 @@ def out_variant(base, func):
                 _tensor.set_meta(o, x.shape)
                 lt = x._lt if o.dtype == x.dtype else convert(x, o.dtype)._lt
                 # o is contiguous: a view result gets a storage of its own
-                o._lt = _tensor._make(OP.alias, (lt,), ()) if lt.is_view else lt.alias()
+                o._lt = _tensor.lazy_op(OP.alias, (lt,), ()) if lt.is_view else lt.alias()
             else:
                 assign(o, x)
         if not returns:
@@ -342,7 +342,7 @@ def assign(self: XlaTensor, r) -> None:
         if shape != self.shape:
             raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
                                f"{list(shape) if shape is not None else list(r.shape)}")
-        r = _tensor.wrap(_tensor._view(_tensor.OP.expand, r._lt, (list(self.shape),)))
+        r = _tensor.wrap(_tensor.lazy_view(_tensor.OP.expand, r._lt, (list(self.shape),)))
         r = _tensor.op("alias", r)
     self._lt.assign(r._lt)
 
@@ -399,8 +399,8 @@ def full(shape, value, dtype):
         if not dtype.is_complex:
             raise RuntimeError(f"value cannot be converted to type {dtype} without overflow: a complex fill value "
                                f"{value} for a real tensor")
-        return _op(OP.full, (), (value.real, code(dtype), sizes(shape), value.imag))
-    return _op(OP.full, (), (float(value), code(dtype), sizes(shape)))
+        return wrapped_op(OP.full, (), (value.real, code(dtype), sizes(shape), value.imag))
+    return wrapped_op(OP.full, (), (float(value), code(dtype), sizes(shape)))
 
 
 def full_like(x, value, dtype=None):

@@ -233,7 +233,7 @@ def _placeholders(plan):
         P.append(lt)
         # fn gets a storage of its own (alias node, free when lowered), so an
         # in-place write in fn never changes the placeholder itself.
-        return _tensor.wrap(_tensor._make(OP.alias, (lt,), ()))
+        return _tensor.wrap(_tensor.lazy_op(OP.alias, (lt,), ()))
 
     carry = [ph(m) for m in plan.c_meta]
     rng = ph(((2,), torch.int64))
@@ -413,7 +413,7 @@ def _get_plan(fn, init, xs, consts, fn_key):
 def _rng_in(plan):
     if plan.rng_used:
         return _random.state()  # the current state (the device state moves on; we set it after the loop)
-    return _tensor._make(OP.full, (), (0.0, code(torch.int64), [2]))
+    return _tensor.lazy_op(OP.full, (), (0.0, code(torch.int64), [2]))
 
 
 def _loop(plan, body, c_leaves, x_leaves, k_leaves, caps, length, reverse):

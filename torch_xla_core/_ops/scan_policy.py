@@ -46,7 +46,7 @@ def check_policy(policy, where: str) -> str:
 
 
 def _place(lt, kind):
-    return _tensor._make(OP.place, (lt,), (kind,))
+    return _tensor.lazy_op(OP.place, (lt,), (kind,))
 
 
 class Residuals:

@@ -6,7 +6,7 @@ as_strided indexes the whole storage, as on CPU."""
 import torch
 
 from .._tracing import tensor as _tensor
-from .._tracing.tensor import OP, XlaTensor, _op, _view, _view_op, wrap
+from .._tracing.tensor import OP, XlaTensor, wrapped_op, lazy_view, wrapped_view, wrap
 from . import XLA, Arg, aten, code, convert, impl, mapping, type_name
 from .complex import root_as
 
@@ -20,7 +20,7 @@ def _dim(d, rank):
 
 def reshape_view(x, shape):
     """x reshaped: a view where strides allow it, else (internal callers) a copy."""
-    return _view_op(OP.reshape, x._lt, (shape,))
+    return wrapped_view(OP.reshape, x._lt, (shape,))
 
 
 # A view torch's strides cannot express (the core would copy) is not the
@@ -31,7 +31,7 @@ mapping(aten.view.default, aten._unsafe_view.default, aten.reshape.default, op="
 
 @impl(aten.view.default)
 def view(x, size):
-    r = _view_op(OP.reshape, x, (size,))  # the core infers a -1
+    r = wrapped_view(OP.reshape, x, (size,))  # the core infers a -1
     if x._lt.is_view and not r._lt.is_view:  # the core copied: strides do not allow a view
         raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
                            "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
@@ -40,7 +40,7 @@ def view(x, size):
 
 @impl(aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default)
 def reshape(x, size, *_stride):
-    return _view_op(OP.reshape, x, (size,))  # a copy where strides do not allow a view
+    return wrapped_view(OP.reshape, x, (size,))  # a copy where strides do not allow a view
 
 
 @impl(aten.view.dtype)
@@ -48,7 +48,7 @@ def view_dtype(x, dtype):
     """x's bytes read as dtype: a view (core op bitcast); element sizes may
     differ, under torch's conditions on the last dim, strides and offset."""
     if dtype == x.dtype:
-        return _view_op(OP.alias, x._lt, ())
+        return wrapped_view(OP.alias, x._lt, ())
     if x.is_complex() or dtype.is_complex:
         raise NotImplementedError(f"view(dtype={dtype}) of a {x.dtype} xla tensor: bitcasts from or to complex "
                                   f"dtypes are not supported (StableHLO's bitcast_convert takes no complex type); "
@@ -70,7 +70,7 @@ def view_dtype(x, dtype):
             for i in range(x.dim() - 1):
                 if x.stride(i) % k:
                     raise RuntimeError(f"self.stride({i}) must be divisible by {k} {what}, but got {x.stride(i)}")
-    return _view_op(OP.bitcast, x._lt, (code(dtype),))
+    return wrapped_view(OP.bitcast, x._lt, (code(dtype),))
 
 
 alias = mapping(aten.alias.default, aten.detach.default, aten.lift_fresh.default, op="alias", ranks=(XLA,),
@@ -80,7 +80,7 @@ alias = mapping(aten.alias.default, aten.detach.default, aten.lift_fresh.default
 @impl(aten.permute.default)
 def permute(x, dims):
     r = x.dim()
-    return _view_op(OP.permute, x._lt, ([_dim(d, r) for d in dims],))
+    return wrapped_view(OP.permute, x._lt, ([_dim(d, r) for d in dims],))
 
 
 mapping(aten.t.default, op="permute", ranks=(2,), attrs=([1, 0],), view=True)
@@ -92,7 +92,7 @@ def t(x):
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.dim()}D")
     if x.dim() < 2:
         return alias(x)
-    return _view_op(OP.permute, x._lt, ([1, 0],))
+    return wrapped_view(OP.permute, x._lt, ([1, 0],))
 
 
 @impl(aten.transpose.int)
@@ -103,7 +103,7 @@ def transpose(x, d0, d1):
     p = list(range(r))
     d0, d1 = _dim(d0, r), _dim(d1, r)
     p[d0], p[d1] = p[d1], p[d0]
-    return _view_op(OP.permute, x._lt, (p,))
+    return wrapped_view(OP.permute, x._lt, (p,))
 
 
 @impl(aten.expand.default)
@@ -120,7 +120,7 @@ def expand(x, size, *, implicit=False):
             size[i] = x.shape[i - off]
     if size == list(x.shape):
         return alias(x)
-    return _view_op(OP.expand, x._lt, (size,))
+    return wrapped_view(OP.expand, x._lt, (size,))
 
 
 @impl(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
@@ -133,7 +133,7 @@ def squeeze(x, dim=None):
     else:
         dims = {_dim(d, r) for d in dim}
     keep = [i for i, s in enumerate(x.shape) if not (i in dims and s == 1)]
-    return _view_op(OP.reshape, x._lt, ([x.shape[i] for i in keep], keep))  # keep: torch's strides
+    return wrapped_view(OP.reshape, x._lt, ([x.shape[i] for i in keep], keep))  # keep: torch's strides
 
 
 @impl(aten.unsqueeze.default)
@@ -141,7 +141,7 @@ def unsqueeze(x, dim):
     d = _dim(dim, x.dim() + 1)
     shape = list(x.shape)
     shape.insert(d, 1)
-    return _view_op(OP.reshape, x._lt, (shape, d))  # d: torch's strides for the new dim
+    return wrapped_view(OP.reshape, x._lt, (shape, d))  # d: torch's strides for the new dim
 
 
 @impl(aten.select.int)
@@ -152,7 +152,7 @@ def select(x, dim, index):
     n = x.shape[d]
     if not -n <= index < n:
         raise IndexError(f"select(): index {index} out of range for tensor of size {list(x.shape)} at dimension {dim}")
-    return _view_op(OP.select, x._lt, (d, index % n))
+    return wrapped_view(OP.select, x._lt, (d, index % n))
 
 
 def _slice_bounds(n, start, end, step):
@@ -175,7 +175,7 @@ def slice_(x, dim=0, start=None, end=None, step=1):
     s, e = _slice_bounds(x.shape[d], start, end, step)
     if s == 0 and e == x.shape[d] and step == 1:
         return alias(x)
-    return _view_op(OP.slice, x._lt, (d, s, e, step))
+    return wrapped_view(OP.slice, x._lt, (d, s, e, step))
 
 
 @impl(aten.narrow.default)
@@ -221,8 +221,8 @@ def cat(tensors, dim=0):
         return alias(tensors[0])
     d = _dim(dim, ts[0].dim())
     if len(ts) == 1:
-        return _op(OP.alias, (ts[0]._lt,), ())
-    return _op(OP.concat, tuple(_tensor.v(t) for t in ts), (d,))
+        return wrapped_op(OP.alias, (ts[0]._lt,), ())
+    return wrapped_op(OP.concat, tuple(_tensor.v(t) for t in ts), (d,))
 
 
 @impl(aten.stack.default)
@@ -241,8 +241,8 @@ def constant_pad_nd(x, pad, value=0):
     for i in range(len(pad) // 2):
         lo[r - 1 - i], hi[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
     if isinstance(value, complex):  # the imaginary part rides as a 4th attribute
-        return _op(OP.pad, (x._lt,), (lo, hi, value.real, value.imag))
-    return _op(OP.pad, (x._lt,), (lo, hi, float(value)))
+        return wrapped_op(OP.pad, (x._lt,), (lo, hi, value.real, value.imag))
+    return wrapped_op(OP.pad, (x._lt,), (lo, hi, float(value)))
 
 
 @impl(aten.flip.default)
@@ -251,14 +251,14 @@ def flip(x, dims):
     for i, d in enumerate(ds):
         if d in ds[:i]:
             raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
-    return _op(OP.flip, (x._lt,), (ds if x.dim() else [],))  # a 0-d tensor: dim 0 or -1 flips nothing
+    return wrapped_op(OP.flip, (x._lt,), (ds if x.dim() else [],))  # a 0-d tensor: dim 0 or -1 flips nothing
 
 
 @impl(aten.slice_scatter.default)
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     d = _dim(dim, x.dim())
     s, e = _slice_bounds(x.shape[d], start, end, step)
-    return _op(OP.slice_scatter, (x._lt, convert(src, x.dtype)._lt), (d, s, e, step))
+    return wrapped_op(OP.slice_scatter, (x._lt, convert(src, x.dtype)._lt), (d, s, e, step))
 
 
 @impl(aten.select_scatter.default)
@@ -266,9 +266,9 @@ def select_scatter(x, src, dim, index):
     d = _dim(dim, x.dim())
     shape = list(x.shape)
     shape[d] = 1
-    src = _op(OP.reshape, (convert(src, x.dtype)._lt,), (shape,))
+    src = wrapped_op(OP.reshape, (convert(src, x.dtype)._lt,), (shape,))
     i = index % x.shape[d]
-    return _op(OP.slice_scatter, (x._lt, src._lt), (d, i, i + 1, 1))
+    return wrapped_op(OP.slice_scatter, (x._lt, src._lt), (d, i, i + 1, 1))
 
 
 @impl(aten.as_strided.default)
@@ -280,7 +280,7 @@ def as_strided(x, size, stride, storage_offset=None):
         raise RuntimeError(f"as_strided: Negative strides are not supported at the moment, got strides: "
                            f"{list(stride)}")
     # Over the whole storage (x may be a view into it), as CPU's as_strided.
-    return wrap(_view(OP.as_strided, root_as(x._lt, x.dtype), (list(size), list(stride), off)))
+    return wrap(lazy_view(OP.as_strided, root_as(x._lt, x.dtype), (list(size), list(stride), off)))
 
 
 @impl(aten.as_strided_scatter.default)
@@ -290,7 +290,7 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
     src = convert(src, x.dtype)
     if tuple(src.shape) != tuple(size):
         src = expand(src, list(size))
-    return _op(OP.as_strided_scatter, (x._lt, src._lt), (list(size), list(stride), off))
+    return wrapped_op(OP.as_strided_scatter, (x._lt, src._lt), (list(size), list(stride), off))
 
 
 # In-place metadata changes: the wrapper's shape and strides change, and its

@@ -27,7 +27,7 @@ import torch
 from jax import lax
 
 from .._runtime.dtypes import code
-from .._tracing.tensor import OP, XlaTensor, _make, _op
+from .._tracing.tensor import OP, XlaTensor, lazy_op, wrapped_op
 from ..kernels.call_jax import call_jax
 from . import XLA, assign, aten, convert, impl, mapping
 from . import special_bessel as _bessel_fns
@@ -78,7 +78,7 @@ def polygamma(n, x):
     if n < 0:
         raise RuntimeError(f"polygamma(n, x) does not support negative n (got n={n}).")
     if n == 0:
-        return _op(OP.digamma, (x._lt,), ())
+        return wrapped_op(OP.digamma, (x._lt,), ())
     return _jax(_j_polygamma, x, n=n)
 
 
@@ -92,15 +92,15 @@ def polygamma_(x, n):  # (self first: the functional takes n first, so resolve()
 def round_decimals(x, *, decimals=0):
     # as ATen: nearbyint(x * 10^d) / 10^d, or for d < 0 nearbyint(x / 10^-d) * 10^-d
     if decimals == 0:
-        return _op(OP.round, (x._lt,), ())
+        return wrapped_op(OP.round, (x._lt,), ())
     if not x.is_floating_point():
         raise RuntimeError(f"round: decimals={decimals} is only supported for floating-point tensors (got {x.dtype})")
     scale = float(torch.tensor(10.0 ** abs(decimals), dtype=x.dtype))  # 10^|d| in x's dtype, as ATen's static_cast
     if decimals > 0:
-        r = _make(OP.round, (_make(OP.mul, (x._lt, scale), ()),), ())
-        return _op(OP.div, (r, scale), ())
-    r = _make(OP.round, (_make(OP.div, (x._lt, scale), ()),), ())
-    return _op(OP.mul, (r, scale), ())
+        r = lazy_op(OP.round, (lazy_op(OP.mul, (x._lt, scale), ()),), ())
+        return wrapped_op(OP.div, (r, scale), ())
+    r = lazy_op(OP.round, (lazy_op(OP.div, (x._lt, scale), ()),), ())
+    return wrapped_op(OP.mul, (r, scale), ())
 
 
 # -- jax implementations inlined as one jax_call node -------------------------
@@ -249,7 +249,7 @@ def frexp(x):
 @impl(aten.logcumsumexp.default, refuses=INTEGRAL)
 def logcumsumexp(x, dim):
     if x.dim() == 0:
-        return _op(OP.alias, (_floating(x)._lt,), ())
+        return wrapped_op(OP.alias, (_floating(x)._lt,), ())
     return _jax(_j_logcumsumexp, x, axis=dim % x.dim(), complex_ok=True)
 
 
@@ -270,7 +270,7 @@ def _scalar_tensor(value, like):
     if isinstance(value, torch.Tensor):
         value = value.item()
     dt = torch.result_type(like, value) if isinstance(value, (int, float)) else like.dtype
-    return _op(OP.full, (), (float(value), code(dt), []))
+    return wrapped_op(OP.full, (), (float(value), code(dt), []))
 
 
 for _name, _fn in _poly.POLYNOMIALS.items():

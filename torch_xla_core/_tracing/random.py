@@ -76,7 +76,7 @@ def _int64(u: int) -> int:
 
 def _advance(state, n: int):
     """The state n draws on from `state` (a LazyTensor)."""
-    return _tensor._make(_tensor.OP.rng_advance, (state, (n, _I64)), ())
+    return _tensor.lazy_op(_tensor.OP.rng_advance, (state, (n, _I64)), ())
 
 
 def draw(generator=None):

@@ -32,22 +32,23 @@ class _OpIds:
 OP = _OpIds(_C.op_ids())
 # The core's three ways to make values (csrc/py/wrapper.cpp): a new value,
 # a view sharing a storage, an xla tensor sharing a LazyTensor's storage.
-_op = _C.op          # (op id, operands, attrs) -> XlaTensor
-_view_op = _C.view   # (op id, base, attrs) -> XlaTensor: a view of base
-wrap = _C.wrap       # LazyTensor -> XlaTensor sharing its storage
+# Each comes as the xla tensor the user sees (wrapped_*) and as the bare
+# LazyTensor (lazy_*), cheaper for intermediate values that only feed other ops.
+# The ops layer (_ops/) and the features/kernels above build their values with these.
+wrapped_op = _C.op      # (op id, operands, attrs) -> XlaTensor: a new value
+wrapped_view = _C.view  # (op id, base, attrs) -> XlaTensor: a view of base, sharing its storage
+wrap = _C.wrap          # LazyTensor -> XlaTensor sharing its storage
 
 
-def _make(op, operands, attrs=()):
-    """_op's value as a LazyTensor (no wrapper): for intermediate values."""
+def lazy_op(op, operands, attrs=()):
+    """wrapped_op's value as a LazyTensor (no wrapper): for intermediate values."""
     return _C.op(op, operands, attrs, True)
 
 
 def lazy_view(op, base, attrs=()):
-    """_view_op's value as a LazyTensor."""
+    """wrapped_view's value as a LazyTensor."""
     return _C.view(op, base, attrs, True)
 
-
-_view = lazy_view  # its old name, which _ops' modules still import (they move to lazy_view with _ops' split)
 
 _mws = torch.Tensor._make_wrapper_subclass
 _TENSOR_DATA = torch._C.TensorBase.data
@@ -170,7 +171,7 @@ def bind_executor(sync, use_devices, recording_session) -> None:
 
 def op(name: str, *operands, attrs=()) -> XlaTensor:
     """Applies core op `name`; returns the wrapped result."""
-    return _op(getattr(OP, name), operands, attrs)
+    return wrapped_op(getattr(OP, name), operands, attrs)
 
 
 def from_cpu(t: torch.Tensor, device_index: int = 0, user: bool = False) -> XlaTensor:
@@ -256,7 +257,7 @@ def materialize(t: XlaTensor):
             _checks.verify()
         return lt.data
     if lt.is_view:
-        lt = _make(OP.alias, (lt,), ())  # a storage of its own holding the view's value
+        lt = lazy_op(OP.alias, (lt,), ())  # a storage of its own holding the view's value
     sync_lazy([lt], wait=True)
     return lt.data
 

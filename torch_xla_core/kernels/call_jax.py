@@ -40,7 +40,7 @@ import torch
 from .._runtime import dtypes as _dtypes, runtime
 from .._execution import spmd as _spmd
 from .. import metrics
-from .._tracing.tensor import OP, XlaTensor, _make, note_op, wrap
+from .._tracing.tensor import OP, XlaTensor, lazy_op, note_op, wrap
 from . import per_shard
 
 __all__ = ["call_jax", "lowered_text", "clear_cache"]
@@ -203,8 +203,8 @@ def _emit(low, tensors, annotate=None):
     lts = tuple(t._lt for t in tensors)
     if annotate is not None:
         lts = per_shard.annotate(annotate[0], lts, annotate[1])
-    call = _make(OP.jax_call, lts, low.attrs)
-    outs = [wrap(_make(OP.jax_result, (call,), (k,))) for k in range(len(low.out_specs))]
+    call = lazy_op(OP.jax_call, lts, low.attrs)
+    outs = [wrap(lazy_op(OP.jax_result, (call,), (k,))) for k in range(len(low.out_specs))]
     note_op(tensors, outs)  # a scan body being traced sees what the call reads (captures)
     return outs
 

@@ -70,7 +70,7 @@ def own_storage(t) -> bool:
         return True
     if lt.storage_refs != 1 or not t.is_contiguous():
         return _alias_only(lt)
-    t._lt = _tensor._make(_ALIAS, (lt,), ())
+    t._lt = _tensor.lazy_op(_ALIAS, (lt,), ())
     return True
 
 

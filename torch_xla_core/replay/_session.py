@@ -132,7 +132,7 @@ class Session:
         constant = False
         if not lt.is_data:
             if lt.is_view:
-                lt = _tensor._make(_ALIAS, (lt,), ())  # a storage of its own holding the view's value
+                lt = _tensor.lazy_op(_ALIAS, (lt,), ())  # a storage of its own holding the view's value
             # a value computed from constants alone (transformers' packed-sequence check of an arange's
             # positions) is the same on every replay of this graph: no guard, no wait for the device
             cut = _C.GraphCut([lt], _tensor.ALL_DEVICES)
