@@ -89,7 +89,7 @@ def test_successive_steps_differ_without_recompiling(dev):
     # The state is computed at sync like any live tensor: device data again,
     # so the next step's graph starts from a parameter, not a growing chain.
     from torch_xla_core._tracing import random as _random
-    assert _random._state.is_data
+    assert _random.peek_state().is_data
     c0 = txc.metrics.counters()
     vals = [step().cpu() for _ in range(3)]
     c1 = txc.metrics.counters()
@@ -405,7 +405,7 @@ def test_item_without_sync_compiles_once_and_state_stays_bounded(dev):
         vals.append(torch.rand(3, device=dev).sum().item())
         compiles.append(txc.metrics.counters()["compile"])
         live.append(_C.live_count())
-        s = _random._state
+        s = _random.peek_state()
         pending.append(0 if s.is_data else _C.GraphCut([s]).num_nodes)
     assert compiles[-1] == compiles[1]  # no recompiles after the first steps
     assert live[-1] == live[1]  # no storages pile up
@@ -419,7 +419,7 @@ def test_pending_state_is_one_op_however_many_draws(dev):
     txc.sync()
     for k in range(1, 40):
         torch.randn(2, device=dev)
-        assert _C.GraphCut([_random._state]).num_nodes <= 4  # rng_advance(state, offset): no chain
+        assert _C.GraphCut([_random.peek_state()]).num_nodes <= 4  # rng_advance(state, offset): no chain
 
 
 def test_partial_sync_then_full_sync_continue_the_stream(dev):

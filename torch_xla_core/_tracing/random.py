@@ -122,9 +122,25 @@ def state(generator=None):
 
 def set_state(lt) -> None:
     """Makes lt (a LazyTensor) the current state: the loop's final state after
-    a scan (a new base for the draws that follow)."""
+    a scan, or the state a txc.compile replay computed (a new base for the
+    draws that follow)."""
     global _state
     _state = lt
+
+
+def peek_state():
+    """The current state as held (a LazyTensor), or None before the first
+    draw or after a seed: draws nothing, uploads nothing."""
+    return _state
+
+
+def current_state():
+    """The current state (a LazyTensor), [seed, 0] uploaded if there is none
+    yet: draws nothing."""
+    global _state
+    if _state is None:
+        _state = _upload(initial_seed())
+    return _state
 
 
 @contextlib.contextmanager
@@ -159,10 +175,7 @@ def roots():
 
 def get_rng_state() -> torch.Tensor:
     """The xla RNG state as a CPU int64 tensor (computes pending draws)."""
-    global _state
-    if _state is None:
-        _state = _upload(initial_seed())
-    return _tensor.to_cpu(_tensor.wrap(_state))
+    return _tensor.to_cpu(_tensor.wrap(current_state()))
 
 
 def set_rng_state(new_state: torch.Tensor) -> None:

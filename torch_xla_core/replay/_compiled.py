@@ -135,8 +135,7 @@ class Compiled:
             if t is not None and not (self._inner and t._lt.is_view):
                 own_storage(t)  # a lone view gets a storage of its own; a shared one is read through its chain
         _tensor.sync_lazy()  # inputs become device data; nothing else pending
-        if _random._state is None:
-            _random._state = _random._upload(_random.initial_seed())
+        rng = _random.current_state()
         slots = {}
         for i, t in enumerate(pre.tensors):
             if t is not None:
@@ -144,7 +143,7 @@ class Compiled:
                 if b is None:
                     return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
                 slots[id(b)] = i
-        session = Session(slots, _random._state.data)
+        session = Session(slots, rng.data)
         c0 = metrics.counters().get("execute", 0)
         with executor.recording(session):
             out = self._call_fn(args, kwargs)
@@ -288,7 +287,7 @@ class Compiled:
                 raise Refused("it returned a tensor that is neither computed by it nor an input")
         rec.ret = (tpl, ret)
         rec.rng_out = None
-        st = _random._state
+        st = _random.peek_state()
         if st is not None and st.is_data and id(st.data) in out_of:
             rec.rng_out = out_of[id(st.data)]
             claimed.add(rec.rng_out)
@@ -336,14 +335,12 @@ class Compiled:
                         pending = pending or root_buffer(t) is None
                     elif own_storage(t) and not number_to_data(t._lt) or root_buffer(t) is None:
                         pending = True  # (a shared view reads its storage)
-        st = _random._state
-        if st is None:
-            st = _random._state = _random._upload(_random.initial_seed())
+        st = _random.current_state()
         if not st.is_data or pending:
             # values computed since by traced ops (clip_grad_norm_'s scaling of the grads): launched first, without
             # waiting and without reading deferred checks (the user's sync or value read does)
             executor.sync(wait=self._wait, read_checks=False)
-            st = _random._state
+            st = _random.peek_state()
             if self._inner:  # a view's chain over its storage's old pending value holds that graph, and with it
                 for t in tensors:  # the nodes of inputs that may be donated (a parameter a saved activation read)
                     if t is not None and t._lt.is_view:
@@ -388,7 +385,7 @@ class Compiled:
             plan.write(tensors, outs)
             plan.set(tensors, w.kinds, w.owners, w.keys, outs)  # new tensors (a grad after zero_grad) or None
             if rec.rng_out is not None:
-                _random._state = _C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2])
+                _random.set_state(_C.from_data(outs[rec.rng_out], _dtypes.code(torch.int64), [2]))
             metrics.counter_add("replay")
             ret.append(returned(rec, tensors, outs, results))
             _schedulers.run(rec.schedulers)  # as in the recorded call, after the step's graph
