@@ -214,3 +214,12 @@ def test_modules_use_no_other_modules_private_names():
     bad = [f"{w}: {u}" for w, u in uses if w.startswith(NO_PRIVATE_USES)]
     assert not bad, ("uses of another module's private name (make it public in its module, JAX's "
                      "jax._src.core.Tracer style):\n" + "\n".join(bad))
+
+
+MAX_LINES = 600  # issue 39: no module over 600 lines
+
+
+def test_no_module_is_over_600_lines():
+    long = [f"{p.relative_to(ROOT)}: {n}" for p, *_ in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines (split them along a seam):\n" + "\n".join(long)

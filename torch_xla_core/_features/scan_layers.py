@@ -8,7 +8,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._ops import scan_policy as _scan_policy
-from .._ops.scan import _Ref, _scan
+from .._ops.scan import scan_with_consts
+from .._ops.scan_trace import identity_key
 
 def _structure(m):
     mods = tuple((n, type(s)) for n, s in m.named_modules())
@@ -101,8 +102,8 @@ def scan_layers(layers, x, *args, policy="recompute", **kwargs):
             vals = [next(it) if s is _TENSOR else s for s in _static]
             a, kw = pytree.tree_unflatten(vals, _spec)
             return torch.func.functional_call(_t0(), p, (*_as_args(c), *a), kw), None
-        fn.key = ((id(fn),), [_Ref(fn)], [fn])
+        fn.key = identity_key(fn)
         if skey is not None:
             fns[skey] = fn
-    carry, _ = _scan(fn, x, stacked, tensors, False, fn_key=fn.key, policy=policy)
+    carry, _ = scan_with_consts(fn, x, stacked, tensors, False, fn_key=fn.key, policy=policy)
     return carry

@@ -30,6 +30,7 @@ from .. import _C
 from .._tracing import checks as _checks, trace_context as _trace_context, tensor as _tensor
 from .._runtime import runtime
 from .._tracing.tensor import OP, XlaTensor
+from . import scan_trace as _scan_trace
 
 POLICIES = ("recompute", "save", "offload")
 _HOST, _DEVICE = "pinned_host", "device"
@@ -61,23 +62,23 @@ class Residuals:
         self.n = len(metas)
 
 
-def forward_body(scan, plan, fn, pattern, policy, caps) -> Residuals:
+def forward_body(plan, fn, pattern, policy, caps) -> Residuals:
     """The forward body of `plan` that also stacks residuals (cached per
-    pattern and policy on the plan). `scan` is the scan module (its tracing
-    helpers); caps the captured tensors of this call."""
+    pattern and policy on the plan), traced with scan_trace.py's helpers;
+    caps: the captured tensors of this call."""
     cache = plan.__dict__.setdefault("residuals", {})
     r = cache.get((pattern, policy))
     if r is not None:
         return r
     fc, _fy, need_x, need_k, _need_cap = pattern
-    P, carry, rng, xs, ks, rng_ph = scan._placeholders(plan)
+    P, carry, rng, xs, ks, rng_ph = _scan_trace.placeholders(plan)
     for i in fc:
         carry[i].requires_grad_()
     for i in need_x:
         xs[i].requires_grad_()
     for i in need_k:
         ks[i].requires_grad_()
-    mode = scan._BodyMode()
+    mode = _scan_trace.BodyMode()
     for t in carry + [rng] + xs + ks:
         mode.add_local(t)
     rec = []
@@ -89,12 +90,12 @@ def forward_body(scan, plan, fn, pattern, policy, caps) -> Residuals:
     try:
         with _trace_context.body(mode, rng_ph) as trace, torch.enable_grad(), _disable_current_modes(), mode, \
                 _checks.suspended(), torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
-            c = scan._unflat(carry, plan.c_spec)
-            x = scan._unflat(xs, plan.x_spec)
-            out = fn(c, x, scan._unflat(ks, plan.k_spec)) if plan.with_consts else fn(c, x)
+            c = _scan_trace.unflat(carry, plan.c_spec)
+            x = _scan_trace.unflat(xs, plan.x_spec)
+            out = fn(c, x, _scan_trace.unflat(ks, plan.k_spec)) if plan.with_consts else fn(c, x)
         rng_out = trace.rng_state
     except BaseException as e:
-        scan._discard_body_values(mode, P, e)
+        _scan_trace.discard_body_values(mode, P, e)
         raise
     finally:
         # autograd's saved variables hold the hooks (C++ references that Python's gc cannot see through):
@@ -102,8 +103,8 @@ def forward_body(scan, plan, fn, pattern, policy, caps) -> Residuals:
         saved = list(rec)
         rec.clear()
     new_c, y = out
-    c_out = scan._flat(new_c)[0]
-    y_out = scan._flat(y)[0]
+    c_out = _scan_trace.flat(new_c)[0]
+    y_out = _scan_trace.flat(y)[0]
     inputs = {id(t) for t in carry + xs + ks}
     cand = [t for t in saved if isinstance(t, XlaTensor) and id(t) not in inputs]
     dep = _C.depends_on([t._lt for t in cand], P) if cand else []
