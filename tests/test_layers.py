@@ -3,7 +3,9 @@ import-linter contracts hold on the source, and they would catch a module
 importing upward or an import circle; modules import the root package only
 for the C++ extension (the version comes from _version.py, which imports
 nothing: reading it through the root closed a circle); no module imports one of the
-package's own modules inside a function (an import there hid circles)."""
+package's own modules inside a function (an import there hid circles); no
+module uses another's private name or assigns another module's attribute
+(issue 39); no module is over 600 lines."""
 import ast
 import os
 import pathlib
@@ -162,23 +164,32 @@ def _is_module(dotted: str, root=ROOT) -> bool:
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists() or dotted.split(".")[-1] in FROM_ROOT
 
 
+def _imports(path, name, package, is_init, root=ROOT):
+    """(tree, this module's dotted name, {alias: package module it names},
+    [(node, module, name)] of the names it imports from package modules)."""
+    me = name if not is_init else ".".join(package)
+    tree, aliases, names = ast.parse(path.read_text()), {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _target(package, is_init, node).startswith("torch_xla_core"):
+            target = _target(package, is_init, node)
+            for a in node.names:
+                if _is_module(f"{target}.{a.name}", root):
+                    aliases[a.asname or a.name] = f"{target}.{a.name}"
+                else:
+                    names.append((node, target, a.name))
+    return tree, me, aliases, names
+
+
 def cross_module_private_uses(root=ROOT):
     """(file:line, what) of each use of another package module's private
     name: `from .x import _name`, or `x._name` with x one of the package's
     modules (private modules themselves, _C and dunders are not counted)."""
     uses = []
     for path, name, package, is_init in _modules(root):
-        me = name if not is_init else ".".join(package)
-        tree, aliases = ast.parse(path.read_text()), {}
+        tree, me, aliases, names = _imports(path, name, package, is_init, root)
         where = lambda n: f"{path.relative_to(root)}:{n.lineno}"  # noqa: E731
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and _target(package, is_init, node).startswith("torch_xla_core"):
-                target = _target(package, is_init, node)
-                for a in node.names:
-                    if _is_module(f"{target}.{a.name}", root):
-                        aliases[a.asname or a.name] = f"{target}.{a.name}"
-                    elif _private(a.name) and target != me:
-                        uses.append((where(node), f"from {target} import {a.name}"))
+        uses += [(where(node), f"from {target} import {n}") for node, target, n in names
+                 if _private(n) and target != me]
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 mod = aliases[node.value.id]
@@ -187,14 +198,35 @@ def cross_module_private_uses(root=ROOT):
     return sorted(uses)
 
 
-# Where no module uses another's private name (issue 39: a name another module uses is public in its module).
-# The rest of the package gets there with the restructure; add each module or folder as it does.
-NO_PRIVATE_USES = ("torch_xla_core/_runtime/", "torch_xla_core/distributed/", "torch_xla_core/compat/") + tuple(
-    f"torch_xla_core/_features/{m}.py" for m in ("amp", "checkpoint", "data", "debug", "distributed_checkpoint",
-                                                 "hf_scan", "launch", "memory", "patched_linear", "serialization",
-                                                 "tying")) + tuple(  # and the public faces at the root
-    f"torch_xla_core/{m}.py" for m in ("amp", "checkpoint", "data", "debug", "distributed_checkpoint", "launch",
-                                       "memory", "offload", "patched_linear", "profiler", "scan", "sharding"))
+def cross_module_writes(root=ROOT):
+    """(file:line, what) of each assignment to (or del of) another package
+    module's attribute, `x.name = ...` or setattr(x, ...) with x one of the
+    package's modules: a module's state changes through its own functions."""
+    writes = []
+    for path, name, package, is_init in _modules(root):
+        tree, me, aliases, _ = _imports(path, name, package, is_init, root)
+        other = lambda n: isinstance(n, ast.Name) and n.id in aliases and aliases[n.id] != me  # noqa: E731
+        where = f"{path.relative_to(root)}"
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                stack = list(targets)
+                while stack:  # (a, m.x) = ... too
+                    t = stack.pop()
+                    if isinstance(t, (ast.Tuple, ast.List)):
+                        stack += t.elts
+                    elif isinstance(t, ast.Attribute) and other(t.value):
+                        writes.append((f"{where}:{node.lineno}", f"{aliases[t.value.id]}.{t.attr}"))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("setattr", "delattr") and node.args and other(node.args[0])):
+                writes.append((f"{where}:{node.lineno}", f"{node.func.id}({aliases[node.args[0].id]})"))
+    return sorted(writes)
+
+
+# The cross-module uses of a private name left, {file: {what (as cross_module_private_uses says it): why}}.
+# Issue 39: a name another module uses is public in its module (JAX's jax._src.core.Tracer style); at most 5
+# exceptions, each saying why. None is left today.
+PRIVATE_USES_ALLOWED = {}
 
 
 def test_the_private_name_scan_finds_both_forms(tmp_path):
@@ -210,10 +242,34 @@ def test_the_private_name_scan_finds_both_forms(tmp_path):
 
 
 def test_modules_use_no_other_modules_private_names():
+    allowed = {(f, u) for f, why in PRIVATE_USES_ALLOWED.items() for u in why}
+    assert len(allowed) <= 5 and all(why.values() for why in PRIVATE_USES_ALLOWED.values())
     uses = cross_module_private_uses()
-    bad = [f"{w}: {u}" for w, u in uses if w.startswith(NO_PRIVATE_USES)]
+    bad = [f"{w}: {u}" for w, u in uses if (w.split(":")[0], u) not in allowed]
     assert not bad, ("uses of another module's private name (make it public in its module, JAX's "
                      "jax._src.core.Tracer style):\n" + "\n".join(bad))
+    gone = allowed - {(w.split(":")[0], u) for w, u in uses}
+    assert not gone, f"allowed uses that are gone (drop them from PRIVATE_USES_ALLOWED): {sorted(gone)}"
+
+
+def test_the_write_scan_finds_assignments_and_setattr(tmp_path):
+    pkg = tmp_path / "torch_xla_core"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import a\nx = 1\na.x = 2\n")  # its own: allowed
+    (pkg / "b.py").write_text("from . import a as m\nm.x = 1\ny, m._s = 1, 2\nm.x += 1\nsetattr(m, 'x', 3)\n"
+                              "del m.x\nm.x.y = 1\nz = m.x\n")
+    assert cross_module_writes(tmp_path) == [("torch_xla_core/b.py:2", "torch_xla_core.a.x"),
+                                             ("torch_xla_core/b.py:3", "torch_xla_core.a._s"),
+                                             ("torch_xla_core/b.py:4", "torch_xla_core.a.x"),
+                                             ("torch_xla_core/b.py:5", "setattr(torch_xla_core.a)"),
+                                             ("torch_xla_core/b.py:6", "torch_xla_core.a.x")]
+
+
+def test_no_module_writes_another_modules_state():
+    writes = [f"{w}: {u}" for w, u in cross_module_writes()]
+    assert not writes, ("a module assigns another module's attribute; give that module a function that "
+                        "changes its state and call it:\n" + "\n".join(writes))
 
 
 MAX_LINES = 600  # issue 39: no module over 600 lines

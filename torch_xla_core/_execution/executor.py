@@ -104,6 +104,21 @@ def use_devices() -> None:
     global _multi
     _multi = True
 
+
+def multi_device() -> bool:
+    """Whether use_devices() was called: syncs go device by device."""
+    return _multi
+
+
+def add_sync_listener(fn) -> None:
+    """fn(plan) is called with each sync's Plan before it runs (the profiler
+    names graphs with it)."""
+    _sync_listeners.append(fn)
+
+
+def remove_sync_listener(fn) -> None:
+    _sync_listeners.remove(fn)
+
 _STAT_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
                 "generated_code_size_in_bytes", "host_argument_size_in_bytes", "host_output_size_in_bytes",
                 "host_alias_size_in_bytes", "host_temp_size_in_bytes", "peak_memory_in_bytes")

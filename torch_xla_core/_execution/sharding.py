@@ -132,7 +132,7 @@ def get_global_mesh():
     return _global_mesh
 
 
-def _names(mesh: Mesh, spec, t, op="mark_sharding") -> tuple:
+def tensor_spec_names(mesh: Mesh, spec, t, op="mark_sharding") -> tuple:
     """The partition spec in axis names (a tuple of names or None per dim),
     checked; `op` names the caller in errors."""
     if not isinstance(spec, (tuple, list)):
@@ -179,7 +179,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
                          f".to('xla') first")
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mark_sharding: mesh must be a torch_xla_core.sharding.Mesh, got {type(mesh).__name__}")
-    names = _names(mesh, partition_spec, t)
+    names = tensor_spec_names(mesh, partition_spec, t)
     lt = whole_storage(t)
     if lt is None:
         raise ValueError("mark_sharding: t is a view of part of another tensor; shard the tensor it views "
@@ -193,7 +193,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, partition_spec) -> torch.Tensor:
         buf = _spmd.lay_out(_padded(lt.data, mesh, names), ns)
         lt.assign(_C.from_data(buf, _dtypes.code(t.dtype), list(t.shape), 0))
     else:
-        lt.assign(_annotate(lt, mesh, names))
+        lt.assign(annotated(lt, mesh, names))
     return t
 
 
@@ -217,7 +217,7 @@ def _round_up(n: int, parts: int) -> int:
     return -(-n // parts) * parts
 
 
-def _annotate(lt, mesh: Mesh, names: tuple):
+def annotated(lt, mesh: Mesh, names: tuple):
     """A new LazyTensor: lt's value with a sharding annotation (checked
     spec in axis names); remembered for known_spec."""
     _spmd.activate(mesh._jax)

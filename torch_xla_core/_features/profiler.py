@@ -18,7 +18,7 @@ first ("ops" in its args): per-op spans would cost the tracing path time.
 The spans come from metrics' timers (metrics.add_listener): nothing is added
 to the per-op path, and with no trace active nothing runs at all. To name a
 sync's graph, the trace listens to the executor's syncs
-(executor._sync_listeners) while it is active.
+(executor.add_sync_listener) while it is active.
 
 device=True (the default) also records JAX's profiler (jax.profiler, which
 knows PJRT and XLA: compiler passes, executable launches, the thunk executor
@@ -231,13 +231,13 @@ def trace(directory: str, top_ops: int = 10, device: bool = True):
     if device:
         t.start_device()
     _active = t
-    executor._sync_listeners.append(t.on_plan)
+    executor.add_sync_listener(t.on_plan)
     metrics.add_listener(t.on_timer)
     try:
         yield t
     finally:
         metrics.remove_listener(t.on_timer)
-        executor._sync_listeners.remove(t.on_plan)
+        executor.remove_sync_listener(t.on_plan)
         t.add("trace", t._trace_start, time.perf_counter())  # traced after the last sync
         _active = None
         if device:

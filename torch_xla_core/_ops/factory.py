@@ -171,46 +171,46 @@ for _name, _fn in [
 def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if device is not None and torch.device(device).type != "xla":
         return torch.zeros(x.shape, dtype=dtype or x.dtype, device=device)
-    return _like(full(x.shape, 0, dtype or x.dtype), x, device)
+    return placed_like(full(x.shape, 0, dtype or x.dtype), x, device)
 
 
 @impl(aten.ones_like.default)
 @_named("aten::ones_like")
 def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _like(full(x.shape, 1, dtype or x.dtype), x, device)
+    return placed_like(full(x.shape, 1, dtype or x.dtype), x, device)
 
 
 @impl(aten.full_like.default)
 @_named("aten::full_like")
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _like(full(x.shape, fill_value, dtype or x.dtype), x, device)
+    return placed_like(full(x.shape, fill_value, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_empty.default, aten.new_zeros.default)
 @_named("aten::new_empty")
 def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _like(full(size, 0, dtype or x.dtype), x, device)
+    return placed_like(full(size, 0, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_ones.default)
 @_named("aten::new_ones")
 def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _like(full(size, 1, dtype or x.dtype), x, device)
+    return placed_like(full(size, 1, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_full.default)
 @_named("aten::new_full")
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _like(full(size, fill_value, dtype or x.dtype), x, device)
+    return placed_like(full(size, fill_value, dtype or x.dtype), x, device)
 
 
 @impl(aten.new_empty_strided.default)
 @_named("aten::new_empty_strided")
 def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return strided(_like(full(size, 0, dtype or x.dtype), x, device), size, stride)
+    return strided(placed_like(full(size, 0, dtype or x.dtype), x, device), size, stride)
 
 
-def _like(r, x, device):
+def placed_like(r, x, device):
     """A *_like/new_* result on `device`, default x's device."""
     i = _device.index(device)
     return _tensor.place_on(r, _tensor.index_of(x) if i is None else i)

@@ -29,7 +29,7 @@ mm = mapping(aten.mm.default, op="dot", ranks=(2, 2), attrs=_MM, check=_check("m
 bmm = mapping(aten.bmm.default, op="dot", ranks=(3, 3), attrs=_BMM, check=_check("bmm", 3))
 
 
-def _integral_scalars(dtype, beta, alpha):
+def integral_scalars(dtype, beta, alpha):
     """torch's addmm family on integer tensors takes beta and alpha as that
     integer type (truncated: alpha=2.7 multiplies by 2), so the result stays
     integral."""
@@ -62,7 +62,7 @@ def product_sum(c, a, b, dims, beta, alpha):
         f32 = torch.float32
         p = lazy_op(_DOT, (a._lt, b._lt), tuple(dims) + (code(f32),))
         return convert(_scaled_sum(convert(c, f32), p, beta, alpha), a.dtype)
-    return _scaled_sum(c, lazy_op(_DOT, (a._lt, b._lt), dims), *_integral_scalars(a.dtype, beta, alpha))
+    return _scaled_sum(c, lazy_op(_DOT, (a._lt, b._lt), dims), *integral_scalars(a.dtype, beta, alpha))
 
 
 # addmm(c, a, b) is one dot node: the product plus c (half precision: added in float32, rounded once). Its

@@ -25,7 +25,7 @@ from .._runtime import runtime
 from .._tracing.tensor import XlaTensor
 from ..kernels.call_jax import call_jax
 from . import _lapack_jax as J
-from .linalg import _integral_scalars, product_sum
+from .linalg import integral_scalars, product_sum
 from . import aten, functional_of, handler, impl, out_variant
 
 _FLOATS = (torch.float32, torch.float64)
@@ -364,7 +364,7 @@ def addbmm(c, b1, b2, *, beta=1, alpha=1):
         return product_sum(c, b1, b2, ([], [], [0, 2], [0, 1]), beta, alpha)
     p = torch.bmm(b1, b2)
     p = p.sum(0, dtype=p.dtype)  # int32 stays int32, as torch's kernel (a plain sum of int32 is int64)
-    beta, alpha = _integral_scalars(p.dtype, beta, alpha)
+    beta, alpha = integral_scalars(p.dtype, beta, alpha)
     if alpha != 1:
         p = p * alpha
     if beta == 0:  # torch ignores c then (NaN included)

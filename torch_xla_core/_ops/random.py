@@ -14,7 +14,7 @@ from .._tracing import checks as _checks, random as _random
 from .._runtime.dtypes import code
 from .._tracing.tensor import OP, lazy_op, op, wrap
 from . import assign, aten, impl, sizes
-from .factory import _like, register
+from .factory import placed_like, register
 
 _key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
@@ -301,24 +301,24 @@ for _name, _fn in [
 
 @impl(aten.randn_like.default, aten.randn_like.generator)
 def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _like(_randn(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
+    return placed_like(_randn(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
 
 
 @impl(aten.rand_like.default, aten.rand_like.generator)
 def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _like(_rand(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
+    return placed_like(_rand(x.shape, generator=generator, dtype=dtype or x.dtype), x, device)
 
 
 @impl(aten.randint_like.default, aten.randint_like.generator)
 def randint_like(x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                  memory_format=None):
-    return _like(_ints(dtype or x.dtype, x.shape, 0, high, generator), x, device)
+    return placed_like(_ints(dtype or x.dtype, x.shape, 0, high, generator), x, device)
 
 
 @impl(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)
 def randint_like_low(x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
                      memory_format=None):
-    return _like(_ints(dtype or x.dtype, x.shape, low, high, generator), x, device)
+    return placed_like(_ints(dtype or x.dtype, x.shape, low, high, generator), x, device)
 
 
 # --- dropout ----------------------------------------------------------------

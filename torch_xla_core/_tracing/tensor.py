@@ -253,8 +253,7 @@ def materialize(t: XlaTensor):
         return session.read(t)
     lt = t._lt
     if lt.is_data:
-        if _checks._computed:  # a value is read: checks computed with it raise now (as a sync would)
-            _checks.verify()
+        _checks.verify()  # a value is read: checks computed with it raise now (as a sync would)
         return lt.data
     if lt.is_view:
         lt = lazy_op(OP.alias, (lt,), ())  # a storage of its own holding the view's value

@@ -217,7 +217,7 @@ def _shard_plan(op, q, partition_spec, mesh, batch_dim, head_dim, kv_heads, kv_n
     mesh = mesh if mesh is not None else xs.get_global_mesh()
     _need(isinstance(mesh, xs.Mesh), f"{op}: partition_spec needs mesh= (a torch_xla_core.sharding.Mesh) or "
                                      f"sharding.set_global_mesh(mesh); got {mesh!r}")
-    spec = xs._names(mesh, partition_spec, q, op=op)
+    spec = xs.tensor_spec_names(mesh, partition_spec, q, op=op)
     split = [d for d in range(len(spec)) if d not in (batch_dim, head_dim) and spec[d] is not None]
     _need(not split, f"{op}: partition_spec {spec} splits dims {split} of q; per shard only its batch (dim "
                      f"{batch_dim}) and heads (dim {head_dim}) may be split: the kernel needs whole sequences and "

@@ -16,7 +16,7 @@ jax.vjp of the shard_map'd function, so an input replicated over an axis
 its cotangent varies on is summed over that axis (jax's transpose rule).
 
 Each tensor input also gets a sharding annotation node in our graph
-(sharding._annotate) with its in_spec, so the graph is partitioned over
+(sharding.annotated) with its in_spec, so the graph is partitioned over
 the mesh even when nothing else in it is sharded (executor key: _spmd.key_field).
 
 Specs are torch_xla partition specs: a tuple with one entry per dimension
@@ -105,7 +105,7 @@ def wrap(fn, fname, layout, tensors, mesh, in_specs, out_specs, check_vma=True) 
     specs = []
     for k, (t, s) in enumerate(zip(tensors, in_specs)):
         try:
-            specs.append((None,) * t.dim() if s is None else xs._names(mesh, _spec(s), t, op=f"call_jax({fname})"))
+            specs.append((None,) * t.dim() if s is None else xs.tensor_spec_names(mesh, _spec(s), t, op=f"call_jax({fname})"))
             refuse_uneven(mesh, specs[-1], t.shape, f"call_jax({fname})")
         except ValueError as e:
             raise ValueError(f"{e} (in_specs[{k}], tensor argument {k} of shape {list(t.shape)})") from None
@@ -137,7 +137,7 @@ def refuse_uneven(mesh, spec, shape, op) -> None:
 
 def annotate(per_shard: PerShard, lts, specs):
     """LazyTensors of `lts` annotated with their full layouts `specs`."""
-    return tuple(xs._annotate(lt, per_shard.mesh, tuple(s)) for lt, s in zip(lts, specs))
+    return tuple(xs.annotated(lt, per_shard.mesh, tuple(s)) for lt, s in zip(lts, specs))
 
 
 def axis_size(mesh, entry) -> int:

@@ -23,7 +23,7 @@ def number_to_data(lt) -> bool:
     and the value is not part of any graph or guard. False: lt is
     something else."""
     c = lt.constant
-    if c is None or c[0] != _FULL or lt.shape or executor._multi:  # (one device: the number's buffer is on xla:0)
+    if c is None or c[0] != _FULL or lt.shape or executor.multi_device():  # (one device: the number's buffer is on xla:0)
         return False
     attrs = c[1]
     value = complex(attrs[0], attrs[3]) if len(attrs) > 3 else attrs[0]

@@ -141,7 +141,7 @@ class Session:
             # (CTC's target lengths) syncs only its value, as a traced call does: the handler's half-built
             # values (a scan body's) are not ready to run
             _tensor.sync_lazy(None if not _in_op_handler() else [lt], wait=True)
-        elif _checks._computed:  # a value is read: checks computed with it raise now (as materialize does)
+        else:  # a value is read: checks computed with it raise now (as materialize does)
             _checks.verify()
         buf = lt.data
         k = self.out_of.get(id(buf))
