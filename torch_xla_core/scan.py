@@ -9,9 +9,9 @@ grow with the number of iterations (layers).
 
 The public face of three modules in two layers (ARCHITECTURE.md, "Layers"):
 the scan operator, with its rules for when a body is traced again, is an op
-(torch_xla_core/_ops/scan.py, policies in _ops/scan_policy.py); scan_layers
-(_scan_layers.py) and scan_decoder_layers (hf_scan.py) are features built on
-it."""
+(torch_xla_core/_ops/scan.py, its body trace in _ops/scan_trace.py, policies
+in _ops/scan_policy.py); scan_layers (_features/scan_layers.py) and
+scan_decoder_layers (_features/hf_scan.py) are features built on it."""
 from ._ops.scan import clear_cache, scan
 from ._features.scan_layers import scan_layers
 from ._features.hf_scan import scan_decoder_layers

@@ -1,4 +1,4 @@
-"""Body traces: what tracing a loop body (_ops/scan.py, _ops/scan_policy.py) changes
+"""Body traces: what tracing a loop body (_ops/scan_trace.py, _ops/scan_policy.py) changes
 for the ops it runs, as an explicit stack of contexts instead of swapped
 module globals. While a body is traced: a sync raises (the body's tensors are
 symbolic: nothing has a value on the host), the device RNG draws chain from
@@ -9,7 +9,7 @@ import threading
 
 
 class BodyTrace:
-    """One body being traced: its dispatch mode (_ops/scan.py _BodyMode) and its
+    """One body being traced: its dispatch mode (_ops/scan_trace.py BodyMode) and its
     current RNG state (a LazyTensor; draws replace it)."""
 
     def __init__(self, mode, rng_state):
