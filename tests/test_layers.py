@@ -200,8 +200,9 @@ def cross_module_private_uses(root=ROOT):
 
 def cross_module_writes(root=ROOT):
     """(file:line, what) of each assignment to (or del of) another package
-    module's attribute, `x.name = ...` or setattr(x, ...) with x one of the
-    package's modules: a module's state changes through its own functions."""
+    module's attribute or an item of it, `x.name = ...`, `x.name[k] = ...` or
+    setattr(x, ...) with x one of the package's modules: a module's state
+    changes through its own functions."""
     writes = []
     for path, name, package, is_init in _modules(root):
         tree, me, aliases, _ = _imports(path, name, package, is_init, root)
@@ -215,6 +216,8 @@ def cross_module_writes(root=ROOT):
                     t = stack.pop()
                     if isinstance(t, (ast.Tuple, ast.List)):
                         stack += t.elts
+                    elif isinstance(t, ast.Subscript):  # m.table[k] = ... writes m's table
+                        stack.append(t.value)
                     elif isinstance(t, ast.Attribute) and other(t.value):
                         writes.append((f"{where}:{node.lineno}", f"{aliases[t.value.id]}.{t.attr}"))
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -258,12 +261,13 @@ def test_the_write_scan_finds_assignments_and_setattr(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from . import a\nx = 1\na.x = 2\n")  # its own: allowed
     (pkg / "b.py").write_text("from . import a as m\nm.x = 1\ny, m._s = 1, 2\nm.x += 1\nsetattr(m, 'x', 3)\n"
-                              "del m.x\nm.x.y = 1\nz = m.x\n")
+                              "del m.x\nm.x.y = 1\nz = m.x\nm.t[0][1] = 2\n")
     assert cross_module_writes(tmp_path) == [("torch_xla_core/b.py:2", "torch_xla_core.a.x"),
                                              ("torch_xla_core/b.py:3", "torch_xla_core.a._s"),
                                              ("torch_xla_core/b.py:4", "torch_xla_core.a.x"),
                                              ("torch_xla_core/b.py:5", "setattr(torch_xla_core.a)"),
-                                             ("torch_xla_core/b.py:6", "torch_xla_core.a.x")]
+                                             ("torch_xla_core/b.py:6", "torch_xla_core.a.x"),
+                                             ("torch_xla_core/b.py:9", "torch_xla_core.a.t")]
 
 
 def test_no_module_writes_another_modules_state():

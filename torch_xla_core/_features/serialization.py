@@ -501,6 +501,5 @@ def register() -> None:
     X = _tensor.XlaTensor  # torch.save and pickle (__reduce_ex__), copy.deepcopy, copy.copy
     X.__reduce_ex__, X.__deepcopy__, X.__copy__ = reduce_ex, deepcopy, shallow_copy
     aten = torch.ops.aten
-    _ops.HANDLERS[aten.set_.source_Storage_storage_offset] = _set
-    _ops.HANDLERS[aten.set_.source_Storage] = _set
+    _ops.impl(aten.set_.source_Storage_storage_offset, aten.set_.source_Storage)(_set)
     _done = True
