@@ -20,7 +20,7 @@ import torch
 from .._tracing import checks as _checks, tensor as _tensor
 from .. import metrics
 from .._runtime.dtypes import code
-from .._tracing.tensor import OP, XlaTensor, lazy_op, lazy_view, wrap
+from .._tracing.tensor import OP, XlaTensor, lazy_op, lazy_view, wrap, wrapped_op
 from . import aten, call, impl
 from .factory import full
 from .dtype_rules import refusal
@@ -33,10 +33,6 @@ def _dim(d, rank):
     if not -r <= d < r:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-r}, {r - 1}], but got {d})")
     return d % r
-
-
-def _op(opid, operands, attrs=()):
-    return wrap(lazy_op(opid, operands, attrs))
 
 
 def _host_nonzero(mask, op):
@@ -119,8 +115,8 @@ def _indices(x, indices, op):
 def index(x, indices):
     dims, lts = _indices(x, indices, "index")
     if not dims:
-        return _op(OP.alias, (x._lt,))
-    return _op(OP.index, (x._lt, *lts), (dims,))
+        return wrapped_op(OP.alias, (x._lt,), ())
+    return wrapped_op(OP.index, (x._lt, *lts), (dims,))
 
 
 def _mask_put(x, mask, values, d, accumulate):
@@ -149,7 +145,7 @@ def _mask_put(x, mask, values, d, accumulate):
     if vshape != target:
         v = lazy_op(OP.expand, (v,), (target,))
     mk = mask._lt if mask.dtype == torch.bool else lazy_op(OP.convert, (mask._lt,), (code(torch.bool),))
-    return _op(OP.mask_put, (x._lt, mk, v), (d, bool(accumulate)))
+    return wrapped_op(OP.mask_put, (x._lt, mk, v), (d, bool(accumulate)))
 
 
 @impl(aten.index_put.default, aten._unsafe_index_put.default)
@@ -164,15 +160,15 @@ def index_put(x, indices, values, accumulate=False):
     if not dims:
         return _assign_all(x, values, accumulate)
     v = _tensor.v(values)
-    return _op(OP.index_put, (x._lt, v, *lts), (dims, bool(accumulate)))
+    return wrapped_op(OP.index_put, (x._lt, v, *lts), (dims, bool(accumulate)))
 
 
 def _assign_all(x, values, accumulate):
     """index_put with no index tensors: every element."""
     if accumulate:
         return call(aten.add.Tensor, x, values)
-    r = _op(OP.convert, (_tensor.v(values),), (code(x.dtype),))
-    return _op(OP.expand, (r._lt,), (list(x.shape),)) if tuple(r.shape) != tuple(x.shape) else r
+    r = wrapped_op(OP.convert, (_tensor.v(values),), (code(x.dtype),))
+    return wrapped_op(OP.expand, (r._lt,), (list(x.shape),)) if tuple(r.shape) != tuple(x.shape) else r
 
 
 @impl(aten.index_select.default)
@@ -187,9 +183,9 @@ def index_select(x, dim, index):
     if index.dim() == 0:
         lt = lazy_op(OP.reshape, (lt,), ([1],))
     if x.dim() == 0:
-        r = _op(OP.index, (lazy_op(OP.reshape, (x._lt,), ([1],)), lt), ([0],))
-        return _op(OP.reshape, (r._lt,), ([],))
-    return _op(OP.index, (x._lt, lt), ([d],))
+        r = wrapped_op(OP.index, (lazy_op(OP.reshape, (x._lt,), ([1],)), lt), ([0],))
+        return wrapped_op(OP.reshape, (r._lt,), ([],))
+    return wrapped_op(OP.index, (x._lt, lt), ([d],))
 
 
 def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
@@ -201,13 +197,13 @@ def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
         lt = lazy_op(OP.reshape, (lt,), ([1],))
     src = _tensor.v(source)
     if x.dim() == 0:
-        r = _op(OP.index_put, (lazy_op(OP.reshape, (x._lt,), ([1],)), lazy_op(OP.reshape, (src,), ([1],)), lt),
+        r = wrapped_op(OP.index_put, (lazy_op(OP.reshape, (x._lt,), ([1],)), lazy_op(OP.reshape, (src,), ([1],)), lt),
                 ([0], accumulate))
-        return _op(OP.reshape, (r._lt,), ([],))
+        return wrapped_op(OP.reshape, (r._lt,), ([],))
     d = _dim(dim, x.dim())
     if isinstance(source, torch.Tensor) and source.dim() == x.dim() - 1 and index.dim() == 0:
         src = lazy_op(OP.reshape, (src,), ([*source.shape[:d], 1, *source.shape[d:]],))
-    return _op(OP.index_put, (x._lt, src, lt), ([d], accumulate))
+    return wrapped_op(OP.index_put, (x._lt, src, lt), ([d], accumulate))
 
 
 @impl(aten.index_add.default)
@@ -216,7 +212,7 @@ def index_add(x, dim, index, source, *, alpha=1):
     if x.numel() == 0 and index.dim() <= 1:
         if x.dim() == 1 and index.numel():  # CPU's 1-D kernel checks each index: none is in range (case 1:391)
             raise IndexError("index_add(): index out of range in self: the tensor has no elements")
-        return _op(OP.alias, (x._lt,))  # CPU's kernel adds nothing and reads no index (case 0:281)
+        return wrapped_op(OP.alias, (x._lt,), ())  # CPU's kernel adds nothing and reads no index (case 0:281)
     if alpha != 1:
         source = call(aten.mul.Tensor, source, alpha)
     return _put_along("index_add", x, dim, index, source, True)
@@ -248,7 +244,7 @@ def _index64(op, index):
     if index.dtype == torch.int64:
         return index
     if index.dtype == torch.int32 or index.numel() == 0:
-        return _op(OP.convert, (index._lt,), (code(torch.int64),))
+        return wrapped_op(OP.convert, (index._lt,), (code(torch.int64),))
     raise RuntimeError(f"{op}(): Expected dtype int32/int64 for index")
 
 
@@ -257,18 +253,18 @@ def _index64(op, index):
 def gather(x, dim, index, *, sparse_grad=False):
     index = _index64("gather", index)
     if index.numel() == 0:  # CPU: an empty result of index's shape, whatever the ranks
-        return _op(OP.full, (), (0.0, code(x.dtype), list(index.shape)))
+        return wrapped_op(OP.full, (), (0.0, code(x.dtype), list(index.shape)))
     if x.dim() == 0 or index.dim() == 0:
         if x.dim() > 1 or index.dim() > 1:
             raise RuntimeError("gather(): Index tensor must have the same number of dimensions as input tensor")
         _dim(dim, 0)
         _index_lt(index, "gather", 0, x.numel(), RuntimeError)
-        r = _op(OP.gather, (lazy_op(OP.reshape, (x._lt,), ([x.numel()],)),
-                            lazy_op(OP.reshape, (index._lt,), ([index.numel()],))), (0,))
-        return _op(OP.reshape, (r._lt,), (list(index.shape),))
+        r = wrapped_op(OP.gather, (lazy_op(OP.reshape, (x._lt,), ([x.numel()],)),
+                                   lazy_op(OP.reshape, (index._lt,), ([index.numel()],))), (0,))
+        return wrapped_op(OP.reshape, (r._lt,), (list(index.shape),))
     d = _dim(dim, x.dim())
     _index_lt(index, "gather", 0, x.shape[d], RuntimeError)
-    return _op(OP.gather, (x._lt, index._lt), (d,))
+    return wrapped_op(OP.gather, (x._lt, index._lt), (d,))
 
 
 def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
@@ -282,11 +278,11 @@ def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
         s = _full_scalar(src, x.dtype)
     if x.dim() == 0 or index.dim() == 0:
         one = lambda t, n: lazy_op(OP.reshape, (t,), ([n],))  # noqa: E731
-        r = _op(OP.scatter, (one(x._lt, 1), one(index._lt, index.numel()),
-                             one(s, 1) if not isinstance(src, torch.Tensor) or src.dim() == 0 else one(s, src.numel())),
-                (0, reduce, bool(include_self)))
-        return _op(OP.reshape, (r._lt,), ([],))
-    return _op(OP.scatter, (x._lt, index._lt, s), (_dim(dim, x.dim()), reduce, bool(include_self)))
+        n = 1 if not isinstance(src, torch.Tensor) or src.dim() == 0 else src.numel()
+        r = wrapped_op(OP.scatter, (one(x._lt, 1), one(index._lt, index.numel()), one(s, n)),
+                       (0, reduce, bool(include_self)))
+        return wrapped_op(OP.reshape, (r._lt,), ([],))
+    return wrapped_op(OP.scatter, (x._lt, index._lt, s), (_dim(dim, x.dim()), reduce, bool(include_self)))
 
 
 _OLD_REDUCE = {"add": "sum", "multiply": "prod"}
@@ -344,10 +340,10 @@ def masked_scatter(x, mask, source):
         shape0 = shape
     n = source.numel()
     if n == 0:
-        return _op(OP.alias, (xl,)) if shape else _op(OP.reshape, (xl,), ([],))
+        return wrapped_op(OP.alias, (xl,), ()) if shape else wrapped_op(OP.reshape, (xl,), ([],))
     src = lazy_op(OP.reshape, (source._lt,), ([n],))
-    r = _op(OP.mask_put, (xl, ml, src), (0, False))
-    return r if shape0 == shape else _op(OP.reshape, (r._lt,), ([],))
+    r = wrapped_op(OP.mask_put, (xl, ml, src), (0, False))
+    return r if shape0 == shape else wrapped_op(OP.reshape, (r._lt,), ([],))
 
 
 @impl(aten.masked_scatter_backward.default)
@@ -362,12 +358,12 @@ def masked_scatter_backward(grad, mask, sizes):
     n = grad.numel()
     g = wrap(lazy_op(OP.reshape, (gl,), ([n],)))
     m = wrap(lazy_op(OP.reshape, (ml,), ([n],)))
-    pos = _op(OP.cumsum, (m._lt,), (0, code(torch.int64)))
+    pos = wrapped_op(OP.cumsum, (m._lt,), (0, code(torch.int64)))
     pos = call(aten.sub.Tensor, pos, 1)
     pos = call(aten.where.self, m, pos, wrap(lazy_op(OP.full, (), (float(numel), code(torch.int64), []))))
     zeros = lazy_op(OP.full, (), (0.0, code(grad.dtype), [numel]))
-    r = _op(OP.index_put, (zeros, g._lt, pos._lt), ([0], True))
-    return _op(OP.reshape, (r._lt,), (list(sizes),))
+    r = wrapped_op(OP.index_put, (zeros, g._lt, pos._lt), ([0], True))
+    return wrapped_op(OP.reshape, (r._lt,), (list(sizes),))
 
 
 @impl(aten.masked_select.default)
@@ -375,16 +371,16 @@ def masked_select(x, mask):
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
     shape = list(torch.broadcast_shapes(x.shape, mask.shape))
-    xe = x if list(x.shape) == shape else _op(OP.expand, (x._lt,), (shape,))
-    me = mask if list(mask.shape) == shape else _op(OP.expand, (mask._lt,), (shape,))
+    xe = x if list(x.shape) == shape else wrapped_op(OP.expand, (x._lt,), (shape,))
+    me = mask if list(mask.shape) == shape else wrapped_op(OP.expand, (mask._lt,), (shape,))
     if not shape:
-        xe, me = _op(OP.reshape, (xe._lt,), ([1],)), _op(OP.reshape, (me._lt,), ([1],))
+        xe, me = wrapped_op(OP.reshape, (xe._lt,), ([1],)), wrapped_op(OP.reshape, (me._lt,), ([1],))
     nz = _host_nonzero(me, "masked_select")
     xf = lazy_op(OP.reshape, (xe._lt,), ([xe.numel()],))
     flat = nz[:, 0]
     for j in range(1, nz.shape[1]):
         flat = flat * me.shape[j] + nz[:, j]
-    return _op(OP.index, (xf, _tensor.from_cpu(flat.contiguous())._lt), ([0],))
+    return wrapped_op(OP.index, (xf, _tensor.from_cpu(flat.contiguous())._lt), ([0],))
 
 
 @impl(aten.nonzero.default)
@@ -407,15 +403,15 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     if scale_grad_by_freq:
         ones = lazy_op(OP.full, (), (1.0, code(grad.dtype), [*indices.shape, 1]))
         counts = lazy_op(OP.embedding_backward, (ones, indices._lt), (num_weights, -1))  # [num_weights, 1]
-        per = _op(OP.index, (counts, indices._lt), ([0],))  # [*indices, 1]
+        per = wrapped_op(OP.index, (counts, indices._lt), ([0],))  # [*indices, 1]
         grad = call(aten.div.Tensor, grad, per)
-    return _op(OP.embedding_backward, (grad._lt, indices._lt), (num_weights, pad))
+    return wrapped_op(OP.embedding_backward, (grad._lt, indices._lt), (num_weights, pad))
 
 
 # ---- cumulative ops, sort ---------------------------------------------------
 
 def _cum(opid, x, dim, dtype):
-    return _op(opid, (x._lt,), (_dim(dim, x.dim()), code(dtype) if dtype is not None else -1))
+    return wrapped_op(opid, (x._lt,), (_dim(dim, x.dim()), code(dtype) if dtype is not None else -1))
 
 
 @impl(aten.cumsum.default)
@@ -432,9 +428,9 @@ def _cumext(opid, x, dim):
     """cummax/cummin: running extreme and the (last) index where it was reached."""
     if x.dim() == 0:
         _dim(dim, 0)
-        return _op(OP.alias, (x._lt,)), wrap(lazy_op(OP.full, (), (0.0, code(torch.int64), [])))
+        return wrapped_op(OP.alias, (x._lt,), ()), wrap(lazy_op(OP.full, (), (0.0, code(torch.int64), [])))
     d = _dim(dim, x.dim())
-    v = _op(opid, (x._lt,), (d, code(x.dtype)))
+    v = wrapped_op(opid, (x._lt,), (d, code(x.dtype)))
     # the extreme was reached at i where x[i] == running[i] (or x[i] is NaN);
     # the index for j is the last such i <= j: a running max of those i.
     hit = call(aten.eq.Tensor, x, v)
@@ -442,7 +438,7 @@ def _cumext(opid, x, dim):
         hit = call(aten.logical_or.default, hit, call(aten.ne.Tensor, x, x))
     pos = wrap(lazy_op(OP.iota, (), (code(torch.int64), list(x.shape), d)))
     pos = call(aten.where.self, hit, pos, wrap(lazy_op(OP.full, (), (-1.0, code(torch.int64), []))))
-    return v, _op(OP.cummax, (pos._lt,), (d, code(torch.int64)))
+    return v, wrapped_op(OP.cummax, (pos._lt,), (d, code(torch.int64)))
 
 
 @impl(aten.cummax.default)
@@ -458,10 +454,10 @@ def cummin(x, dim):
 def _sort(x, dim, descending):
     if x.dim() == 0:
         _dim(dim, 0)
-        return _op(OP.alias, (x._lt,)), wrap(lazy_op(OP.full, (), (0.0, code(torch.int64), [])))
+        return wrapped_op(OP.alias, (x._lt,), ()), wrap(lazy_op(OP.full, (), (0.0, code(torch.int64), [])))
     d = _dim(dim, x.dim())
-    return (_op(OP.sort, (x._lt,), (d, bool(descending), 0)),
-            _op(OP.sort, (x._lt,), (d, bool(descending), 1)))
+    return (wrapped_op(OP.sort, (x._lt,), (d, bool(descending), 0)),
+            wrapped_op(OP.sort, (x._lt,), (d, bool(descending), 1)))
 
 
 @impl(aten.sort.default)
@@ -497,7 +493,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     if not 0 <= k <= x.shape[d]:
         raise RuntimeError("topk(): selected index k out of range")
     v, i = _sort(x, d, largest)
-    return (_op(OP.slice, (v._lt,), (d, 0, k, 1)), _op(OP.slice, (i._lt,), (d, 0, k, 1)))
+    return (wrapped_op(OP.slice, (v._lt,), (d, 0, k, 1)), wrapped_op(OP.slice, (i._lt,), (d, 0, k, 1)))
 
 
 @impl(aten.kthvalue.default)
@@ -511,11 +507,11 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     v, i = _sort(x, d, False)
     if x.dim() == 0:
         return v, i
-    v, i = _op(OP.select, (v._lt,), (d, k - 1)), _op(OP.select, (i._lt,), (d, k - 1))
+    v, i = wrapped_op(OP.select, (v._lt,), (d, k - 1)), wrapped_op(OP.select, (i._lt,), (d, k - 1))
     if keepdim:
         shape = list(x.shape)
         shape[d] = 1
-        v, i = _op(OP.reshape, (v._lt,), (shape,)), _op(OP.reshape, (i._lt,), (shape,))
+        v, i = wrapped_op(OP.reshape, (v._lt,), (shape,)), wrapped_op(OP.reshape, (i._lt,), (shape,))
     return v, i
 
 
@@ -525,14 +521,14 @@ def kthvalue(x, k, dim=-1, keepdim=False):
 def tril(x, diagonal=0):
     if x.dim() < 2:
         raise RuntimeError("tril: input tensor must have at least 2 dimensions")
-    return _op(OP.tri, (x._lt,), (diagonal, False))
+    return wrapped_op(OP.tri, (x._lt,), (diagonal, False))
 
 
 @impl(aten.triu.default)
 def triu(x, diagonal=0):
     if x.dim() < 2:
         raise RuntimeError("triu: input tensor must have at least 2 dimensions")
-    return _op(OP.tri, (x._lt,), (diagonal, True))
+    return wrapped_op(OP.tri, (x._lt,), (diagonal, True))
 
 
 def _diag_attrs(x, offset, dim1, dim2):
@@ -551,10 +547,10 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
 
 @impl(aten.diagonal_scatter.default)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
-    return _op(OP.diagonal_scatter, (x._lt, src._lt), _diag_attrs(x, offset, dim1, dim2))
+    return wrapped_op(OP.diagonal_scatter, (x._lt, src._lt), _diag_attrs(x, offset, dim1, dim2))
 
 
 @impl(aten.diagonal_backward.default)
 def diagonal_backward(grad, input_sizes, offset, dim1, dim2):
-    zeros = _op(OP.full, (), (0.0, code(grad.dtype), list(input_sizes)))
+    zeros = wrapped_op(OP.full, (), (0.0, code(grad.dtype), list(input_sizes)))
     return diagonal_scatter(zeros, grad, offset, dim1, dim2)
