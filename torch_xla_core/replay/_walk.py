@@ -130,8 +130,15 @@ def walk(fn, args, kwargs, views=False, late=()) -> Walk:
     w.sig.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
                   torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"),
                   tuple(mm._global_forward_pre_hooks), tuple(mm._global_forward_hooks)))
+    tensors, kinds, owners, keys = w.tensors, w.kinds, w.owners, w.keys
     for i, a in enumerate(args):
-        w.value(a, ("a", i), seen)
+        if type(a) is XlaTensor:  # what value() does for a tensor, inline: a dynamo graph's arguments are
+            tensors.append(a)     # hundreds of tensors (parameters, activations, grads, optimizer state)
+            kinds.append(_ARG)
+            owners.append(("a", i))
+            keys.append(None)
+        else:
+            w.value(a, ("a", i), seen)
     for k, a in kwargs.items():
         w.sig.append(k)
         w.value(a, ("k", k), seen)
