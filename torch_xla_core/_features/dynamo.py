@@ -22,7 +22,10 @@ executable, and later calls only bind buffers and execute:
   to the device (torch.tensor(data, device="xla") in the model) are
   uploaded once and become inputs, and aten.view becomes aten.reshape (our
   tensors' strides may differ from what the meta kernels said; the graph is
-  functional, so a copy of the same values is equivalent).
+  functional, so a copy of the same values is equivalent). Parameters among
+  its inputs that Module.to left as lone views of their storages get
+  storages of their own then (_own_parameters), as txc.compile's recording
+  gives them: later steps bind them without rebuilding view chains.
 - No sync inside a step: a graph's call launches its executable once.
   Inputs that traced ops left pending are not synced first where that can
   be avoided: autograd's zero tangents and ones_like seeds (values made from
@@ -306,6 +309,7 @@ class _Graph:
             if not self._plain:
                 self._fx = _FxCall(self._gm, self._kind)
                 self._compiled = replay.Compiled(self._fx, lift_optimizers=False, wait=WAIT, inner=True)
+                _own_parameters(a)
         if self._plain:
             return self._gm(*a)
         for i in self._fx.written:  # a lone view written in place (Module.to's parameters) gets a storage of its
@@ -317,6 +321,18 @@ class _Graph:
             a = [x for i, x in enumerate(a) if i not in making]
         with torch.no_grad():  # aot_autograd's graphs are differentiated already; autograd is its wrapper's
             return self._compiled(made, *a, *self._fx.consts)
+
+
+def _own_parameters(a) -> None:
+    """The parameters among a graph's first call's inputs that are lone views
+    (Module.to makes each an alias of its storage) get a storage of their own,
+    as txc.compile's recording gives them (own_storage: nobody can tell):
+    else every later step reads them through their chains, which each write
+    of the optimizer rebuilds (~4 us per parameter per graph that reads it),
+    and a per-op optimizer writes them through their views."""
+    for x in a:
+        if type(x) is XlaTensor and x.requires_grad and x.grad_fn is None and x._lt.is_view:
+            own_storage(x)
 
 
 def _compiler(kind):
