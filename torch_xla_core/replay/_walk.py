@@ -4,6 +4,7 @@ globals and closure variables its code reads), where each lives (an input
 slot: kind, owner, key) and the signature a replay is guarded by (the
 tensors' part in one C++ pass: csrc/py/replay.cpp)."""
 import types
+from itertools import repeat
 
 import torch
 
@@ -123,6 +124,34 @@ def captured(fn):
     return out
 
 
+_ARG_WHERE = []  # ("a", i) for i = 0, 1, ...: the owners of argument slots (shared tuples, never changed)
+
+
+def _arguments(w, args, seen):
+    """The positional arguments' part of the walk. A run of tensors among
+    them gets its slots as value() would give each (kind _ARG, owner ("a",
+    i), no key), a run at a time: a dynamo graph's arguments are hundreds of
+    tensors (parameters, activations, grads, optimizer state)."""
+    n = len(args)
+    if len(_ARG_WHERE) < n:
+        _ARG_WHERE.extend(("a", i) for i in range(len(_ARG_WHERE), n))
+    start = 0
+    for i, a in enumerate(args):
+        if type(a) is not XlaTensor:
+            _tensor_run(w, args, start, i)
+            w.value(a, ("a", i), seen)
+            start = i + 1
+    _tensor_run(w, args, start, n)
+
+
+def _tensor_run(w, args, start, end):
+    if end > start:
+        w.tensors.extend(args[start:end])
+        w.kinds.extend(repeat(_ARG, end - start))
+        w.owners.extend(_ARG_WHERE[start:end])
+        w.keys.extend(repeat(None, end - start))
+
+
 def walk(fn, args, kwargs, views=False, late=()) -> Walk:
     w = Walk(views)
     seen = set()
@@ -130,15 +159,7 @@ def walk(fn, args, kwargs, views=False, late=()) -> Walk:
     w.sig.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
                   torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"),
                   tuple(mm._global_forward_pre_hooks), tuple(mm._global_forward_hooks)))
-    tensors, kinds, owners, keys = w.tensors, w.kinds, w.owners, w.keys
-    for i, a in enumerate(args):
-        if type(a) is XlaTensor:  # what value() does for a tensor, inline: a dynamo graph's arguments are
-            tensors.append(a)     # hundreds of tensors (parameters, activations, grads, optimizer state)
-            kinds.append(_ARG)
-            owners.append(("a", i))
-            keys.append(None)
-        else:
-            w.value(a, ("a", i), seen)
+    _arguments(w, args, seen)
     for k, a in kwargs.items():
         w.sig.append(k)
         w.value(a, ("k", k), seen)
