@@ -2,22 +2,22 @@
 in order (torch_xla_core/__init__.py calls install() once):
 
   1. the device: PrivateUse1 renamed "xla", its device module, hooks and
-     guard (_device.py);
-  2. the tensor: XlaTensor as the wrapper the C++ core makes (_tensor.py);
+     guard (_tracing/device.py);
+  2. the tensor: XlaTensor as the wrapper the C++ core makes (_tracing/tensor.py);
   3. the dispatch table: aten overload -> handler, handed to the C++
      dispatcher (_ops), and every op family's handlers (_ops.load_all);
   4. the autograd engine hook (_ops/engine.py), and autograd on the calling
      thread (TXC_AUTOGRAD_THREADS);
-  5. autocast("xla") policies and GradScaler's kernels (amp.py);
+  5. autocast("xla") policies and GradScaler's kernels (_features/amp.py);
   6. torch.save/torch.load, pickling and copying of xla tensors
-     (serialization.py);
-  7. Module.to("xla") keeping tied parameters tied (_tying.py);
+     (_features/serialization.py);
+  7. Module.to("xla") keeping tied parameters tied (_features/tying.py);
   8. torch.compile(backend="torch_xla_core"): installed when torch._dynamo
-     is imported (dynamo.py; importing it eagerly costs 1-2 s);
+     is imported (_features/dynamo.py; importing it eagerly costs 1-2 s);
   9. torch.distributed's "xla" backend and xla:// init method, and
      handlers for torch's functional collectives (distributed/);
  10. init_process_group's env:// store per round in a job torchrun
-     restarted (_cluster.isolate_restarts);
+     restarted (_runtime/cluster.py: isolate_restarts);
  11. LRScheduler.step deferred inside a txc.compile recording, and a
      device lr it fills bound to its number's buffer (replay/_schedulers.py).
 
