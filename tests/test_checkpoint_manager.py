@@ -129,6 +129,7 @@ class _Failing(distributed_checkpoint.AtomicFileSystemWriter):
 def test_a_background_error_surfaces_at_the_next_call_naming_the_step(tmp_path, monkeypatch):
     mngr = checkpoint.CheckpointManager(tmp_path)
     mngr.save(1, extra=_state(1))
+    mngr.wait_until_finished()  # step 1's background write must not meet the failing writer (a race under load)
     monkeypatch.setattr(checkpoint_impl, "AtomicFileSystemWriter", _Failing)
     mngr.save(2, extra=_state(2))  # returns: the write fails in the background
     with pytest.raises(RuntimeError, match=r"the save of step 2 to .*step_2 failed: .*No space left on device"):
