@@ -483,7 +483,9 @@ def _run(p: Plan, wait: bool) -> None:
         params = _bind(p)
     # with several devices, a check made on another device waits for that device's graph
     checks = [c for c in p.checks if c[0].is_data] if _multi else p.checks
-    outs, _ = execute(Launch(exe, params, cut.assign, lambda outs: checks, p.key.spmd and p.key, cut), wait)
+    launch = Launch(exe, params, write=cut.assign, checks=lambda outs: checks,
+                    spmd=p.key if p.key.spmd is not None else None, cut=cut)
+    outs, _ = execute(launch, wait)
     session = _session
     if session is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay/)
         session.grab(p, exe, params, outs)

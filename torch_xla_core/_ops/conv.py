@@ -5,7 +5,7 @@ its gradient; adaptive max pooling. One core op per result."""
 import torch
 
 from .._runtime.dtypes import code
-from .._tracing.tensor import OP, lazy_op, v, wrap
+from .._tracing.tensor import OP, core_operand, lazy_op, wrap
 from . import aten, assign, call, impl
 
 _CONV, _CONV_GI, _CONV_GW = OP.convolution, OP.convolution_backward_input, OP.convolution_backward_weight
@@ -45,7 +45,7 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
         x = call(aten.unsqueeze.default, x, 0)
     ns = max(w.dim() - 2, 0)
     attrs = _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups)
-    ops = (v(x), v(w)) if bias is None else (v(x), v(w), v(bias))
+    ops = (core_operand(x), core_operand(w)) if bias is None else (core_operand(x), core_operand(w), core_operand(bias))
     r = wrap(lazy_op(_CONV, ops, attrs))
     return call(aten.squeeze.dim, r, 0) if unbatched else r
 
@@ -57,11 +57,11 @@ def convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transpo
     attrs = _conv_attrs(ns, stride, padding, dilation, transposed, output_padding, groups)
     gi = gw = gb = None
     if output_mask[0]:
-        gi = wrap(lazy_op(_CONV_GI, (v(g), v(w)), attrs + (list(x.shape),)))
+        gi = wrap(lazy_op(_CONV_GI, (core_operand(g), core_operand(w)), attrs + (list(x.shape),)))
     if output_mask[1]:
-        gw = wrap(lazy_op(_CONV_GW, (v(x), v(g)), attrs + (list(w.shape),)))
+        gw = wrap(lazy_op(_CONV_GW, (core_operand(x), core_operand(g)), attrs + (list(w.shape),)))
     if output_mask[2]:
-        gb = wrap(lazy_op(_SUM, (v(g),), ([0] + list(range(2, g.dim())), 0, -1)))
+        gb = wrap(lazy_op(_SUM, (core_operand(g),), ([0] + list(range(2, g.dim())), 0, -1)))
     return gi, gw, gb
 
 
@@ -88,11 +88,11 @@ def _max_pool(ns):
     def fwd(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         k, s, p, d = _pool_args(name, ns, kernel_size, stride, padding, dilation)
         attrs = (k, s, p, d, int(bool(ceil_mode)))
-        lt = v(x)
+        lt = core_operand(x)
         return wrap(lazy_op(_MAXP, (lt,), attrs)), wrap(lazy_op(_MAXP_I, (lt,), attrs))
 
     def bwd(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-        return wrap(lazy_op(_MAXP_B, (v(g), v(indices)), (list(x.shape), ns)))
+        return wrap(lazy_op(_MAXP_B, (core_operand(g), core_operand(indices)), (list(x.shape), ns)))
     return fwd, bwd
 
 
@@ -111,11 +111,11 @@ def _avg_pool(ns):
 
     def fwd(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
         attrs = _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-        return wrap(lazy_op(_AVGP, (v(x),), attrs))
+        return wrap(lazy_op(_AVGP, (core_operand(x),), attrs))
 
     def bwd(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
         attrs = _avg_attrs(name, ns, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-        return wrap(lazy_op(_AVGP_B, (v(g),), attrs + (list(x.shape),)))
+        return wrap(lazy_op(_AVGP_B, (core_operand(g),), attrs + (list(x.shape),)))
     return fwd, bwd
 
 
@@ -124,10 +124,10 @@ _register_pool_pair("avg_pool{}d", _avg_pool)
 
 def _adaptive(ns):
     def fwd(x, output_size):
-        return wrap(lazy_op(_ADP, (v(x),), (_exp(output_size, ns, f"adaptive_avg_pool{ns}d", "output_size"),)))
+        return wrap(lazy_op(_ADP, (core_operand(x),), (_exp(output_size, ns, f"adaptive_avg_pool{ns}d", "output_size"),)))
 
     def bwd(g, x):
-        return wrap(lazy_op(_ADP_B, (v(g),), (list(x.shape), ns)))
+        return wrap(lazy_op(_ADP_B, (core_operand(g),), (list(x.shape), ns)))
     return fwd, bwd
 
 
@@ -137,11 +137,11 @@ _register_pool_pair("_adaptive_avg_pool{}d", _adaptive)
 def _adaptive_max(ns):
     def fwd(x, output_size):
         os = _exp(output_size, ns, f"adaptive_max_pool{ns}d", "output_size")
-        lt = v(x)
+        lt = core_operand(x)
         return wrap(lazy_op(_ADMP, (lt,), (os, 0))), wrap(lazy_op(_ADMP, (lt,), (os, 1)))
 
     def bwd(g, x, indices):
-        return wrap(lazy_op(_MAXP_B, (v(g), v(indices)), (list(x.shape), ns)))
+        return wrap(lazy_op(_MAXP_B, (core_operand(g), core_operand(indices)), (list(x.shape), ns)))
     return fwd, bwd
 
 
@@ -157,21 +157,21 @@ def _bn_train(x, w, b, rm, rv, momentum, eps, update):
     """Normalizes with batch statistics. update: write running stats in place
     (True) or return their new values (False)."""
     sdt = code((rm if rm is not None else w if w is not None else x).dtype)
-    lt = v(x)
+    lt = core_operand(x)
     mean = lazy_op(_BN_STATS, (lt,), (0, float(eps), sdt))
     invstd = lazy_op(_BN_STATS, (lt,), (1, float(eps), sdt))
     ops = [lt, mean, invstd]
     if w is not None:
-        ops.append(v(w))
+        ops.append(core_operand(w))
     if b is not None:
-        ops.append(v(b))
+        ops.append(core_operand(b))
     out = wrap(lazy_op(_BN_APPLY, tuple(ops), (0, float(eps), int(w is not None), int(b is not None))))
     new_rm = new_rv = None
     if rm is not None:
-        new_rm = wrap(lazy_op(_BN_UPDATE, (v(rm), mean), (float(momentum),)))
+        new_rm = wrap(lazy_op(_BN_UPDATE, (core_operand(rm), mean), (float(momentum),)))
     if rv is not None:
         var_u = lazy_op(_BN_STATS, (lt,), (2, float(eps), sdt))
-        new_rv = wrap(lazy_op(_BN_UPDATE, (v(rv), var_u), (float(momentum),)))
+        new_rv = wrap(lazy_op(_BN_UPDATE, (core_operand(rv), var_u), (float(momentum),)))
     if update:
         if new_rm is not None:
             assign(rm, new_rm)
@@ -183,11 +183,11 @@ def _bn_train(x, w, b, rm, rv, momentum, eps, update):
 def _bn_eval(x, w, b, rm, rv, eps):
     if rm is None or rv is None:
         raise RuntimeError("native_batch_norm: running_mean and running_var must be defined in evaluation mode")
-    ops = [v(x), v(rm), v(rv)]
+    ops = [core_operand(x), core_operand(rm), core_operand(rv)]
     if w is not None:
-        ops.append(v(w))
+        ops.append(core_operand(w))
     if b is not None:
-        ops.append(v(b))
+        ops.append(core_operand(b))
     return wrap(lazy_op(_BN_APPLY, tuple(ops), (1, float(eps), int(w is not None), int(b is not None))))
 
 
@@ -242,18 +242,18 @@ def native_batch_norm_backward(g, x, w, rm, rv, save_mean, save_invstd, train, e
     if train:
         if save_mean is None or save_invstd is None:
             raise RuntimeError("native_batch_norm_backward: save_mean and save_invstd are required when train=True")
-        mean, invstd = v(save_mean), v(save_invstd)
+        mean, invstd = core_operand(save_mean), core_operand(save_invstd)
     else:
         if rm is None or rv is None:
             raise RuntimeError("native_batch_norm_backward: running_mean and running_var are required when train=False")
-        mean, invstd = v(rm), lazy_op(_BN_INVSTD, (v(rv),), (float(eps),))
+        mean, invstd = core_operand(rm), lazy_op(_BN_INVSTD, (core_operand(rv),), (float(eps),))
     gi = gw = gb = None
     if output_mask[0]:
-        ops = (v(g), v(x), mean, invstd) + ((v(w),) if w is not None else ())
+        ops = (core_operand(g), core_operand(x), mean, invstd) + ((core_operand(w),) if w is not None else ())
         gi = wrap(lazy_op(_BN_GI, ops, (int(bool(train)), int(w is not None))))
     pdt = (w if w is not None else x).dtype
     if output_mask[1]:
-        gw = wrap(lazy_op(_BN_GW, (v(g), v(x), mean, invstd), (code(pdt),)))
+        gw = wrap(lazy_op(_BN_GW, (core_operand(g), core_operand(x), mean, invstd), (code(pdt),)))
     if output_mask[2]:
-        gb = wrap(lazy_op(_SUM, (v(g),), ([0] + list(range(2, g.dim())), 0, code(pdt))))
+        gb = wrap(lazy_op(_SUM, (core_operand(g),), ([0] + list(range(2, g.dim())), 0, code(pdt))))
     return gi, gw, gb

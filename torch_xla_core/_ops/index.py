@@ -137,7 +137,7 @@ def _mask_put(x, mask, values, d, accumulate):
         if a != b and a != 1:
             raise RuntimeError(f"index_put: shape mismatch: value tensor of shape {list(values.shape)} cannot be "
                                f"broadcast to indexing result of shape {pre + ['K'] + post}")
-    v = _tensor.v(values)
+    v = _tensor.core_operand(values)
     if not isinstance(values, XlaTensor) or values.dtype != x.dtype:
         v = lazy_op(OP.convert, (v,), (code(x.dtype),))
     if vshape != list(values.shape if isinstance(values, torch.Tensor) else []):
@@ -159,7 +159,7 @@ def index_put(x, indices, values, accumulate=False):
     dims, lts = _indices(x, indices, "index_put")
     if not dims:
         return _assign_all(x, values, accumulate)
-    v = _tensor.v(values)
+    v = _tensor.core_operand(values)
     return wrapped_op(OP.index_put, (x._lt, v, *lts), (dims, bool(accumulate)))
 
 
@@ -167,7 +167,7 @@ def _assign_all(x, values, accumulate):
     """index_put with no index tensors: every element."""
     if accumulate:
         return call(aten.add.Tensor, x, values)
-    r = wrapped_op(OP.convert, (_tensor.v(values),), (code(x.dtype),))
+    r = wrapped_op(OP.convert, (_tensor.core_operand(values),), (code(x.dtype),))
     return wrapped_op(OP.expand, (r._lt,), (list(x.shape),)) if tuple(r.shape) != tuple(x.shape) else r
 
 
@@ -195,7 +195,7 @@ def _put_along(op, x, dim, index, source, accumulate, low=0, exc=RuntimeError):
     lt = _index_lt(index, op, -n if low is None else low, n, exc)
     if index.dim() == 0:
         lt = lazy_op(OP.reshape, (lt,), ([1],))
-    src = _tensor.v(source)
+    src = _tensor.core_operand(source)
     if x.dim() == 0:
         r = wrapped_op(OP.index_put, (lazy_op(OP.reshape, (x._lt,), ([1],)), lazy_op(OP.reshape, (src,), ([1],)), lt),
                 ([0], accumulate))
@@ -233,7 +233,7 @@ def _full_scalar(value, dtype):
 @_checks.staged
 def index_fill(x, dim, index, value):
     v = _full_scalar(value, x.dtype) if not isinstance(value, torch.Tensor) \
-        else lazy_op(OP.convert, (_tensor.v(value),), (code(x.dtype),))
+        else lazy_op(OP.convert, (_tensor.core_operand(value),), (code(x.dtype),))
     return _put_along("index_fill", x, dim, index, wrap(v), False, low=None, exc=IndexError)  # negatives wrap
 
 
@@ -271,7 +271,7 @@ def _scatter(op, x, dim, index, src, reduce="none", include_self=True):
     index = _index64(op, index)
     _index_lt(index, op, 0, x.shape[_dim(dim, x.dim())] if x.dim() else 1, RuntimeError)  # range check
     if isinstance(src, torch.Tensor):
-        s = _tensor.v(src)
+        s = _tensor.core_operand(src)
         if src.dtype != x.dtype and isinstance(src, XlaTensor):
             raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype")
     else:

@@ -24,7 +24,7 @@ from .._tracing import checks as _checks
 from .._runtime import runtime
 from .._tracing.tensor import XlaTensor
 from ..kernels.call_jax import call_jax
-from . import _lapack_jax as J
+from . import _lapack_jax as lapack
 from .linalg import integral_scalars, product_sum
 from . import aten, functional_of, handler, impl, out_variant
 
@@ -92,7 +92,7 @@ def linalg_check_errors(info, api_name, *, is_matrix):
 
 def _cholesky(name, a, upper):
     _matrices(name, a, square=True)
-    return _jx(J.cholesky_ex, a, upper=bool(upper), platform=runtime.platform())
+    return _jx(lapack.cholesky_ex, a, upper=bool(upper), platform=runtime.platform())
 
 
 @impl(aten.linalg_cholesky_ex.default)
@@ -117,13 +117,13 @@ def cholesky_solve(b, l, upper=False):
     _matrices("cholesky_solve", b, what="b")
     _matrices("cholesky_solve", l, square=True, what="u")
     _float("cholesky_solve", b, l)
-    return _jx(J.cholesky_solve, b, l, upper=bool(upper))
+    return _jx(lapack.cholesky_solve, b, l, upper=bool(upper))
 
 
 @impl(aten.cholesky_inverse.default)
 def cholesky_inverse(l, upper=False):
     _matrices("cholesky_inverse", l, square=True, what="input")
-    return _jx(J.cholesky_inverse, l, upper=bool(upper))
+    return _jx(lapack.cholesky_inverse, l, upper=bool(upper))
 
 
 # ---- LU family --------------------------------------------------------------------
@@ -135,7 +135,7 @@ def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the xla device; "
                            "use pivot=True")
-    LU, piv, info = _jx(J.lu_factor_ex, a)
+    LU, piv, info = _jx(lapack.lu_factor_ex, a)
     if check_errors:
         _require_ok(info, "linalg.lu_factor")
     return LU, piv, info
@@ -146,7 +146,7 @@ def linalg_lu(a, *, pivot=True):
     _matrices("linalg.lu", a)
     if not pivot:
         raise RuntimeError("linalg.lu: LU without pivoting is not implemented on the xla device; use pivot=True")
-    return _jx(J.linalg_lu, a)
+    return _jx(lapack.linalg_lu, a)
 
 
 @impl(aten.lu_unpack.default)
@@ -155,7 +155,7 @@ def lu_unpack(lu, piv, unpack_data=True, unpack_pivots=True):
     if piv.dtype != torch.int32:
         raise RuntimeError(f"lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype, "
                            f"got {piv.dtype}")
-    return _jx(J.lu_unpack, lu, piv, unpack_data=bool(unpack_data), unpack_pivots=bool(unpack_pivots))
+    return _jx(lapack.lu_unpack, lu, piv, unpack_data=bool(unpack_data), unpack_pivots=bool(unpack_pivots))
 
 
 @impl(aten.linalg_lu_solve.default)
@@ -167,7 +167,7 @@ def linalg_lu_solve(lu, piv, b, *, left=True, adjoint=False):
     if b.shape[-2 if left else -1] != n:
         raise RuntimeError(f"linalg.lu_solve: Incompatible shapes of A and B for the equation "
                            f"{'AX = B' if left else 'XA = B'} ({n}x{n} and {b.shape[-2]}x{b.shape[-1]})")
-    return _jx(J.lu_solve, lu, piv, b, left=bool(left), adjoint=bool(adjoint))
+    return _jx(lapack.lu_solve, lu, piv, b, left=bool(left), adjoint=bool(adjoint))
 
 
 @impl(aten._linalg_solve_ex.default)
@@ -176,7 +176,7 @@ def linalg_solve_ex(a, b, *, left=True, check_errors=False):
     _matrices("linalg.solve", a, square=True)
     _float("linalg.solve", a, b)
     vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
-    r = _jx(J.solve_ex, a, b, left=bool(left), vector=vector)
+    r = _jx(lapack.solve_ex, a, b, left=bool(left), vector=vector)
     if check_errors:
         _require_ok(r[3], "linalg.solve")
     return r
@@ -186,7 +186,7 @@ def linalg_solve_ex(a, b, *, left=True, check_errors=False):
 @_checks.staged
 def linalg_inv_ex(a, *, check_errors=False):
     _matrices("linalg.inv", a, square=True)
-    inv, info = _jx(J.inv_ex, a)
+    inv, info = _jx(lapack.inv_ex, a)
     if check_errors:
         _require_ok(info, "linalg.inv")
     return inv, info
@@ -201,13 +201,13 @@ def _det_operand(a):
 @impl(aten._linalg_det.default)
 def linalg_det(a):
     _matrices("linalg.det", a, square=True)
-    return _jx(J.det, _det_operand(a))
+    return _jx(lapack.det, _det_operand(a))
 
 
 @impl(aten._linalg_slogdet.default)
 def linalg_slogdet(a):
     _matrices("linalg.slogdet", a, square=True)
-    return _jx(J.slogdet, _det_operand(a))
+    return _jx(lapack.slogdet, _det_operand(a))
 
 
 # ---- triangular solves ------------------------------------------------------------
@@ -217,7 +217,7 @@ def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
     _matrices("linalg.solve_triangular", a, square=True)
     _matrices("linalg.solve_triangular", b, what="B")
     _float("linalg.solve_triangular", a, b)
-    return _jx(J.solve_triangular, a, b, upper=bool(upper), left=bool(left), unitriangular=bool(unitriangular))
+    return _jx(lapack.solve_triangular, a, b, upper=bool(upper), left=bool(left), unitriangular=bool(unitriangular))
 
 
 @impl(aten.triangular_solve.default)
@@ -225,7 +225,7 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     _matrices("triangular_solve", a, square=True)
     _matrices("triangular_solve", b, what="b")
     _float("triangular_solve", b, a)
-    return _jx(J.triangular_solve, b, a, upper=bool(upper), transpose=bool(transpose),
+    return _jx(lapack.triangular_solve, b, a, upper=bool(upper), transpose=bool(transpose),
                unitriangular=bool(unitriangular))
 
 
@@ -237,13 +237,13 @@ def linalg_qr(a, mode="reduced"):
         raise RuntimeError(f"qr received unrecognized mode '{mode}' but expected one of 'reduced' (default), "
                            f"'r', or 'complete'")
     _matrices("linalg.qr", a)
-    return _jx(J.qr, a, mode=mode)
+    return _jx(lapack.qr, a, mode=mode)
 
 
 @impl(aten.geqrf.default)
 def geqrf(a):
     _matrices("geqrf", a)
-    return _jx(J.geqrf, a)
+    return _jx(lapack.geqrf, a)
 
 
 @impl(aten.linalg_householder_product.default)
@@ -254,14 +254,14 @@ def linalg_householder_product(a, tau):
     if not (m >= n >= tau.shape[-1]):
         raise RuntimeError(f"torch.linalg.householder_product: expected input.shape[-2] >= input.shape[-1] >= "
                            f"tau.shape[-1], got {m}, {n}, {tau.shape[-1]}")
-    return _jx(J.householder_product, a, tau)
+    return _jx(lapack.householder_product, a, tau)
 
 
 @impl(aten.ormqr.default)
 def ormqr(a, tau, c, left=True, transpose=False):
     _matrices("ormqr", a)
     _float("ormqr", a, tau, c)
-    return _jx(J.ormqr, a, tau, c, left=bool(left), transpose=bool(transpose))
+    return _jx(lapack.ormqr, a, tau, c, left=bool(left), transpose=bool(transpose))
 
 
 # ---- spectral ---------------------------------------------------------------------
@@ -269,7 +269,7 @@ def ormqr(a, tau, c, left=True, transpose=False):
 @impl(aten._linalg_svd.default)
 def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
     _matrices("linalg.svd", a)
-    return _jx(J.svd, a, full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
+    return _jx(lapack.svd, a, full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
 
 
 @impl(aten._linalg_eigh.default)
@@ -277,13 +277,13 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
     if UPLO not in ("L", "U"):
         raise RuntimeError(f"linalg.eigh: Expected UPLO argument to be 'L' or 'U', but got {UPLO}")
     _matrices("linalg.eigh", a, square=True)
-    return _jx(J.eigh, a, lower=UPLO == "L", compute_v=bool(compute_v))
+    return _jx(lapack.eigh, a, lower=UPLO == "L", compute_v=bool(compute_v))
 
 
 @impl(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(a):
     _matrices("linalg.matrix_exp", a, square=True)
-    return _jx(J.matrix_exp, a)
+    return _jx(lapack.matrix_exp, a)
 
 
 # ---- composites (torch ops over the above) ----------------------------------------
@@ -394,7 +394,7 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
                            f"{b.shape[-1 if vector else -2]})")
     if rcond is None:
         rcond = torch.finfo(a.dtype).eps * max(m, n)
-    x, res, rank, s = _jx(J.lstsq, a, b, rcond=float(rcond), vector=vector)
+    x, res, rank, s = _jx(lapack.lstsq, a, b, rcond=float(rcond), vector=vector)
     def empty(dtype=a.dtype):  # a new tensor each: autograd marks outputs one by one
         return torch.empty(0, dtype=dtype, device=a.device)
     rank = rank.to(torch.int64) if driver != "gels" else empty(torch.int64)

@@ -222,7 +222,7 @@ def cat(tensors, dim=0):
     d = _dim(dim, ts[0].dim())
     if len(ts) == 1:
         return wrapped_op(OP.alias, (ts[0]._lt,), ())
-    return wrapped_op(OP.concat, tuple(_tensor.v(t) for t in ts), (d,))
+    return wrapped_op(OP.concat, tuple(_tensor.core_operand(t) for t in ts), (d,))
 
 
 @impl(aten.stack.default)

@@ -50,7 +50,7 @@ def lazy_view(op, base, attrs=()):
     return _C.view(op, base, attrs, True)
 
 
-_mws = torch.Tensor._make_wrapper_subclass
+_make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
 _TENSOR_DATA = torch._C.TensorBase.data
 _TORCH = _dtypes.TORCH
 
@@ -108,7 +108,7 @@ class XlaTensor(torch.Tensor):
         return to_cpu(self).numpy()
 
 
-def v(x):
+def core_operand(x):
     """The core operand for x: a LazyTensor, a Python number, or (number, dtype)
     for a 0-d CPU tensor."""
     if type(x) is XlaTensor:
@@ -143,7 +143,7 @@ def device_mismatch(args, kwargs):
 
 def _operand_fallback(x):
     """Core operand for what the core does not take directly (called from C++)."""
-    r = v(x)
+    r = core_operand(x)
     if r is x:
         raise TypeError(f"unsupported operand of type {type(x).__name__} for an xla op")
     return r
@@ -152,7 +152,7 @@ def _operand_fallback(x):
 def configure(device) -> None:
     global DEVICE
     DEVICE = device
-    _C.configure_wrapper(XlaTensor, _mws, list(_TORCH), device, _operand_fallback)
+    _C.configure_wrapper(XlaTensor, _make_wrapper_subclass, list(_TORCH), device, _operand_fallback)
 
 
 # --- the execution layer's hooks ---------------------------------------------
@@ -280,9 +280,9 @@ def set_meta(t: XlaTensor, shape, stride=None, storage_offset=0) -> None:
         # any size: the wrapper's placeholder storage is too small for
         # as_strided_ to grow.
         if stride is None:
-            meta = _mws(XlaTensor, list(shape), dtype=t.dtype, device=t.device)
+            meta = _make_wrapper_subclass(XlaTensor, list(shape), dtype=t.dtype, device=t.device)
         else:
-            meta = _mws(XlaTensor, list(shape), list(stride), storage_offset, dtype=t.dtype, device=t.device)
+            meta = _make_wrapper_subclass(XlaTensor, list(shape), list(stride), storage_offset, dtype=t.dtype, device=t.device)
         _TENSOR_DATA.__set__(t, meta)
 
 
