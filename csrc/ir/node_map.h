@@ -1,7 +1,8 @@
 // NodeMap: a flat open-addressing map from node pointers to small values,
 // the scratch of a graph walk (GraphCut's post-order positions). Nodes are
-// immutable and hold no marks, so a walk keeps its own here; it lives as
-// long as the walk, so nothing is left behind when the walk throws.
+// immutable and hold no marks, so a walk keeps its own here: one per thread,
+// in trace/graph.cpp's WalkScratch, cleared at the start of each walk (its
+// storage is reused), so a walk that throws leaves nothing for the next.
 //
 // One power-of-two array of (key, value) slots, linear probing, grown to
 // keep at most half of it full; no erase. A std::unordered_map allocates a

@@ -18,7 +18,7 @@ works as well, with no TXC_* variable: torch_xla_core/_runtime/cluster.py) plus:
   with restarts each round's process 0 hosts it (127.0.0.1 still) and
   publishes its address through the store, as under plain torchrun.
 Nothing listens on another interface (SECURITY.md; several machines:
-torchrun, srun, a PyTorchJob: _cluster.py). In the script,
+torchrun, srun, a PyTorchJob: _runtime/cluster.py). In the script,
 txc.world_size(), txc.global_ordinal() and txc.local_ordinal() say where
 it runs; xs.Mesh(range(world devices), ...) spans every process;
 torch.distributed.init_process_group("gloo") joins the same processes.

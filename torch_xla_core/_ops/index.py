@@ -11,7 +11,7 @@ and are counted as `data_dependent::<op>` in metrics. Writing through a mask
 Index values: negative indices wrap where torch wraps them (advanced
 indexing). Out-of-range indices raise torch's error: at once for host index
 tensors, and for device ones at the sync that computes them (a deferred
-check, see _checks.py) for index, index_put, index_select, gather, the
+check, see _tracing/checks.py) for index, index_put, index_select, gather, the
 scatter family, index_add/copy/fill and embedding."""
 import math
 

@@ -12,7 +12,7 @@ bin = (v - min) * bins // (max - min) in int64, result in the input dtype.
 
 bincount(x, weights, minlength): the result's length is max(x) + 1 or
 minlength, a value only the device knows. With minlength > 0 the result has
-exactly minlength bins, and a deferred check (see _checks.py) raises at the
+exactly minlength bins, and a deferred check (see _tracing/checks.py) raises at the
 sync if some value is >= minlength (torch would return a longer result:
 pass a larger minlength). With minlength == 0 the length is read from the
 device: a visible sync, counted as `data_dependent::bincount` in metrics.

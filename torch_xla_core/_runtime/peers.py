@@ -1,7 +1,7 @@
 """The processes of a multi-process job: how this process joins jax's
 distributed runtime (and so what listens where), and what it does when a
 peer process dies. Which launcher started it and where process 0's
-coordinator is: _cluster.py.
+coordinator is: cluster.py.
 
 What listens (see SECURITY.md):
 - jax's coordination service (unauthenticated gRPC). Under

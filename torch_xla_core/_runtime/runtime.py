@@ -53,7 +53,7 @@ _job = None  # the _cluster.Job this process joined (None: it runs alone)
 def _distributed():
     """Joins jax's distributed runtime when a launcher started this process
     in a job of several (torchrun, torch_xla_core.launch, a PyTorchJob,
-    srun, or TXC_* by hand: _cluster.py): one global device list over the
+    srun, or TXC_* by hand: _runtime/cluster.py): one global device list over the
     processes, CPU collectives through gloo; what listens where and what a
     dead peer does: peers.py."""
     global _job
@@ -195,7 +195,7 @@ def compile_text(text: str, device_index: int = 0):
 def compile_on(text: str, devices, options):
     """Compiles StableHLO text onto `devices` with jaxlib CompileOptions: the
     one call of jaxlib's compile API (a partitioned graph's options and
-    devices come from _spmd.py)."""
+    devices come from _execution/spmd.py)."""
     return backend().compile_and_load(text, xc.DeviceList(tuple(devices)), options)
 
 
@@ -281,7 +281,7 @@ def _outputs(exe, results):
 
 
 def _result_handler(o):
-    """jaxlib's C++ handler that makes Arrays like o (_compat.py: jaxlib 0.10
+    """jaxlib's C++ handler that makes Arrays like o (torch_compat.py: jaxlib 0.10
     and 0.11 take different arguments)."""
     return array_result_handler(o.aval, o.sharding, o._committed)
 

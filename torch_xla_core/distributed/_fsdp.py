@@ -1,6 +1,6 @@
 """FSDP2 (torch.distributed.fsdp.fully_shard) on xla tensors. Everything it
 asks of a device is met elsewhere: the device module's Stream and Event
-(_device.py: one in-order stream, so its waits are no-ops), all_gather_single
+(_tracing/device.py: one in-order stream, so its waits are no-ops), all_gather_single
 and reduce_scatter_single on the "xla" backend (backend.py, in the step's
 graph, with completed Works), DTensor on an "xla" DeviceMesh (backend.py,
 funcol.py). One thing is not: FSDP2 frees a module's unsharded parameters

@@ -11,7 +11,7 @@ through a @Sharding custom call (its full layout) and
 @SPMDFullToShardShape ({manual}), the kernel runs on shard shapes, and
 each result comes back through @Sharding {manual} and
 @SPMDShardToFullShape. call_jax lowers with GSPMD's annotations (not
-Shardy's), the partitioner our compile uses (_spmd.py). Gradients are
+Shardy's), the partitioner our compile uses (_execution/spmd.py). Gradients are
 jax.vjp of the shard_map'd function, so an input replicated over an axis
 its cotangent varies on is summed over that axis (jax's transpose rule).
 
