@@ -498,8 +498,7 @@ def register() -> None:
     if _done:
         return
     torch.serialization.register_package(_PRIORITY, _tagger, _deserializer)
-    X = _tensor.XlaTensor  # torch.save and pickle (__reduce_ex__), copy.deepcopy, copy.copy
-    X.__reduce_ex__, X.__deepcopy__, X.__copy__ = reduce_ex, deepcopy, shallow_copy
+    _tensor.bind_pickling(reduce_ex, deepcopy, shallow_copy)  # torch.save and pickle, copy.deepcopy, copy.copy
     aten = torch.ops.aten
     _ops.impl(aten.set_.source_Storage_storage_offset, aten.set_.source_Storage)(_set)
     _done = True

@@ -9,8 +9,8 @@ Also: wrapping/unwrapping, uploads, materialization (sync, to_cpu).
 This module is the tracing layer (ARCHITECTURE.md, "Layers"): it knows
 nothing of the layers above it. Running a graph is the execution layer's
 (executor.py), which plugs its sync in here when it loads (bind_executor);
-the dispatch table is the ops layer's; pickling (__reduce_ex__) is set by
-serialization.py."""
+the dispatch table is the ops layer's; pickling (__reduce_ex__) is bound
+by serialization.py (bind_pickling)."""
 import warnings
 
 import torch
@@ -167,6 +167,13 @@ def bind_executor(sync, use_devices, recording_session) -> None:
     how it finds a txc.compile recording under way."""
     global _sync, _use_devices, _recording
     _sync, _use_devices, _recording = sync, use_devices, recording_session
+
+
+def bind_pickling(reduce_ex, deepcopy, copy) -> None:
+    """Called by serialization.py when it installs: XlaTensor's pickling
+    (torch.save, pickle), copy.deepcopy and copy.copy, which belong to the
+    features layer above this one."""
+    XlaTensor.__reduce_ex__, XlaTensor.__deepcopy__, XlaTensor.__copy__ = reduce_ex, deepcopy, copy
 
 
 def op(name: str, *operands, attrs=()) -> XlaTensor:
