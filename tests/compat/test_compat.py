@@ -415,9 +415,10 @@ def _gru():
     return torch.nn.GRU(4, 5, batch_first=True)
 SAMPLES = 4
 # modules of torch_xla_core/_ops that are no op family of their own: jax's LAPACK calls, the coverage table's
-# generator, the autograd engine hook, the scan operator and its policies (no aten overloads of their own), the
-# dispatch table, the registry and the resolution
-NOT_FAMILIES = {"_lapack_jax", "coverage", "engine", "scan", "scan_policy", "table", "registry", "resolution"}
+# generator, the autograd engine hook, the scan operator, its body trace and its policies (no aten overloads of their
+# own), the dispatch table, the registry and the resolution
+NOT_FAMILIES = {"_lapack_jax", "coverage", "engine", "scan", "scan_trace", "scan_policy", "table", "registry",
+                "resolution"}
 
 
 def test_slice_covers_every_op_family():
