@@ -8,6 +8,7 @@ global / N sequences):
   xla_ddp      DistributedDataParallel on xla tensors over our "xla" backend
                (init_process_group("xla", init_method="xla://"))
   xla_optstep  txc.optimizer_step(opt): gradients all-reduced (mean) in the step's graph
+  xla_compiled that step under txc.compile: recorded once, then replayed (one launch a step)
 
 A program, not a test: it prints a table and writes JSON (bench/results/dp.json
 by default). Per row: ms/step (median of the timed steps, process 0, the step
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("torch_gloo", "xla_ddp", "xla_optstep")
+METHODS = ("torch_gloo", "xla_ddp", "xla_optstep", "xla_compiled")
 
 
 def worker(method: str, out: str, steps: int, warmup: int, batch: int, seq: int) -> None:
@@ -65,18 +66,27 @@ def worker(method: str, out: str, steps: int, warmup: int, batch: int, seq: int)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     g = torch.Generator().manual_seed(1)
     times, loss = [], None
-    for i in range(warmup + steps):
-        tokens = torch.randint(0, 256, (batch, seq + 1), generator=g)[rank::world]
-        t0 = time.perf_counter()
-        x = tokens.to(dev)
+
+    def train_step(x):
         logits = model(x[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1))
         loss.backward()
-        if method == "xla_optstep":
+        if method in ("xla_optstep", "xla_compiled"):
             txc.optimizer_step(opt)
         else:
             opt.step()
         opt.zero_grad()
+        return loss
+
+    if method == "xla_compiled":
+        train_step = txc.compile(train_step)
+    for i in range(warmup + steps):
+        tokens = torch.randint(0, 256, (batch, seq + 1), generator=g)[rank::world]
+        t0 = time.perf_counter()
+        loss = train_step(tokens.to(dev))
+        if xla:
+            txc.sync()  # the step's graph, as users write it (torch_xla: xm.mark_step()); without it the pending
+            #             updates would grow into every later step's graph (loss.item() computes the loss alone)
         value = loss.item()  # the step's values on the host: for xla, the graph ran
         if i >= warmup:
             times.append(time.perf_counter() - t0)
