@@ -240,3 +240,46 @@ def test_complex_refusals_raise_not_implemented_as_cpu(dev):
         assert got.dtype == torch.complex64
         err, cpu_err = (got.to(torch.complex128) - want).abs().max(), (cpu.to(torch.complex128) - want).abs().max()
         assert err <= max(4 * cpu_err, 1e-6 * want.abs().max()), (fn, err, cpu_err)
+
+
+def test_integer_mean_raises_as_cpu_before_any_graph(dev):
+    """mean(dtype=<integer>) raises CPU's error (case 1:1432: an int64 mean of an empty tensor reached XLA:CPU as
+    0 / 0 in integers and killed the process with SIGFPE)."""
+    x = torch.zeros(3, 0, 1, dtype=torch.int8)
+    for dtype in (torch.int64, torch.uint8, torch.bool):
+        _same(dev, lambda t: torch.mean(t, dtype=dtype), x)
+        _same(dev, lambda t: torch.mean(t, 1, dtype=dtype), x)
+    _same(dev, lambda t: torch.mean(t, dtype=torch.float32), x)
+
+
+def test_rounding_and_abs_of_bool_raise_and_sgn_of_uint8_computes_as_cpu(dev):
+    """floor/ceil/round/trunc/abs of bool: torch has no kernel (NotImplementedError; they ran, abs failed to
+    compile; case 1:1777); sgn/sign of uint8 is 1 where nonzero (stablehlo.sign refused unsigned: case 1:1240)."""
+    b = torch.tensor([[True, False, True]])
+    for fn in (torch.floor, torch.ceil, torch.round, torch.trunc, torch.abs):
+        _same(dev, fn, b)
+    u = torch.tensor([[0, 1, 255], [7, 0, 128]], dtype=torch.uint8)
+    for fn in (torch.sgn, torch.sign, lambda t: t.expand(2, 2, 3).sgn()):
+        _same(dev, fn, u)
+
+
+def test_index_select_into_a_dim_of_size_0_raises_index_error_as_cpu(dev):
+    """Case 1:1039: RuntimeError here, IndexError on CPU."""
+    for dt in (torch.float16, torch.int64):
+        _same(dev, lambda t, i: t.index_select(-1, i), torch.zeros(0, dtype=dt), torch.tensor([0]))
+        _same(dev, lambda t, i: t.index_select(0, i), torch.zeros(0, dtype=dt), torch.tensor([], dtype=torch.long))
+
+
+def test_complex_checks_that_torch_words_as_runtime_error(dev):
+    """Where torch refuses complex with a check, not a missing kernel, it raises RuntimeError: argmax/argmin,
+    max/min (with and without dim), maximum/minimum/fmax/fmin (seed 1, cases 2500-19999); and exp2 of an
+    infinite real part is a signed zero, as CPU's exp(z ln 2) (case 1:5825: NaN)."""
+    z = torch.tensor([[1 + 2j, -0.5 + 0.25j], [3 - 1j, 0.1 - 0.7j]], dtype=torch.complex64)
+    for fn in (torch.argmax, torch.argmin, lambda t: torch.argmax(t, 0), torch.max, torch.min,
+               lambda t: torch.max(t, 1).values, lambda t: torch.min(t, 0).values,
+               lambda t: torch.maximum(t, t), lambda t: torch.minimum(t, t), lambda t: torch.fmax(t, t),
+               lambda t: torch.fmin(t, t)):
+        _same(dev, fn, z)
+    w = torch.tensor([complex(-math.inf, 1.0), complex(-math.inf, -2.0), complex(1.0, 3.0)], dtype=torch.complex64)
+    got, want = torch.exp2(w.to(dev)).cpu(), torch.exp2(w)
+    torch.testing.assert_close(got, want, equal_nan=True)

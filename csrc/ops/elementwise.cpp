@@ -31,7 +31,7 @@ enum class Kind {
 // remainder, negate and shifts refuse i1 only when compiling).
 // NO_BOOL_OPERAND: any bool operand is refused, as torch's sub_check does
 // (int - bool raises too).
-enum Flag : unsigned { COMPLEX = 1u, OPMATH = 2u, NO_BOOL = 4u, NO_BOOL_OPERAND = 8u };
+enum Flag : unsigned { COMPLEX = 1u, OPMATH = 2u, NO_BOOL = 4u, NO_BOOL_OPERAND = 8u, COMPLEX_CHECKED = 16u };
 
 DType promoted(const Node& n) { return promoted_dtype(n.operands); }
 
@@ -48,10 +48,14 @@ void infer(Node& n, Kind k, unsigned flags) {
   DType c = compute_dtype(n, k);
   if (k == Kind::Integral && (is_floating(c) || is_complex(c)))
     op_dtype_not_implemented(n, std::string("not defined for floating-point or complex tensors (got ") + dtype_name(c) + ")");
-  if (is_complex(c) && !(flags & COMPLEX))
-    op_dtype_not_implemented(n, std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch");
+  // complex: torch has no kernel (NotImplementedError), or refuses it with a check (COMPLEX_CHECKED: RuntimeError)
+  if (is_complex(c) && !(flags & COMPLEX)) {
+    auto msg = std::string("not supported for complex tensors (got ") + dtype_name(c) + "), as in torch";
+    if (flags & COMPLEX_CHECKED) op_error(n, msg);
+    op_dtype_not_implemented(n, msg);
+  }
   if ((flags & NO_BOOL) && is_bool(c))
-    op_error(n, "not implemented for bool tensors, as in torch; cast the operands to an integer or floating dtype first");
+    op_dtype_not_implemented(n, "not implemented for bool tensors, as in torch; cast the operands to an integer or floating dtype first");
   if (flags & NO_BOOL_OPERAND)
     for (const auto& o : n.operands)
       if (is_bool(o->dtype))
@@ -264,10 +268,13 @@ TXC_OP(simple("neg", 1, Kind::Same, "stablehlo.negate", COMPLEX | NO_BOOL));
 TXC_OP(custom("abs", 1, Kind::ToReal,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 return is_unsigned(c) ? a[0] : cx.op("stablehlo.abs", {a[0]}, {LowerCtx::type(c, n.dims)}, LowerCtx::type(n));
-              }, COMPLEX));
+              }, COMPLEX | NO_BOOL));
 // sign of NaN is 0, as torch's kernels ((0 < x) - (x < 0)); stablehlo.sign gives NaN
 TXC_OP(custom("sign", 1, Kind::Same, [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
   if (is_bool(c)) return a[0];
+  if (is_unsigned(c))  // stablehlo.sign takes signless integers only: 1 where nonzero (case 1:1240, sgn of uint8)
+    return cx.select(cx.compare(a[0], cx.constant(0, c, n.dims), c, n.dims, "EQ"), cx.constant(0, c, n.dims),
+                     cx.constant(1, c, n.dims), c, n.dims);
   auto s = cx.unary("stablehlo.sign", a[0], c, n.dims);
   return is_floating(c) ? cx.select(is_nan(cx, a[0], c, n.dims), cx.constant(0, c, n.dims), s, c, n.dims) : s;
 }));
@@ -289,9 +296,10 @@ TXC_OP(simple("asin", 1, Kind::Float, "chlo.asin", COMPLEX));
 TXC_OP(simple("acos", 1, Kind::Float, "chlo.acos", COMPLEX));
 TXC_OP(simple("sinh", 1, Kind::Float, "chlo.sinh", COMPLEX));
 TXC_OP(simple("cosh", 1, Kind::Float, "chlo.cosh", COMPLEX));
-TXC_OP(custom("floor", 1, Kind::Same, on_floats("stablehlo.floor")));
-TXC_OP(custom("ceil", 1, Kind::Same, on_floats("stablehlo.ceil")));
-TXC_OP(custom("round", 1, Kind::Same, on_floats("stablehlo.round_nearest_even")));
+// bool: no kernel in torch (CPU's floor_vml_cpu etc. raise NotImplementedError); abs of bool failed to compile
+TXC_OP(custom("floor", 1, Kind::Same, on_floats("stablehlo.floor"), NO_BOOL));
+TXC_OP(custom("ceil", 1, Kind::Same, on_floats("stablehlo.ceil"), NO_BOOL));
+TXC_OP(custom("round", 1, Kind::Same, on_floats("stablehlo.round_nearest_even"), NO_BOOL));
 TXC_OP(simple("bitwise_not", 1, Kind::Integral, "stablehlo.not"));
 TXC_OP(custom("logical_not", 1, Kind::Logical,
               [](LowerCtx& cx, const Node& n, const auto& a, DType) { return cx.unary("stablehlo.not", a[0], DType::Bool, n.dims); }, COMPLEX));
@@ -302,7 +310,7 @@ TXC_OP(custom("reciprocal", 1, Kind::Float,
 TXC_OP(custom("trunc", 1, Kind::Same,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 return is_floating(c) ? round_toward_zero(cx, a[0], c, n.dims) : a[0];
-              }));
+              }, NO_BOOL));
 // Complex parts and conjugate; on real tensors real/conj are the identity.
 TXC_OP(custom("real", 1, Kind::ToReal,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
@@ -338,8 +346,8 @@ TXC_OP(simple("add", 2, Kind::Same, "stablehlo.add", COMPLEX));
 TXC_OP(simple("sub", 2, Kind::Same, "stablehlo.subtract", COMPLEX | NO_BOOL_OPERAND));
 TXC_OP(simple("mul", 2, Kind::Same, "stablehlo.multiply", COMPLEX | OPMATH));
 TXC_OP(simple("div", 2, Kind::Float, "stablehlo.divide", COMPLEX | OPMATH));
-TXC_OP(simple("maximum", 2, Kind::Same, "stablehlo.maximum"));
-TXC_OP(simple("minimum", 2, Kind::Same, "stablehlo.minimum"));
+TXC_OP(simple("maximum", 2, Kind::Same, "stablehlo.maximum", COMPLEX_CHECKED));
+TXC_OP(simple("minimum", 2, Kind::Same, "stablehlo.minimum", COMPLEX_CHECKED));
 TXC_OP(simple("pow", 2, Kind::Same, "stablehlo.power", COMPLEX));
 TXC_OP(simple("atan2", 2, Kind::Float, "stablehlo.atan2"));
 TXC_OP(simple("bitwise_and", 2, Kind::Integral, "stablehlo.and"));
@@ -404,7 +412,14 @@ TXC_OP(custom("log10", 1, Kind::Float, log_base(10.0), COMPLEX));
 // 2^x through power, exact at integer x (exp(x ln 2) is not)
 TXC_OP(custom("exp2", 1, Kind::Float,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
-                return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
+                if (!is_complex(c)) return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
+                // complex: exp(z ln 2), each part scaled (as ATen; power(2, z) gave NaN at an infinite real part)
+                DType part = real_part_dtype(c);
+                auto ty = LowerCtx::type(c, n.dims), pty = LowerCtx::type(part, n.dims);
+                auto k = cx.constant(std::log(2.0), part, n.dims);
+                auto re = cx.binary("stablehlo.multiply", cx.op("stablehlo.real", {a[0]}, {ty}, pty), k, part, n.dims);
+                auto im = cx.binary("stablehlo.multiply", cx.op("stablehlo.imag", {a[0]}, {ty}, pty), k, part, n.dims);
+                return cx.unary("stablehlo.exponential", cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty), c, n.dims);
               }, COMPLEX));
 TXC_OP(custom("signbit", 1, Kind::Compare,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return sign_bit(cx, a[0], c, n.dims); }));
@@ -427,8 +442,8 @@ TXC_OP(custom("spherical_bessel_j0", 1, Kind::Float,
                 auto small = cx.compare(cx.unary("stablehlo.abs", a[0], c, d), cx.constant(0.5, c, d), c, d, "LT");
                 return cx.select(is_inf(cx, a[0], c, d), cx.constant(0, c, d), cx.select(small, s, q, c, d), c, d);
               }));
-TXC_OP(custom("fmax", 2, Kind::Same, nan_ignoring("stablehlo.maximum")));
-TXC_OP(custom("fmin", 2, Kind::Same, nan_ignoring("stablehlo.minimum")));
+TXC_OP(custom("fmax", 2, Kind::Same, nan_ignoring("stablehlo.maximum"), COMPLEX_CHECKED));
+TXC_OP(custom("fmin", 2, Kind::Same, nan_ignoring("stablehlo.minimum"), COMPLEX_CHECKED));
 // |a| with b's sign bit
 TXC_OP(custom("copysign", 2, Kind::Float,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {

@@ -167,7 +167,7 @@ OpDef arg_reduction(const char* name, bool is_max) {
       name, 1,
       [name](Node& n) {
         const Node& x = *n.operands[0];
-        if (is_complex(x.dtype)) op_dtype_not_implemented(n, std::string("not supported for complex tensors (got ") + dtype_name(x.dtype) + ")");
+        if (is_complex(x.dtype)) op_error(n, std::string("not supported for complex tensors (got ") + dtype_name(x.dtype) + ")");
         n.dtype = DType::I64;
         n.dims = reduced_dims(n, x.dims, {n.attr_int(0)}, n.attr_int(1) != 0);
         if (x.dims[n.attr_int(0)] == 0)  // no index to return; torch raises IndexError

@@ -179,6 +179,8 @@ def index_select(x, dim, index):
     if index.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"index_select(): Expected dtype int32/int64 for index but got: {index.dtype}")
     d = _dim(dim, x.dim())
+    if x.dim() and x.shape[d] == 0 and index.numel():  # no index is in range: CPU's IndexError (case 1:1039)
+        raise IndexError(f"index_select(): index out of range in self: dimension {d} has size 0")
     lt = _index_lt(index, "index_select", 0, x.shape[d] if x.dim() else 1)
     if index.dim() == 0:
         lt = lazy_op(OP.reshape, (lt,), ([1],))

@@ -4,7 +4,7 @@ import torch
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import code
 from .._tracing.tensor import OP, wrapped_op
-from . import XLA, Arg, aten, impl, mapping
+from . import XLA, Arg, aten, dtype_rules, impl, mapping
 
 
 def _axes(x, dim):
@@ -48,6 +48,10 @@ def sum_dim(x, dim, keepdim=False, *, dtype=None):
 
 @impl(aten.mean.default, aten.mean.dim)
 def mean(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):  # CPU's check (case 1:1432: an
+        # int64 mean of an empty tensor reached XLA:CPU as 0 / 0 in integers, SIGFPE)
+        raise RuntimeError(f"mean(): could not infer output dtype. Optional dtype must be either a floating point "
+                           f"or complex dtype. Got: {dtype_rules.scalar_type_name(dtype)}")
     return _reduce("mean", x, dim, keepdim, dtype)
 
 
@@ -130,30 +134,35 @@ def _arg(name, x, dim, keepdim):
 
 @impl(aten.argmax.default)
 def argmax(x, dim=None, keepdim=False):
-    _no_bool("argmax", x)
+    _refused_input("argmax", x)
     return _arg("argmax", x, dim, keepdim)
 
 
 @impl(aten.argmin.default)
 def argmin(x, dim=None, keepdim=False):
-    _no_bool("argmin", x)
+    _refused_input("argmin", x)
     return _arg("argmin", x, dim, keepdim)
 
 
-def _no_bool(name, x):
-    """CPU's check, before any other (cases 1:634, 1:927)."""
-    if x.dtype == torch.bool:
+def _refused_input(name, x, bool_ok=False):
+    """CPU's checks of argmax/argmin and max/min over a dim, before any other (cases 1:634, 1:927; complex:
+    RuntimeError, as CPU's; amax/amin and max/min of all elements raise NotImplementedError, from the core)."""
+    if x.dtype == torch.bool and not bool_ok:
         raise RuntimeError(f"{name}(): does not support bool input: convert it to an integer dtype first")
+    if x.dtype.is_complex:
+        raise RuntimeError(f"{name}(): does not support complex input")
 
 
 @impl(aten.max.dim)
 def max_dim(x, dim, keepdim=False):
+    _refused_input("max", x, bool_ok=True)
     _no_identity("max", x, dim)
     return _reduce("amax", x, dim, keepdim), _arg("argmax", x, dim, keepdim)
 
 
 @impl(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
+    _refused_input("min", x, bool_ok=True)
     _no_identity("min", x, dim)
     return _reduce("amin", x, dim, keepdim), _arg("argmin", x, dim, keepdim)
 
