@@ -211,19 +211,25 @@ std::string floor_divide_floats(LowerCtx& cx, const std::string& a, const std::s
   return cx.select(cx.compare(b, zero, t, d, "EQ"), q, fl, t, d);
 }
 
+// Complex v (dtype t) with each part put through `hlo` with the real k, as
+// std::complex's operators with a real operand do (a complex product or
+// quotient with k + 0i would make inf * 0 = NaN of an infinite part).
+std::string complex_parts_with(LowerCtx& cx, const char* hlo, const std::string& v, double k, DType t, const Dims& d) {
+  DType part = real_part_dtype(t);
+  auto ty = LowerCtx::type(t, d), pty = LowerCtx::type(part, d);
+  auto kc = cx.constant(k, part, d);
+  auto re = cx.binary(hlo, cx.op("stablehlo.real", {v}, {ty}, pty), kc, part, d);
+  auto im = cx.binary(hlo, cx.op("stablehlo.imag", {v}, {ty}, pty), kc, part, d);
+  return cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty);
+}
+
 // log(v) / log(base), as jnp.log2/log10 (within an ulp or two of ATen's);
-// complex: each part divided (as std::complex / a real: a complex division
-// by log(base) + 0i would make inf * 0 = NaN of an infinite part).
+// complex: each part divided.
 Emit log_base(double base) {
   return [base](LowerCtx& cx, const Node& n, const auto& a, DType c) {
     auto l = cx.unary("stablehlo.log", a[0], c, n.dims);
-    if (!is_complex(c)) return cx.binary("stablehlo.divide", l, cx.constant(std::log(base), c, n.dims), c, n.dims);
-    DType part = real_part_dtype(c);
-    auto ty = LowerCtx::type(c, n.dims), pty = LowerCtx::type(part, n.dims);
-    auto k = cx.constant(std::log(base), part, n.dims);
-    auto re = cx.binary("stablehlo.divide", cx.op("stablehlo.real", {l}, {ty}, pty), k, part, n.dims);
-    auto im = cx.binary("stablehlo.divide", cx.op("stablehlo.imag", {l}, {ty}, pty), k, part, n.dims);
-    return cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty);
+    if (is_complex(c)) return complex_parts_with(cx, "stablehlo.divide", l, std::log(base), c, n.dims);
+    return cx.binary("stablehlo.divide", l, cx.constant(std::log(base), c, n.dims), c, n.dims);
   };
 }
 
@@ -414,12 +420,8 @@ TXC_OP(custom("exp2", 1, Kind::Float,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
                 if (!is_complex(c)) return cx.binary("stablehlo.power", cx.constant(2, c, n.dims), a[0], c, n.dims);
                 // complex: exp(z ln 2), each part scaled (as ATen; power(2, z) gave NaN at an infinite real part)
-                DType part = real_part_dtype(c);
-                auto ty = LowerCtx::type(c, n.dims), pty = LowerCtx::type(part, n.dims);
-                auto k = cx.constant(std::log(2.0), part, n.dims);
-                auto re = cx.binary("stablehlo.multiply", cx.op("stablehlo.real", {a[0]}, {ty}, pty), k, part, n.dims);
-                auto im = cx.binary("stablehlo.multiply", cx.op("stablehlo.imag", {a[0]}, {ty}, pty), k, part, n.dims);
-                return cx.unary("stablehlo.exponential", cx.op("stablehlo.complex", {re, im}, {pty, pty}, ty), c, n.dims);
+                auto scaled = complex_parts_with(cx, "stablehlo.multiply", a[0], std::log(2.0), c, n.dims);
+                return cx.unary("stablehlo.exponential", scaled, c, n.dims);
               }, COMPLEX));
 TXC_OP(custom("signbit", 1, Kind::Compare,
               [](LowerCtx& cx, const Node& n, const auto& a, DType c) { return sign_bit(cx, a[0], c, n.dims); }));

@@ -37,7 +37,13 @@ enum class RK { Sum, Mean, Max, Min, Prod, Any, All, Var };
 DType result_dtype(const Node& n, RK k) {
   DType x = n.operands[0]->dtype;
   int64_t want = (k == RK::Sum || k == RK::Mean || k == RK::Prod) ? n.attr_int(2) : -1;
-  if (want >= 0) return DType(want);
+  if (want >= 0) {
+    // a mean in an integer dtype: torch refuses it (and XLA:CPU's integer 0 / 0 of an empty mean kills the process)
+    if (k == RK::Mean && !is_floating(DType(want)) && !is_complex(DType(want)))
+      op_error(n, std::string("could not infer output dtype: the requested dtype must be floating point or complex, "
+                              "got ") + dtype_name(DType(want)));
+    return DType(want);
+  }
   switch (k) {
     case RK::Sum:
     case RK::Prod: return (is_integral(x) || is_bool(x)) ? DType::I64 : x;

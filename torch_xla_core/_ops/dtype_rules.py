@@ -96,15 +96,10 @@ _OTHER_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: 
                 torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
 
 
-def scalar_type_name(d) -> str:
-    """torch's C++ name of dtype d, as its error messages word it ('Long' for torch.int64)."""
-    return _NAMES.get(d) or _OTHER_NAMES.get(d, str(d))
-
-
 def refusal(name, d, cast_to="a numeric"):
     """The NotImplementedError of op `name` refusing dtype d, as torch's kernels refuse it."""
     return NotImplementedError(
-        f"{name}: not implemented for '{scalar_type_name(d)}' ({d}): torch has no kernel for "
+        f"{name}: not implemented for '{_NAMES.get(d) or _OTHER_NAMES.get(d, d)}' ({d}): torch has no kernel for "
         f"this dtype either (CPU and CUDA raise); cast the input to {cast_to} dtype first")
 
 

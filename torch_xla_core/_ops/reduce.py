@@ -4,7 +4,7 @@ import torch
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import code
 from .._tracing.tensor import OP, wrapped_op
-from . import XLA, Arg, aten, dtype_rules, impl, mapping
+from . import XLA, Arg, aten, impl, mapping
 
 
 def _axes(x, dim):
@@ -48,10 +48,6 @@ def sum_dim(x, dim, keepdim=False, *, dtype=None):
 
 @impl(aten.mean.default, aten.mean.dim)
 def mean(x, dim=None, keepdim=False, *, dtype=None):
-    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):  # CPU's check (case 1:1432: an
-        # int64 mean of an empty tensor reached XLA:CPU as 0 / 0 in integers, SIGFPE)
-        raise RuntimeError(f"mean(): could not infer output dtype. Optional dtype must be either a floating point "
-                           f"or complex dtype. Got: {dtype_rules.scalar_type_name(dtype)}")
     return _reduce("mean", x, dim, keepdim, dtype)
 
 
