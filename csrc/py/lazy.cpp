@@ -43,6 +43,18 @@ bool data_exclusive(LazyTensor& t) {
   return v.use_count() == 1 && buffer_held_by_node_only(*v);
 }
 
+LazyTensor rebase(LazyTensor& t, LazyTensor& base) {
+  if (base.value()->dims != t.storage()->value->dims)
+    throw py::value_error("rebase: the new base is " + dims_str(base.value()->dims) + ", the storage is " +
+                          dims_str(t.storage()->value->dims));
+  LazyTensor r = base.alias();
+  for (const NodePtr& n : view_chain(t)) {
+    NodePtr v = make_node(n->op, {r.value()}, n->attrs);
+    r = LazyTensor(r, std::move(v));
+  }
+  return r;
+}
+
 PyObject* new_lazy(LazyTensor&& t) {
   PyObject* o = g_lazy_type->tp_alloc(g_lazy_type, 0);
   if (!o) throw py::error_already_set();
@@ -122,19 +134,7 @@ void bind_lazy(py::module_& m) {
                                       py::is_method(cls), py::name("copy_storage"),
                                       "A new storage holding this tensor's storage's current value (the same IR "
                                       "node, so no device work): an independent copy of the whole storage.");
-  cls.attr("rebase") = py::cpp_function(
-      [](LazyTensor& t, LazyTensor& base) {
-        if (base.value()->dims != t.storage()->value->dims)
-          throw py::value_error("rebase: the new base is " + dims_str(base.value()->dims) + ", the storage is " +
-                                dims_str(t.storage()->value->dims));
-        LazyTensor r = base.alias();
-        for (const NodePtr& n : view_chain(t)) {
-          NodePtr v = make_node(n->op, {r.value()}, n->attrs);
-          r = LazyTensor(r, std::move(v));
-        }
-        return r;
-      },
-      py::is_method(cls), py::name("rebase"),
+  cls.attr("rebase") = py::cpp_function(&rebase, py::is_method(cls), py::name("rebase"),
       "This tensor's view chain applied to `base` (a tensor of its storage's shape): a view of base's storage.");
 }
 

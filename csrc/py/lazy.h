@@ -25,6 +25,9 @@ LazyTensor& lazy_arg(py::handle h);  // h's LazyTensor, or TypeError
 // chain holding the node, no other Python reference to the buffer
 // (GraphCut::donations() asks the same of a cut).
 bool data_exclusive(LazyTensor& t);
+// t's view chain applied to `base` (a tensor of t's storage's dims): a view of
+// base's storage (ValueError when the dims differ).
+LazyTensor rebase(LazyTensor& t, LazyTensor& base);
 void bind_lazy(py::module_& m);      // the type, its properties and methods
 }  // namespace txc
 

@@ -15,9 +15,9 @@
 //       storage that is): nothing to compute before binding
 //   replay_exclusive(tensors, slots) -> int   the first slot whose buffer is
 //       held elsewhere (may not be donated), or -1
-//   ReplayPlan(binds, inplace, others, specs)   a recording's bindings and
+//   ReplayPlan(binds, inplace, others, specs, ret=[])   a recording's bindings and
 //       writes, converted once: .params(tensors, rng) the executable's
-//       arguments; .release(tensors, kinds, grad_refs) before the launch, the last step's grads
+//       arguments; .returned(tensors, outs) the tensors the step returns; .release(tensors, kinds, grad_refs) before the launch, the last step's grads
 //       that this one replaces let their buffers go (.unrelease(tensors, kinds, owners) if the
 //       launch fails); .write(tensors, outs) the in-place writes; .set(tensors, kinds, owners,
 //       keys, outs) the outputs that are new tensors (a grad after zero_grad) put at their
@@ -29,6 +29,8 @@
 //   replay_walk_state(params, state, sig, kinds, owners, keys, tensors, xla_type, other)
 //       an optimizer's per-parameter state (replay/_walk.py Walk.optimizer)
 #include <pybind11/stl.h>
+#include <optional>
+#include <unordered_map>
 #include "ops/registry.h"
 #include "py/data.h"
 #include "py/lazy.h"
@@ -425,10 +427,14 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
 //     "new": a grad after zero_grad(set_to_none)) or None, at the slot's
 //     location (see set)
 //   specs[k] = (dtype, dims) of output k
+//   ret: per tensor the step returns (replay/_compiled.py _capture): ("out",
+//     k) output k; ("slot", i) the input tensors[i] itself; ("host", t) a
+//     clone of CPU tensor t; ("view_out", k, template) / ("view_slot", i,
+//     template) template's view chain on output k / on tensors[i]'s storage
 class ReplayPlan {
  public:
   ReplayPlan(py::list binds, const std::vector<std::pair<int64_t, int64_t>>& inplace, py::list others,
-             py::list specs) {
+             py::list specs, py::list ret) {
     for (py::handle b : binds) {
       py::tuple kv = py::reinterpret_borrow<py::tuple>(b);
       std::string kind = kv[0].cast<std::string>();
@@ -459,6 +465,80 @@ class ReplayPlan {
     }
     for (const Out& o : inplace_) inplace_slots_.push_back(o.i);
     for (const Out& o : others_) others_slots_.push_back(o.i);
+    std::unordered_map<int64_t, int64_t> of_out;  // output k -> its entry in made_ (one per output returned)
+    std::unordered_map<int64_t, int64_t> inplace_of;  // output k -> the input slot written with it
+    for (auto [i, k] : inplace) inplace_of[k] = i;
+    for (py::handle h : ret) {
+      py::tuple r = py::reinterpret_borrow<py::tuple>(h);
+      std::string kind = r[0].cast<std::string>();
+      Ret e;
+      if (kind == "slot" || kind == "view_slot") {
+        e.kind = kind == "slot" ? Ret::kSlot : Ret::kViewSlot;
+        e.v = r[1].cast<int64_t>();
+      } else if (kind == "out" || kind == "view_out") {
+        e.kind = kind == "out" ? Ret::kOut : Ret::kViewOut;
+        int64_t k = r[1].cast<int64_t>();
+        auto [it, fresh] = of_out.try_emplace(k, int64_t(made_.size()));
+        if (fresh) {
+          Made m{k, -1};
+          auto in = inplace_of.find(k);
+          if (in != inplace_of.end()) m.slot = in->second;
+          else spec(k, m.dtype, m.dims);
+          made_.push_back(std::move(m));
+        }
+        e.v = it->second;
+      } else if (kind == "host") {
+        e.kind = Ret::kHost;
+        e.host = py::reinterpret_borrow<py::object>(r[1]);
+      } else {
+        throw std::invalid_argument("replay: unknown returned value " + kind);
+      }
+      if (e.kind == Ret::kViewSlot || e.kind == Ret::kViewOut) e.chain = lazy_arg(r[2]).alias();
+      ret_.push_back(std::move(e));
+    }
+  }
+
+  // The tensors the step returns, in ret's order, made from this call's inputs
+  // and outputs: one output returned twice, or returned and viewed, is one
+  // storage (as in the recorded call); an output written into an input is
+  // that input's storage.
+  py::list returned(py::list tensors, py::list outs) const {
+    static PyObject* clone = str("clone");
+    std::vector<std::optional<LazyTensor>> made(made_.size());
+    auto out_lt = [&](int64_t j) -> LazyTensor& {
+      std::optional<LazyTensor>& lt = made[size_t(j)];
+      if (!lt) {
+        const Made& m = made_[size_t(j)];
+        if (m.slot >= 0) {
+          lt = lazy_of_wrapper(tensors[size_t(m.slot)]).alias();
+        } else {
+          if (m.k >= PyList_GET_SIZE(outs.ptr()))
+            throw std::runtime_error("replay: returned output " + std::to_string(m.k) + " is missing");
+          py::object buf = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(outs.ptr(), m.k));
+          lt = LazyTensor(make_py_data(std::move(buf), m.dtype, m.dims, 0));
+        }
+      }
+      return *lt;
+    };
+    py::list leaves(ret_.size());
+    size_t j = 0;
+    for (const Ret& e : ret_) {
+      py::object t;
+      if (e.kind == Ret::kOut) {
+        t = wrap(out_lt(e.v).alias());
+      } else if (e.kind == Ret::kSlot) {
+        t = tensors[size_t(e.v)];
+      } else if (e.kind == Ret::kHost) {
+        t = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(e.host.ptr(), clone));
+        if (!t) throw py::error_already_set();
+      } else {  // a view: its chain on the new value (the chain is from its root)
+        LazyTensor& base = e.kind == Ret::kViewOut ? out_lt(e.v) : lazy_of_wrapper(tensors[size_t(e.v)]);
+        LazyTensor root = base.is_view() ? base.root() : base.alias();
+        t = wrap(rebase(*e.chain, root));
+      }
+      PyList_SET_ITEM(leaves.ptr(), j++, t.release().ptr());
+    }
+    return leaves;
   }
 
   // The executable's arguments (outs: the outputs of the step's earlier segments).
@@ -605,7 +685,21 @@ class ReplayPlan {
     DType dtype = DType::F32;
     Dims dims;
   };
+  struct Made {  // an output that a returned tensor or view holds
+    int64_t k;     // the output
+    int64_t slot;  // the input slot written with it (its tensor's storage holds it), or -1: a new storage
+    DType dtype = DType::F32;
+    Dims dims;
+  };
+  struct Ret {
+    enum Kind { kOut, kSlot, kHost, kViewOut, kViewSlot } kind;
+    int64_t v = -1;                   // kOut/kViewOut: the entry in made_; kSlot/kViewSlot: the input slot
+    py::object host;                  // kHost: the CPU tensor cloned per call
+    mutable std::optional<LazyTensor> chain;  // views: the view chain, on a shape-only placeholder of its root
+  };
   std::vector<Bind> binds_;
+  std::vector<Made> made_;
+  std::vector<Ret> ret_;
   std::vector<Out> inplace_, others_;
   std::vector<int64_t> inplace_slots_, others_slots_;  // their tensors' slots (warm())
 };
@@ -617,8 +711,9 @@ void bind_replay(py::module_& m) {
   m.def("replay_ready", &ready, py::arg("tensors"), py::arg("views") = false);
   m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
   py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
-      .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list>(),
-           py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"))
+      .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list, py::list>(),
+           py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"), py::arg("ret") = py::list())
+      .def("returned", &ReplayPlan::returned, py::arg("tensors"), py::arg("outs"))
       .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"), py::arg("outs") = py::list())
       .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))
       .def("release", &ReplayPlan::release, py::arg("tensors"), py::arg("kinds"), py::arg("grad_refs"))

@@ -19,7 +19,7 @@ from .._tracing import random as _random, tensor as _tensor
 from .._tracing.tensor import XlaTensor
 from . import _schedulers
 from ._lift import lift_optimizer
-from ._recording import Recording, buffer, flatten, number_to_data, own_storage, returned, root_buffer
+from ._recording import Recording, buffer, flat_kind, flatten, number_to_data, own_storage, returned, root_buffer
 from ._session import UNREACHED, Refused, Session, host_value
 from ._walk import captured, walk
 
@@ -268,7 +268,6 @@ class Compiled:
                 continue
             writes.append((i, k, "inplace" if t is before else "new"))
         rec.inplace = [(i, k) for i, k, mode in writes if mode == "inplace"]
-        rec.inplace_of = {k: i for i, k in rec.inplace}
         others = [w for w in writes if w[2] != "inplace"]
         ret = []
         for j, t in enumerate(leaves):
@@ -300,7 +299,8 @@ class Compiled:
         if lost:
             shapes = ", ".join(f"{outs[k].dtype} {list(outs[k].shape)}" for k in lost[:4])
             raise Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
-        rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs)
+        rec.flat = flat_kind(tpl)
+        rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret)
         results = {idx: r.value[0] for idx, r in enumerate(session.reads) if r.returned}
         _grad_refs()  # (its probe runs ops: here, not in a replay)
         return (None if transitional else rec), outs, results

@@ -78,14 +78,10 @@ class Recording:
     """One recorded path of a step: its segments (syncs) and the values it
     read between them, the LR schedulers stepped after it, the input slots
     its segments donate, where each output goes (plan, inplace, specs), what
-    it returns (ret), and which outputs are the RNG state and the deferred
-    checks."""
-    __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "inplace_of", "ret",
+    it returns (ret; flat: a flat tuple or list of tensors), and which
+    outputs are the RNG state and the deferred checks."""
+    __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "ret", "flat",
                  "rng_out", "checks", "specs", "plan")
-
-
-def _lazy_of(buf, spec):
-    return _C.from_data(buf, spec[0], spec[1])
 
 
 def flatten(out, leaves):
@@ -119,31 +115,21 @@ def _unflatten(tpl, leaves, results):
 def returned(rec, tensors, outs, results):
     """What a recorded step returns, made from its outputs' buffers and its
     inputs (the recording call returns the same, so that the tensors it
-    returns look as those of later calls do: detached, the same views)."""
-    tpl, ret = rec.ret
-    specs = rec.specs
-    # output index -> its LazyTensor: a returned output and views of it share a storage, and a view of an
-    # input written in place is a view of that input
-    made = {}
-    inplace_of = rec.inplace_of
-
-    def out_lt(k):
-        lt = made.get(k)
-        if lt is None:
-            i = inplace_of.get(k)
-            lt = made[k] = tensors[i]._lt if i is not None else _lazy_of(outs[k], specs[k])
-        return lt
-    leaves = []
-    for r in ret:
-        kind, v = r[0], r[1]
-        if kind == "out":
-            leaves.append(_C.wrap(out_lt(v)))
-        elif kind == "slot":
-            leaves.append(tensors[v])
-        elif kind == "host":
-            leaves.append(v.clone())
-        else:  # a view of an input or an output: its chain on the new value
-            base = out_lt(v) if kind == "view_out" else tensors[v]._lt
-            leaves.append(_C.wrap(r[2].rebase(base.root() if base.is_view else base)))  # (the chain is from its root)
+    returns look as those of later calls do: detached, the same views): the
+    tensors in one C++ call (ReplayPlan.returned, csrc/py/replay.cpp), put
+    in the step's structure."""
+    leaves = rec.plan.returned(tensors, outs)
+    tpl = rec.ret[0]
+    flat = rec.flat
+    if flat is not None:  # a flat tuple or list of tensors (a dynamo graph's outputs)
+        return leaves if flat is list else tuple(leaves)
     return _unflatten(tpl, leaves, results)
 
+
+def flat_kind(tpl):
+    """tuple or list when a step's return template is a flat tuple or list
+    of its tensors in order (returned() then skips _unflatten), else None."""
+    tag, v = tpl
+    if tag in (tuple, list) and all(x[0] == "T" and x[1] == j for j, x in enumerate(v)):
+        return tag
+    return None
