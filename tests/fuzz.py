@@ -89,6 +89,13 @@ KNOWN: list[Known] = [
     Known("matmul", "", "complex products with a NaN or an infinity: NaN or +-inf by how a kernel forms and sums "
           "complex products (CPU's own gemm gives NaN for a 1x1 mm and -inf-infj for 5x5 over the same "
           "values); XLA's dot forms them another way; finite values agree", _nonfinite_complex),
+    Known("elementwise", "add", "complex sums with an infinity: CPU computes a + alpha * b with alpha a complex 1, "
+          "and (inf + 0j) * (1 + 0j) has a NaN imaginary part (inf * 0); the device adds the parts (inf + 1.7j where "
+          "CPU gives inf + nanj); finite values agree", _nonfinite_complex),
+    Known("elementwise", "sub", "complex differences with an infinity: as add's", _nonfinite_complex),
+    Known("scatter", "scatter_reduce", "complex means with an infinity: CPU divides the sum by the count as a "
+          "complex division (NaN imaginary parts next to an infinite real part); the device divides the parts",
+          _nonfinite_complex),
     Known("views", "view(complex64)", "bitcasts to complex are refused (NotImplementedError: StableHLO's "
           "bitcast_convert takes no complex type; view_as_complex is the way)"),
     Known("views", "view(", "bitcasts from complex are refused (as above)",

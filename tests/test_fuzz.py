@@ -283,3 +283,73 @@ def test_complex_checks_that_torch_words_as_runtime_error(dev):
     w = torch.tensor([complex(-math.inf, 1.0), complex(-math.inf, -2.0), complex(1.0, 3.0)], dtype=torch.complex64)
     got, want = torch.exp2(w.to(dev)).cpu(), torch.exp2(w)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_integer_pow_wraps_over_every_exponent_bit_as_cpu(dev, dtype):
+    """XLA's integer power reads the exponent's low 6 bits: (-4) ** 67 came out as (-4) ** 3 (cases 1:8633,
+    1:2948). Negative exponents: 1, +-1 for base -1, else 0, as torch's integer kernel."""
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dtype == torch.uint8 else -150
+    a = torch.randint(lo, 150, (500,), generator=g).to(dtype)
+    a[:5] = torch.tensor([0, 1, 2, 3, 7]).to(dtype)
+    if dtype != torch.uint8:
+        a[5:8] = torch.tensor([-1, -2, -3]).to(dtype)
+    e = torch.randint(lo, 250, (500,), generator=g).to(dtype)
+    _same(dev, torch.pow, a, e)
+    _same(dev, lambda t: torch.pow(t, 67), a)
+
+
+def test_numbers_in_float_ops_of_integers_and_bool_numbers_as_cpu(dev):
+    """`uint8 / -1` divides by -1.0 (the number was cast to uint8 first: 255, case 1:17271); `x - True`
+    raises as CPU's sub (a Python bool was taken as a float, case 1:17169)."""
+    u = torch.tensor([[0, 3, 146, 255]], dtype=torch.uint8)
+    for fn in (lambda t: t / -1, lambda t: torch.true_divide(t.expand(2, 4), -1), lambda t: t.int() / -3,
+               lambda t: t.bool() / 2):
+        _same(dev, fn, u)
+    x = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    for fn in (lambda t: t - True, lambda t: torch.sub(t, False), lambda t: t + True, lambda t: t * False):
+        _same(dev, fn, x)
+
+
+def test_complex_and_bool_refusals_of_clamp_relu_nansum_scatter_as_cpu(dev):
+    """clamp/relu of complex, relu of bool, nansum of complex, scatter_reduce amax of complex raise CPU's
+    types (cases 1:1628, 1:5209, 1:2909, 1:8897); amax/amin of an empty complex tensor compute the empty
+    result and max/min over an empty dim raise IndexError first (1:6785, 1:8013); nan_to_num of complex
+    works part by part (1:12439)."""
+    z = torch.tensor([[1 + 2j, -0.5 + 0.25j, 3 - 1j]], dtype=torch.complex64)
+    for fn in (lambda t: torch.clamp(t, None, 2), lambda t: torch.clamp(t, 0, None), torch.relu,
+               torch.nansum, lambda t: torch.nansum(t, 0),
+               lambda t: t.scatter_reduce(-1, torch.tensor([[0, 0, 1]], device=t.device), t, "amax")):
+        _same(dev, fn, z)
+    _same(dev, torch.relu, torch.tensor([True, False]))
+    e = torch.zeros(3, 0, 1, dtype=torch.complex64)
+    for fn in (lambda t: torch.amax(t, (0, 2)), lambda t: torch.amin(t, 0), lambda t: torch.max(t, 1),
+               lambda t: torch.min(t, -2)):
+        _same(dev, fn, e)
+    inf, nan = math.inf, math.nan
+    w = torch.tensor([complex(nan, inf), complex(-inf, nan), complex(1.5, -inf)], dtype=torch.complex64)
+    _same(dev, torch.nan_to_num, w)
+    _same(dev, lambda t: torch.nan_to_num(t, 1.0, 2.0, -3.0), w)
+    _same(dev, torch.nansum, torch.tensor([[1.0, nan], [nan, 2.5]]))
+
+
+def test_shape_checks_before_dtype_and_cat_stack_addmm_as_cpu(dev):
+    """Shapes that do not broadcast raise CPU's RuntimeError before a dtype refusal (bitwise_and of floats,
+    hypot of int8: 1:4699, 1:17403); cat promotes over the 1-d empty tensors it skips (1:2625); stack of
+    unequal shapes raises CPU's RuntimeError (1:15208); an integer addmm with an empty inner dim and a float
+    beta raises as CPU's (1:2764); indexing a tensor with no elements reads no index (1:6964, 1:14723)."""
+    _same(dev, torch.bitwise_and, torch.ones(1, 4, dtype=torch.bfloat16), torch.ones(1, 5, dtype=torch.bfloat16))
+    _same(dev, torch.hypot, torch.ones(5, dtype=torch.int8), torch.ones(6, dtype=torch.int8))
+    for a, b in ((torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.int64)),
+                 (torch.zeros(0, dtype=torch.int8), torch.ones(1, dtype=torch.bool)),
+                 (torch.zeros(0, dtype=torch.complex64), torch.zeros(0, dtype=torch.float64))):
+        _same(dev, lambda s, t: torch.cat([s, t]), a, b)
+    _same(dev, lambda s, t: torch.stack([s, t], -1), torch.ones(1, 4), torch.tensor(2.0))
+    c, m1, m2 = torch.ones(3, 3, dtype=torch.int64), torch.ones(3, 0, dtype=torch.int64), torch.ones(0, 3,
+                                                                                                   dtype=torch.int64)
+    _same(dev, lambda x, y, z: torch.addmm(x, y, z, beta=0.5, alpha=2), c, m1, m2)
+    _same(dev, lambda x, y, z: torch.addmm(x, y, z, beta=2, alpha=2), c, m1, m2)
+    x = torch.zeros(1, 0)
+    _same(dev, lambda t, i: t[i], x, torch.tensor([3]))
+    _same(dev, lambda t, i, v: t.index_put((i,), v), x, torch.tensor([3, -1, 0]), torch.tensor(1.0))

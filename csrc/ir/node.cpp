@@ -167,14 +167,16 @@ NodePtr placed_on(const NodePtr& n, int16_t device) {
 
 // Python numbers that only this new node uses (just made from the caller's
 // arguments) take the dtype the op computes them in (OpDef::number_dtype),
-// as new scalar leaves: nothing built is changed afterwards.
+// as new scalar leaves: nothing built is changed afterwards. A Python bool
+// stays bool: ops that refuse a bool operand (sub: `x - True`) see it.
 static void settle_numbers(const OpDef& def, std::vector<NodePtr>& operands) {
   bool fresh = false;
-  for (const auto& o : operands) fresh = fresh || (o->wrapped && o.use_count() == 1);
+  for (const auto& o : operands) fresh = fresh || (o->wrapped && o.use_count() == 1 && o->dtype != DType::Bool);
   if (!fresh) return;
   DType t = def.number_dtype ? def.number_dtype(operands) : promoted_dtype(operands);
   for (auto& o : operands)
-    if (o->wrapped && o.use_count() == 1 && o->dtype != t) o = make_scalar(o->scalar, t, true, o->scalar_imag);
+    if (o->wrapped && o.use_count() == 1 && o->dtype != t && o->dtype != DType::Bool)
+      o = make_scalar(o->scalar, t, true, o->scalar_imag);
 }
 
 NodePtr make_node(uint16_t op, std::vector<NodePtr> operands, Attrs attrs, std::shared_ptr<const Body> body) {

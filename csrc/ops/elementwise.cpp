@@ -87,6 +87,19 @@ DType opmath_number_dtype(const std::vector<NodePtr>& xs) {
   return is_half(p) ? DType::F32 : p;
 }
 
+// Ops whose result is floating for integer operands (Kind::Float) take a
+// Python number as TensorIterator's cast to the float compute dtype does:
+// `uint8_tensor / -1` divides by -1.0, not by uint8(-1) = 255 (case 1:17271).
+DType float_number_dtype(const std::vector<NodePtr>& xs) {
+  DType p = promoted_dtype(xs);
+  return is_integral(p) || is_bool(p) ? DType::F32 : p;
+}
+
+DType opmath_float_number_dtype(const std::vector<NodePtr>& xs) {
+  DType p = promoted_dtype(xs);
+  return is_integral(p) || is_bool(p) || is_half(p) ? DType::F32 : p;
+}
+
 DType opmath_dtype(const Node& n, DType c, unsigned flags) {
   static const uint16_t scalar = op_id("scalar");
   if (!(flags & OPMATH) || !is_half(c)) return c;
@@ -110,7 +123,8 @@ OpDef custom(const char* name, int arity, Kind k, Emit emit, unsigned flags = 0)
     std::string r = emit(cx, n, coerced(cx, n, m), m);
     return m == c ? r : cx.convert(r, m, n.dtype, n.dims);
   };
-  if (flags & OPMATH) d.number_dtype = &opmath_number_dtype;
+  if (flags & OPMATH) d.number_dtype = k == Kind::Float ? &opmath_float_number_dtype : &opmath_number_dtype;
+  else if (k == Kind::Float) d.number_dtype = &float_number_dtype;
   return d;
 }
 
@@ -354,7 +368,38 @@ TXC_OP(simple("mul", 2, Kind::Same, "stablehlo.multiply", COMPLEX | OPMATH));
 TXC_OP(simple("div", 2, Kind::Float, "stablehlo.divide", COMPLEX | OPMATH));
 TXC_OP(simple("maximum", 2, Kind::Same, "stablehlo.maximum", COMPLEX_CHECKED));
 TXC_OP(simple("minimum", 2, Kind::Same, "stablehlo.minimum", COMPLEX_CHECKED));
-TXC_OP(simple("pow", 2, Kind::Same, "stablehlo.power", COMPLEX));
+// Integer powers wrap around as torch's kernels do. XLA's integer power
+// reads only the exponent's low 6 bits (3 ** 67 came out as 3 ** 3, case
+// 1:8633), so integers square and multiply over every bit of the exponent;
+// a negative exponent gives 1 for base 1, +-1 for base -1 and 0 otherwise,
+// as torch's integer pow.
+namespace {
+std::string integer_pow(LowerCtx& cx, const std::string& base, const std::string& e, DType c, const Dims& d) {
+  auto one = cx.constant(1, c, d), zero = cx.constant(0, c, d);
+  std::string r = one, b = base, rest = e;
+  int bits = is_unsigned(c) ? bit_width(c) : bit_width(c) - 1;
+  for (int i = 0; i < bits; ++i) {
+    auto odd = cx.compare(cx.binary("stablehlo.and", rest, one, c, d), one, c, d, "EQ");
+    r = cx.select(odd, cx.binary("stablehlo.multiply", r, b, c, d), r, c, d);
+    if (i + 1 == bits) break;
+    b = cx.binary("stablehlo.multiply", b, b, c, d);
+    rest = cx.binary("stablehlo.shift_right_logical", rest, one, c, d);
+  }
+  if (is_unsigned(c)) return r;
+  // e < 0: 1 ** e = 1; (-1) ** e = -1 where e is odd, else 1; other bases 0
+  auto minus_one = cx.constant(-1, c, d);
+  auto e_odd = cx.compare(cx.binary("stablehlo.and", e, one, c, d), one, c, d, "EQ");
+  auto at_minus_one = cx.select(e_odd, minus_one, one, c, d);
+  auto negative = cx.select(cx.compare(base, one, c, d, "EQ"), one,
+                            cx.select(cx.compare(base, minus_one, c, d, "EQ"), at_minus_one, zero, c, d), c, d);
+  return cx.select(cx.compare(e, zero, c, d, "LT"), negative, r, c, d);
+}
+}  // namespace
+TXC_OP(custom("pow", 2, Kind::Same,
+              [](LowerCtx& cx, const Node& n, const auto& a, DType c) {
+                if (is_integral(c)) return integer_pow(cx, a[0], a[1], c, n.dims);
+                return cx.binary("stablehlo.power", a[0], a[1], c, n.dims);
+              }, COMPLEX));
 TXC_OP(simple("atan2", 2, Kind::Float, "stablehlo.atan2"));
 TXC_OP(simple("bitwise_and", 2, Kind::Integral, "stablehlo.and"));
 TXC_OP(simple("bitwise_or", 2, Kind::Integral, "stablehlo.or"));

@@ -96,6 +96,18 @@ _OTHER_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: 
                 torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
 
 
+def check_broadcast(a, b) -> None:
+    """torch's error for two tensors whose shapes do not broadcast: its kernels
+    check shapes before dtypes (bitwise_and of float tensors that do not
+    broadcast raises the shape's RuntimeError, case 1:4699)."""
+    sa, sb = tuple(a.shape), tuple(b.shape)
+    for i in range(1, min(len(sa), len(sb)) + 1):
+        x, y = sa[-i], sb[-i]
+        if x != y and x != 1 and y != 1:
+            raise RuntimeError(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at "
+                               f"non-singleton dimension {max(len(sa), len(sb)) - i}")
+
+
 def refusal(name, d, cast_to="a numeric"):
     """The NotImplementedError of op `name` refusing dtype d, as torch's kernels refuse it."""
     return NotImplementedError(
@@ -115,6 +127,9 @@ def guard(func, h):
     def checked(*args, **kwargs):
         d = _decisive_dtype(args, mode)
         if d is not None and refused(d):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if mode == "promoted" and len(tensors) == 2:
+                check_broadcast(*tensors)
             raise refusal(name, d, "a floating" if kind == FLOATING else "a numeric")
         return h(*args, **kwargs)
     checked.__name__ = f"dtype_checked_{getattr(h, '__name__', 'handler')}"

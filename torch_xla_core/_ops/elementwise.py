@@ -3,6 +3,7 @@ csrc/ops/activation.cpp). Promotion and broadcasting happen in the core."""
 import functools
 
 import torch
+from torch._decomp import decomposition_table
 
 from .._runtime.dtypes import UnsupportedDtype, code
 from .._tracing import checks as _checks, device as _device, tensor as _tensor
@@ -10,7 +11,7 @@ from .. import metrics
 from .._tracing.tensor import OP, XlaTensor, lazy_op, wrapped_op, device_error
 from . import (XLA, Arg, assign, aten, check_fill, check_no_partial_overlap, convert, decomposed, full_like, impl,
                mapping)
-from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED, refusal
+from .dtype_rules import BOOL, INTEGRAL, INTEGRAL_PROMOTED, check_broadcast, refusal
 
 # Dtypes that torch's kernels refuse (NotImplementedError) and the core rows
 # refuse at trace time (csrc/ops/elementwise.cpp: NO_BOOL, NO_BOOL_OPERAND,
@@ -57,6 +58,8 @@ def _integral_only(name, bools=True):
     def check(a, b=None, *_, **__):
         d = a.dtype if b is None else torch.result_type(a, b)
         if d.is_floating_point or d.is_complex or (d == torch.bool and not bools):
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                check_broadcast(a, b)
             raise refusal(name, d, "an integer")
     return check
 
@@ -270,8 +273,14 @@ def where(cond, a, b):
     return wrapped_op(OP.where, (cond, a, b), ())
 
 
+_CLAMP_COMPLEX = ("clamp is not supported for complex types (torch's kernels refuse them too): clamp the real "
+                  "and imaginary parts, or the magnitude, explicitly")
+
+
 @impl(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):
+    if x.is_complex():
+        raise NotImplementedError(_CLAMP_COMPLEX)
     r = x
     if min is not None:
         r = wrapped_op(OP.maximum, (r._lt, min), ())
@@ -344,6 +353,10 @@ def addcdiv(x, t1, t2, *, value=1):
 
 @impl(aten.relu.default)
 def relu(x):
+    if x.dtype == torch.bool:
+        raise NotImplementedError("Boolean inputs not supported for relu (as in torch): cast the mask to a number")
+    if x.is_complex():
+        raise NotImplementedError(f"relu: {_CLAMP_COMPLEX}")
     return wrapped_op(OP.maximum, (x._lt, 0), ())
 
 
@@ -484,3 +497,16 @@ def is_nonzero(x):
 # Float math torch's decompositions run, which torch's kernels refuse for integers and bools (dtype_rules).
 decomposed(aten.frac, refuses=INTEGRAL)
 decomposed(aten.logaddexp, aten.logaddexp2, refuses=INTEGRAL_PROMOTED)
+
+
+_NAN_TO_NUM = decomposition_table[aten.nan_to_num.default]
+
+
+@impl(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    """torch's decomposition; complex tensors part by part, as CPU's kernel
+    (the decomposition refuses them: isneginf of complex, case 1:12439)."""
+    if x.is_complex():
+        return torch.complex(nan_to_num(torch.real(x), nan, posinf, neginf),
+                             nan_to_num(torch.imag(x), nan, posinf, neginf))
+    return _NAN_TO_NUM(x, nan, posinf, neginf)

@@ -84,7 +84,8 @@ def _indices(x, indices, op):
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {n})")
     dims, lts = [], []
     d = 0
-    check = None if _selects_nothing(indices) else op  # as CPU: no index is read, none is checked
+    # as CPU: no index is read, none is checked (nothing selected, or nothing to select from: case 1:6964)
+    check = None if _selects_nothing(indices) or x.numel() == 0 else op
     for i in indices:
         if i is None:
             d += 1
@@ -318,6 +319,8 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
                            f"got {reduce}")
     if reduce == "mean" and x.dtype == torch.bool:  # integers: the core rounds down, as torch
         raise refusal("scatter_reduce(reduce='mean')", torch.bool)
+    if reduce in ("amax", "amin") and x.is_complex():  # complex has no order (case 1:8897)
+        raise refusal(f"scatter_reduce(reduce='{reduce}')", x.dtype, "a real")
     return _scatter("scatter_reduce", x, dim, index, src, reduce, include_self)
 
 

@@ -4,7 +4,7 @@ from torch._decomp import decomposition_table
 
 from .._runtime.dtypes import code
 from .._tracing.tensor import XlaTensor, OP, lazy_op, wrapped_op, wrap
-from . import XLA, aten, convert, impl, mapping
+from . import XLA, aten, convert, impl, mapping, type_name
 
 _DOT, _ADD, _MUL = OP.dot, OP.add, OP.mul
 _MM = ([], [], [1], [0])
@@ -72,6 +72,11 @@ mapping(aten.addmm.default, op="dot", operands=(1, 2, 0), ranks=(2, 2, XLA), att
 
 @impl(aten.addmm.default)
 def addmm(c, a, b, *, beta=1, alpha=1):
+    if (a.shape[1] == 0 and isinstance(beta, float) and beta != 0
+            and not (c.dtype.is_floating_point or c.dtype.is_complex)):  # CPU scales c alone then: c.mul_(beta)
+        raise RuntimeError(f"addmm: result type Float can't be cast to the desired output type "
+                           f"{type_name(c.dtype)} (an integer result with a float beta and an empty inner "
+                           f"dimension, as torch's kernel); pass an integer beta")
     if beta == 1 and alpha == 1 and type(c) is XlaTensor:
         return wrapped_op(_DOT, (a, b, c), _MM)  # one node: the product plus c
     _check_dtypes("addmm", a, b)

@@ -1,5 +1,6 @@
 """Reduction aten ops -> core reductions (csrc/ops/reduce.cpp)."""
 import torch
+from torch._decomp import decomposition_table
 
 from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import code
@@ -80,16 +81,28 @@ def _no_identity(name, x, dim, normalize=True):
                              f"to have non-zero size.")
 
 
+def _empty_complex(name, x, dim, keepdim):
+    """amax/amin of a complex tensor with no elements: CPU returns the empty
+    result (its complex refusal is in the kernel, which never runs; case
+    1:6785); None for any other input."""
+    if not (x.is_complex() and x.numel() == 0):
+        return None
+    shape = _reduce(name, torch.real(x), dim, keepdim).shape
+    return wrapped_op(OP.full, (), (0.0, code(x.dtype), list(shape)))
+
+
 @impl(aten.amax.default)
 def amax(x, dim=(), keepdim=False):
     _no_identity("amax", x, dim, normalize=False)
-    return _reduce("amax", x, dim, keepdim)
+    r = _empty_complex("amax", x, dim, keepdim)
+    return _reduce("amax", x, dim, keepdim) if r is None else r
 
 
 @impl(aten.amin.default)
 def amin(x, dim=(), keepdim=False):
     _no_identity("amin", x, dim, normalize=False)
-    return _reduce("amin", x, dim, keepdim)
+    r = _empty_complex("amin", x, dim, keepdim)
+    return _reduce("amin", x, dim, keepdim) if r is None else r
 
 
 @impl(aten.max.default)
@@ -151,15 +164,15 @@ def _refused_input(name, x, bool_ok=False):
 
 @impl(aten.max.dim)
 def max_dim(x, dim, keepdim=False):
+    _no_identity("max", x, dim)  # an empty dim first, then the dtype, as CPU (case 1:8013)
     _refused_input("max", x, bool_ok=True)
-    _no_identity("max", x, dim)
     return _reduce("amax", x, dim, keepdim), _arg("argmax", x, dim, keepdim)
 
 
 @impl(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
-    _refused_input("min", x, bool_ok=True)
     _no_identity("min", x, dim)
+    _refused_input("min", x, bool_ok=True)
     return _reduce("amin", x, dim, keepdim), _arg("argmin", x, dim, keepdim)
 
 
@@ -199,3 +212,15 @@ def std(x, dim=None, *, correction=None, keepdim=False):
 @impl(aten.var_mean.correction)
 def var_mean(x, dim=None, *, correction=None, keepdim=False):
     return var(x, dim, correction=correction, keepdim=keepdim), _reduce("mean", x, dim, keepdim)
+
+
+_NANSUM = decomposition_table[aten.nansum.default]
+
+
+@impl(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    """torch's decomposition, but complex inputs refused as torch's kernels refuse them (case 1:2909)."""
+    if x.is_complex():
+        raise RuntimeError("nansum does not support complex inputs (torch's CPU and CUDA kernels refuse them "
+                           "too): use torch.where(z.isnan(), 0, z).sum()")
+    return _NANSUM(x, dim, keepdim, dtype=dtype)

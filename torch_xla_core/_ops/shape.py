@@ -3,6 +3,8 @@
 wrappers carry torch's strides and storage offset (computed by the core from
 the view chain), so torch's contiguous()/reshape() copy where CPU's do.
 as_strided indexes the whole storage, as on CPU."""
+import functools
+
 import torch
 
 from .._tracing import tensor as _tensor
@@ -216,17 +218,25 @@ def cat(tensors, dim=0):
     for i, t in enumerate(tensors):
         if t.dim() == 0:
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    # 1-d empty tensors are skipped (torch's legacy rule) but still promote the result's dtype (case 1:2625)
     ts = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
+    dt = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     if not ts:
-        return alias(tensors[0])
+        return convert(alias(tensors[0]), dt)
     d = _dim(dim, ts[0].dim())
     if len(ts) == 1:
-        return wrapped_op(OP.alias, (ts[0]._lt,), ())
-    return wrapped_op(OP.concat, tuple(_tensor.core_operand(t) for t in ts), (d,))
+        return convert(wrapped_op(OP.alias, (ts[0]._lt,), ()), dt)
+    return convert(wrapped_op(OP.concat, tuple(_tensor.core_operand(t) for t in ts), (d,)), dt)
 
 
 @impl(aten.stack.default)
 def stack(tensors, dim=0):
+    if not tensors:
+        raise RuntimeError("stack expects a non-empty TensorList")
+    for i, t in enumerate(tensors[1:], 1):
+        if t.shape != tensors[0].shape:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
+                               f"entry 0 and {list(t.shape)} at entry {i}")
     d = _dim(dim, tensors[0].dim() + 1)
     return cat([unsqueeze(t, d) for t in tensors], d)
 
