@@ -21,6 +21,7 @@ namespace ext { void bind_ext_api(py::module_& m); }  // ext/api.cpp: C++ API fo
 void bind_graph(py::module_& m);                // py/graph.cpp: GraphCut, the executor's view of a cut
 void bind_scan(py::module_& m);                 // py/scan.cpp: scan loops' bodies
 void bind_replay(py::module_& m);               // py/replay.cpp: replay's per-tensor loops
+void bind_foreach(py::module_& m);              // py/foreach.cpp: foreach ops' per-element nodes
 
 }  // namespace txc
 
@@ -84,4 +85,5 @@ PYBIND11_MODULE(_C, m) {
   bind_graph(m);
   bind_scan(m);
   bind_replay(m);
+  bind_foreach(m);
 }

@@ -82,6 +82,70 @@ def test_foreach_inplace_matches_cpu(name, fn):
     assert metrics.fallbacks() == {}
 
 
+def _like_lists(seed):
+    """Elements that share shapes and dtypes (a foreach call builds its first element's nodes once per
+    dtype, shape and numbers and rebuilds them over the others: csrc/py/foreach.cpp), among others."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(4, 3), (4, 3), (5,), (4, 3), (5,), (4, 3)]
+    ts = [torch.rand(s, generator=g) + 0.5 for s in shapes]
+    ts[3] = ts[3].to(torch.bfloat16)  # bf16: its handler computes in float32 and rounds once
+    ts[5] = ts[5].to(torch.bfloat16)
+    return ts
+
+
+SCALARS = [0.1, 0.1, 0.2, 0.3, 0.2, 0.1]
+PER_ELEMENT = [  # (foreach call, the same as one per-tensor op per element)
+    ("add_.List", lambda a, b: torch._foreach_add_(a, b, alpha=0.7),
+     lambda x, y, s: x.add_(y, alpha=0.7)),
+    ("mul_.Scalar", lambda a, b: torch._foreach_mul_(a, 0.999), lambda x, y, s: x.mul_(0.999)),
+    ("lerp_.Scalar", lambda a, b: torch._foreach_lerp_(a, b, 0.1), lambda x, y, s: x.lerp_(y, 0.1)),
+    ("lerp_.Scalar high", lambda a, b: torch._foreach_lerp_(a, b, 0.8), lambda x, y, s: x.lerp_(y, 0.8)),
+    ("addcmul_.Scalar", lambda a, b: torch._foreach_addcmul_(a, b, b, 0.001),
+     lambda x, y, s: x.addcmul_(y, y, value=0.001)),
+    ("addcdiv_.ScalarList", lambda a, b: torch._foreach_addcdiv_(a, b, a, SCALARS),
+     lambda x, y, s: x.addcdiv_(y, x, value=s)),
+    ("div_.ScalarList", lambda a, b: torch._foreach_div_(a, SCALARS), lambda x, y, s: x.div_(s)),
+    ("sqrt", lambda a, b: torch._foreach_sqrt(a), lambda x, y, s: x.sqrt()),
+    ("maximum", lambda a, b: torch._foreach_maximum(a, b), lambda x, y, s: torch.maximum(x, y)),
+    ("sub.Scalar", lambda a, b: torch._foreach_sub(a, 1), lambda x, y, s: x.sub(1)),
+]
+
+
+@pytest.mark.parametrize("name,fn,one", PER_ELEMENT, ids=[n for n, _, _ in PER_ELEMENT])
+def test_foreach_elements_of_one_shape_are_bitwise_the_per_tensor_op(name, fn, one):
+    """Elements whose nodes are rebuilt from the first one of their dtype and shape give bitwise what
+    the per-tensor op gives each of them on the device (and match CPU's foreach)."""
+    a, b = _like_lists(5), _like_lists(6)
+    b = [y.to(x.dtype) for x, y in zip(a, b)]
+    xa, xb = _xla(a), _xla(b)
+    ea, eb = _xla(a), _xla(b)
+    out = fn(xa, xb)
+    each = [one(x, y, s) for x, y, s in zip(ea, eb, SCALARS)]
+    got, want = (out, each) if out is not None else (xa, ea)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.cpu(), w.cpu()), name
+    cpu = fn(a, b)
+    for g, c in zip(got, cpu if cpu is not None else a):
+        tol = dict(rtol=1.6e-2, atol=1e-2) if c.dtype == torch.bfloat16 else dict(rtol=1.3e-6, atol=1e-5)
+        torch.testing.assert_close(g.cpu(), c, **tol)
+
+
+def test_foreach_inplace_reads_each_element_after_the_writes_before_it():
+    """An in-place foreach over elements that read each other's storage: element j sees the writes of
+    elements before it, as CPU's per-element loop (a view of another element, and the lists swapped)."""
+    def run(dev):
+        base = torch.arange(12.0).reshape(4, 3).to(dev)
+        a = [base[0], base[1], base[2], base[3]]  # views of one storage
+        b = [a[1], a[2], a[3], a[0]]
+        torch._foreach_add_(a, b)
+        c = [torch.full((3,), float(i)).to(dev) for i in range(3)]
+        torch._foreach_mul_(c, [c[1], c[2], c[0]])
+        return [base] + c
+    for x, c in zip(run(DEV), run("cpu")):
+        assert torch.equal(x.cpu(), c)
+
+
 def test_foreach_length_mismatch_raises_as_cpu():
     a = _lists(3)
     with pytest.raises(RuntimeError) as cpu:
