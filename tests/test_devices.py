@@ -137,3 +137,23 @@ def test_training_step_on_xla_3_matches_cpu():
     for p, q in zip(model.parameters(), ref.parameters()):
         assert p.device == torch.device("xla", 3) and _dev(p) == 3
         torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_factory_tensor_made_before_a_second_device_is_in_use_keeps_its_device():
+    """torch.ones(2, device="xla") is empty + fill_; the fill's constant used to take the tensor off xla:0
+    while one device was in use, so once xla:1 came into use `a + b` ran on xla:1 silently."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, torch_xla_core\n"
+            "a = torch.ones(2, device='xla'); z = torch.empty(2, device='xla'); z.zero_()\n"
+            "b = torch.ones(2, device='xla:1')\n"
+            "for x in (a, z):\n"
+            "    try:\n"
+            "        x + b\n"
+            "    except RuntimeError as e:\n"
+            "        print('raised' if 'same device' in str(e) else e)\n"
+            "print((a + z).cpu().tolist())\n")
+    env = {**os.environ, "TXC_NUM_CPU_DEVICES": "2", "PJRT_DEVICE": "CPU"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.split("\n")[:3] == ["raised", "raised", "[1.0, 1.0]"], out.stdout + out.stderr[-2000:]

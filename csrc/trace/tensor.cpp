@@ -104,12 +104,17 @@ void LazyTensor::assign(NodePtr v) {
     NodePtr parent = i == 0 ? st_->value : chain_[i - 1];
     v = def.scatter(view, parent, v);
   }
-  if (v->device == kAnyDevice && st_->value->device >= (g_multi_device ? 0 : 1)) {
+  static const uint16_t alias = op_id("alias"), data = op_id("data");
+  if (v->device == kAnyDevice && st_->value->device >= 0) {
     // A value of no device (a constant, fill_) written into a tensor on
-    // xla:N keeps the tensor there: an alias node on that device.
-    static const uint16_t alias = op_id("alias");
+    // xla:N keeps the tensor there: an alias node on that device. With one
+    // device in use so far, a copy of the value's node on xla:0 (no node
+    // more in the graph): a second device used later still sees where the
+    // tensor is (torch.ones(2, device="xla") is empty + fill_: it joined
+    // xla:1's graphs silently).
     int16_t d = st_->value->device;
-    v = placed_on(make_node(alias, {std::move(v)}, {}), d);
+    if (g_multi_device || d > 0) v = placed_on(make_node(alias, {std::move(v)}, {}), d);
+    else if (v->op != data) v = placed_on(v, d);
   }
   st_->value = std::move(v);
   ++st_->version;
