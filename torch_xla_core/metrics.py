@@ -195,7 +195,8 @@ def add_report_section(fn) -> None:
 def short_report() -> str:
     """A few key lines: compiles and their time, compile-cache hits and misses,
     executions and execute time, transfers, and the ops that fell back to the
-    CPU (the first thing to fix when a step is slow)."""
+    CPU (the first thing to fix when a step is slow); and, when there were
+    any, the value reads whose graph kept growing (growing_graph)."""
     cs, ts = counters(), timers()
 
     def t(name):
@@ -215,6 +216,9 @@ def short_report() -> str:
         f"{cs.get('transfer_to_host', 0)} to host ({t('transfer_to_host')})",
         f"cpu fallbacks: {sum(fb.values())}" + (f" ({top})" if top else ""),
     ]
+    if cs.get("growing_graph"):  # torch_xla_core/_execution/growth.py
+        lines.append(f"growing graphs: {cs['growing_graph']} value reads recomputed every earlier step "
+                     f"(no txc.sync() at the end of each step)")
     return "\n".join(lines)
 
 

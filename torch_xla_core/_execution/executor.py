@@ -59,7 +59,7 @@ import time
 import torch
 
 from .. import _C, config, metrics
-from . import spmd as _spmd, compile_cache, recompiles
+from . import spmd as _spmd, compile_cache, growth, recompiles
 from .._tracing import checks as _checks, random as _random, tensor as _tensor
 from .._runtime import peers, runtime
 
@@ -353,11 +353,8 @@ def sync(lts=None, wait=False, read_checks=True) -> None:
         if read_checks:
             _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
         with metrics.timed("sync"):
-            if not _multi:
-                _run(plan(lts), wait)
-            else:
-                for d in _C.pending_devices():
-                    _run(plan(lts, d), wait)
+            ran = [_run(plan(lts), wait)] if not _multi else [_run(plan(lts, d), wait) for d in _C.pending_devices()]
+        growth.note(lts is not None, [r for r in ran if r is not None])  # the trap of reads without syncs
         if wait:
             _checks.verify()
 
@@ -472,10 +469,11 @@ def run_recorded(launch: Launch, wait: bool = False, read_checks: bool = True):
         return execute(launch, wait)
 
 
-def _run(p: Plan, wait: bool) -> None:
+def _run(p: Plan, wait: bool):
+    """Runs a plan's graph; returns its cut, None when nothing was pending."""
     cut = p.cut
     if cut.num_outputs == 0:
-        return
+        return None
     for listen in _sync_listeners:
         listen(p)
     with _naming_failures(cut):
@@ -489,6 +487,7 @@ def _run(p: Plan, wait: bool) -> None:
     session = _session
     if session is not None and p.key.spmd is None:  # txc.compile records this step (torch_xla_core/replay/)
         session.grab(p, exe, params, outs)
+    return cut
 
 
 # --- failures ---------------------------------------------------------------

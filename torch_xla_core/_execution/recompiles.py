@@ -82,16 +82,29 @@ def clear() -> None:
         _explained.clear()
 
 
-def call_site() -> str:
-    """The innermost Python frame outside torch_xla_core, torch and the
-    standard library: the user's line whose op or read synced."""
-    f = sys._getframe(1)
+def _user_frame():
+    """(the innermost Python frame outside torch_xla_core, torch and the
+    standard library, its depth below the caller of _user_frame's caller
+    (warnings.warn's stacklevel)), or (None, 1)."""
+    f, level = sys._getframe(2), 1
     while f is not None:
         fn = os.path.abspath(f.f_code.co_filename)
         if not fn.startswith(_SKIP_DIRS) and not fn.startswith("<frozen"):
-            return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
-        f = f.f_back
-    return "<unknown>"
+            return f, level
+        f, level = f.f_back, level + 1
+    return None, 1
+
+
+def call_site() -> str:
+    """The user's line whose op or read synced ("file:line in function")."""
+    f, _ = _user_frame()
+    return "<unknown>" if f is None else f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+
+
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel, for a warning given by the caller, that
+    points at the user's line (call_site) instead of torch_xla_core's."""
+    return _user_frame()[1]
 
 
 def _limit():
