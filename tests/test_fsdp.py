@@ -7,13 +7,16 @@ to one process on the whole batch (CPU f32, <= 1e-6), with
 reshard_after_forward True and False, one execution per step holding the
 all-gathers and reduce-scatters, no CPU fallback; AdamW too; in four
 processes (tests/scripts/hsdp_train.py), HSDP on a 2-D mesh equal to one
-process."""
+process; the unsharded parameters freed after use (tests/scripts/fsdp_memory.py:
+the bytes held between steps, against the unsharded parameters kept and DDP)."""
+import gc
 import os
+import weakref
 
 import pytest
 import torch
 
-import torch_xla_core  # noqa: F401  (the xla device, the hooks)
+import torch_xla_core as txc  # (the xla device, the hooks)
 from torch_xla_core import metrics
 from torch_xla_core.distributed import _fsdp as fsdp
 from launched_ranks import launched_ranks
@@ -21,6 +24,7 @@ from launched_ranks import launched_ranks
 pytestmark = pytest.mark.xdist_group("processes2")  # one multi-process launch at a time
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
 HSDP_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hsdp_train.py")
+MEMORY_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_memory.py")
 
 
 def test_fsdp_ops_equal_torchs_cpu_kernels():
@@ -73,19 +77,37 @@ def test_streams_and_events_of_the_device_module():
     assert len({s, xla.Stream()}) == 2  # hashable, as FSDP2 keys events by stream
 
 
-def test_storage_functions_skip_xla_tensors_only():
+def test_storage_functions_free_and_reallocate_xla_storages():
+    """free_storage: the storage holds no value (no buffer, no sync computes
+    it; a read raises naming FSDP2); alloc_storage: it holds one again, which
+    a whole write replaces; alloc of a storage that was not freed changes
+    nothing. CPU tensors get torch's own functions."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-    assert _fsdp_param.free_storage.txc_skips_xla and _fsdp_param_group.alloc_storage.txc_skips_xla
-    x = torch.ones(4, device="xla")
+    assert _fsdp_param.free_storage.txc_on_xla and _fsdp_param_group.alloc_storage.txc_on_xla
+    x = torch.ones(64, 64).to("xla")
+    _fsdp_param.alloc_storage(x)  # not freed: unchanged
+    txc.sync()
+    buffer = weakref.ref(x._lt.data)
     _fsdp_param.free_storage(x)
-    assert x.cpu().tolist() == [1.0] * 4
+    _fsdp_param.free_storage(x)  # twice: as once
+    gc.collect()
+    assert buffer() is None  # its device buffer is released
+    executed = metrics.counter_value("execute") or 0
+    txc.sync()
+    assert (metrics.counter_value("execute") or 0) == executed  # nothing to compute for it
+    with pytest.raises(RuntimeError, match="FSDP2 freed this unsharded parameter"):
+        x.cpu()
+    _fsdp_param_group.alloc_storage(x)
+    with torch.no_grad():
+        x.view(2, -1).copy_(torch.arange(4096.0).reshape(2, -1).to("xla"))  # FSDP2's copy-out: through a view
+    assert torch.equal(x.cpu(), torch.arange(4096.0).reshape(64, 64))
     c = torch.ones(4)
     _fsdp_param.free_storage(c)
     assert c.untyped_storage().size() == 0  # torch's own, on a CPU tensor
     _fsdp_param.alloc_storage(c)
     assert c.untyped_storage().size() == 16
     fsdp.install()  # again: not wrapped twice
-    assert not hasattr(_fsdp_param.free_storage.__wrapped__, "txc_skips_xla")
+    assert not hasattr(_fsdp_param.free_storage.__wrapped__, "txc_on_xla")
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +144,10 @@ def test_fully_shard_trains_equal_to_ddp_and_one_process(ranks, key):
             _close(params, want[step])
             _close(params, [torch.tensor(p) for p in res["ddp"][step]])
         assert f["executions"] == [1, 1, 1]  # forward, backward and step: one graph
-        # per layer: an all-gather in forward (and again in backward when resharded), a reduce-scatter in backward
-        assert f["collectives"] == {"all_gather": 4 if key == "fsdp" else 2, "reduce_scatter": 2, "all_reduce": 0}
+        # per layer: an all-gather in forward (and again in backward when resharded), a reduce-scatter in backward;
+        # but the first layer's backward needs no weight (its input needs no gradient) and the freed unsharded
+        # parameter keeps nothing: that all-gather is computed by no graph
+        assert f["collectives"] == {"all_gather": 3 if key == "fsdp" else 2, "reduce_scatter": 2, "all_reduce": 0}
         assert res["fallbacks"] == {}
 
 
@@ -131,6 +155,20 @@ def test_fully_shard_with_adamw(ranks):
     want = _whole_batch(torch.optim.AdamW, lr=0.01)[-1]
     for res in ranks:
         _close(res["fsdp_adam"], want)
+
+
+def test_fully_shard_frees_the_unsharded_parameters_after_use(tmp_path):
+    """Between steps each process holds the sharded state only: freeing the
+    unsharded parameters releases exactly their bytes (what the process
+    holds with the storage functions doing nothing, less what it holds with
+    them), and FSDP2 then holds at least a whole model copy less than DDP
+    (its replica and gradients). With a sync between forward and backward,
+    it holds less too. All numbers from txc.memory.live_bytes()."""
+    for res in launched_ranks(MEMORY_SCRIPT, 2, tmp_path):
+        between, after_forward = res["between_steps"], res["after_forward"]
+        assert between["kept"][-1] - between["freed"][-1] == res["unsharded"], res
+        assert between["freed"][-1] + res["unsharded"] <= between["ddp"][-1], res
+        assert after_forward["freed"][-1] < after_forward["kept"][-1], res
 
 
 def test_hsdp_on_a_2d_mesh_trains_equal_to_one_process(tmp_path):
@@ -142,4 +180,4 @@ def test_hsdp_on_a_2d_mesh_trains_equal_to_one_process(tmp_path):
         assert res["shard"] == [8, 8]
         _close(res["params"], want)
         assert res["executions"] == [1, 1, 1]
-        assert res["collectives"] == {"all_gather": 4, "reduce_scatter": 2, "all_reduce": 2}
+        assert res["collectives"] == {"all_gather": 3, "reduce_scatter": 2, "all_reduce": 2}  # (as FSDP's: 3)

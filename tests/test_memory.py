@@ -69,3 +69,23 @@ def test_metrics_report_has_memory_section(dev):
     r = txc.metrics.report()
     assert "memory:" in r and "last_graph.argument_size_in_bytes" in r and "last_graph.device_total_bytes" in r
     assert ("device.bytes_in_use" in r) or ("no allocator statistics on cpu" in r)
+
+
+def test_live_bytes_counts_the_buffers_tensors_hold(dev):
+    """Every platform: a computed tensor's buffer counts while the tensor
+    lives; a value an in-place op replaced counts no more once synced."""
+    gc.collect()
+    txc.sync()
+    before = memory.live_bytes()
+    x = torch.randn(256, 256).to(dev)
+    y = x + x  # (no Python number: numbers are buffers too, cached)
+    txc.sync()
+    nbytes = x.numel() * x.element_size()
+    both = memory.live_bytes()
+    assert both - before >= 2 * nbytes
+    del x
+    gc.collect()
+    assert both - memory.live_bytes() == nbytes
+    y.add_(y)
+    txc.sync()  # y's new value took its old buffer (donated) or replaced it: one buffer either way
+    assert both - memory.live_bytes() == nbytes

@@ -3,6 +3,6 @@ memory statistics of its executable) and what the device holds now (PJRT's
 allocator statistics, where the platform reports them).
 
 The public face of torch_xla_core/_features/memory.py (the implementation: read it there)."""
-from ._features.memory import last_graph, device_info, report_lines  # noqa: F401
+from ._features.memory import last_graph, device_info, live_bytes, report_lines  # noqa: F401
 
-__all__ = ["last_graph", "device_info", "report_lines"]
+__all__ = ["last_graph", "device_info", "live_bytes", "report_lines"]

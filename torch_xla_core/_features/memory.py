@@ -6,6 +6,7 @@ allocator statistics, where the platform reports them).
     txc.sync()
     txc.memory.last_graph()    # {'argument_size_in_bytes': ..., 'temp_size_in_bytes': ..., ...}
     txc.memory.device_info()   # {'bytes_in_use': ..., 'bytes_limit': ..., 'peak_bytes_in_use': ...} or None
+    txc.memory.live_bytes()    # bytes of the device buffers this process holds (every platform)
 
 The numbers come from the executor (executor.last_memory_stats(): the
 executable that ran last) and from jax's Device.memory_stats(); this module
@@ -16,7 +17,7 @@ from .._execution import executor
 from .. import metrics
 from .._runtime import runtime
 
-__all__ = ["last_graph", "device_info", "report_lines"]
+__all__ = ["last_graph", "device_info", "live_bytes", "report_lines"]
 
 _DEVICE_FIELDS = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "bytes_reserved", "largest_alloc_size",
                   "num_allocs")
@@ -56,6 +57,14 @@ def device_info(device_index: int = 0):
     if not st:
         return None
     return {k: int(v) for k, v in st.items() if isinstance(v, (int, float))}
+
+
+def live_bytes(device_index: int = 0) -> int:
+    """Bytes of the device buffers this process holds on xla:device_index now
+    (jax's live arrays: tensors' values, cached numbers), on every platform,
+    XLA:CPU included; what the allocator has reserved beyond them is
+    device_info()'s."""
+    return runtime.live_bytes(device_index)
 
 
 def _mib(n) -> str:

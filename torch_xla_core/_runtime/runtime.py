@@ -417,6 +417,14 @@ def wait_all() -> None:
             pass
 
 
+def live_bytes(device_index: int = 0) -> int:
+    """Bytes of the live device buffers of this process on device
+    `device_index` (its part of each buffer laid out over several devices)."""
+    d = devices()[device_index]
+    arrays = [a for a in backend().live_arrays() if not a.is_deleted()]
+    return sum(s.data.nbytes for a in arrays for s in a.addressable_shards if s.device == d)
+
+
 def memory_kinds(device_index: int = 0) -> set:
     """The memory kinds the device can address ('device', 'pinned_host',
     'unpinned_host' on CPU and GPU), or {'device'} when PJRT lists none."""

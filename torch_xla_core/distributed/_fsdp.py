@@ -3,16 +3,23 @@ asks of a device is met elsewhere: the device module's Stream and Event
 (_tracing/device.py: one in-order stream, so its waits are no-ops), all_gather_single
 and reduce_scatter_single on the "xla" backend (backend.py, in the step's
 graph, with completed Works), DTensor on an "xla" DeviceMesh (backend.py,
-funcol.py). One thing is not: FSDP2 frees a module's unsharded parameters
-after use by resizing their storage to 0 bytes and resizes it back before
-the next all-gather (_fsdp_param.free_storage / alloc_storage), and an xla
-tensor's storage is a placeholder (its value lives in the lazy graph), so
-torch's resize_ raises. Both skip xla tensors here: the all-gather's
-copy-out writes each unsharded parameter whole before any use, so the
-results are FSDP2's. What differs is memory: between steps each module's
-unsharded parameters keep their last value on the device (as DDP's
-replicas do) instead of being freed; inside a step XLA's compiler decides
-buffer lifetimes.
+funcol.py). One thing is done here: FSDP2 frees a module's unsharded
+parameters after use by resizing their storage to 0 bytes and resizes it
+back before the next all-gather (_fsdp_param.free_storage / alloc_storage),
+and an xla tensor's storage is a placeholder (its value lives in the lazy
+graph), so torch's resize_ raises. For xla tensors the two functions act on
+the lazy storage instead:
+
+- free: the storage drops its value and holds a failed one ("freed by
+  FSDP2"), which no sync computes and which raises, naming FSDP2, when read
+  (as reading a 0-byte storage fails in torch). The graphs already traced
+  from the gathered value keep it as they need it; once they have run,
+  nothing holds the unsharded parameter's device buffer (DDP-sized memory
+  otherwise held between steps: the step's sync would compute it as an
+  output and keep it).
+- alloc: a freed storage holds a fresh value again (zeros, a constant that
+  costs no buffer), which the all-gather's copy-out then overwrites whole
+  before any use.
 
 The two functions are replaced when torch's module loads (an import hook,
 _Finder), whatever the order of imports; a torch without them leaves the
@@ -31,28 +38,64 @@ import sys
 
 import torch
 
+from .. import _C
 from .._tracing import tensor as _tensor
 from .._ops import impl_by_name
 
 _TARGETS = {"torch.distributed.fsdp._fully_shard._fsdp_param": ("free_storage", "alloc_storage"),
             "torch.distributed.fsdp._fully_shard._fsdp_param_group": ("alloc_storage",)}
 
+FREED = ("FSDP2 freed this unsharded parameter after its module's forward/backward (its storage resized to 0 "
+         "bytes, as torch frees it); it holds a value again at the module's next all-gather. Read the module's "
+         "parameters (the sharded DTensors) instead, or use reshard_after_forward=False to keep it")
 
-def _skip_xla(fn):
+
+def _placeholder(tensor, root):
+    """A fresh value for tensor's storage: zeros (a constant: no buffer, and
+    nothing read from the value it replaces)."""
+    return torch.zeros(root.shape, dtype=tensor.dtype, device=tensor.device)._lt
+
+
+def free(tensor) -> None:
+    """FSDP2's free_storage for an xla tensor: its storage holds a failed
+    value (FREED) instead of its value, so no sync computes or keeps it."""
+    root = tensor._lt.root()  # the whole storage
+    if root.op == "error":
+        return
+    root.assign(_placeholder(tensor, root))  # (a cut skips device data: give it a pending value to fail)
+    _C.GraphCut([root]).poison([0], FREED)
+
+
+def alloc(tensor) -> None:
+    """FSDP2's alloc_storage for an xla tensor: a freed storage holds a
+    value again (zeros, overwritten by the all-gather's copy-out)."""
+    root = tensor._lt.root()  # the whole storage
+    if root.op == "error":
+        root.assign(_placeholder(tensor, root))
+
+
+_XLA_VERSIONS = {"free_storage": free, "alloc_storage": alloc}
+
+
+def _on_xla(fn):
+    name = fn.__name__
+
     @functools.wraps(fn)
     def storage_op(tensor):
-        if not isinstance(tensor, _tensor.XlaTensor):
+        if isinstance(tensor, _tensor.XlaTensor):
+            _XLA_VERSIONS[name](tensor)
+        else:
             fn(tensor)
 
-    storage_op.txc_skips_xla = True
+    storage_op.txc_on_xla = True
     return storage_op
 
 
 def _patch(module) -> None:
     for name in _TARGETS[module.__name__]:
         fn = getattr(module, name, None)
-        if fn is not None and not getattr(fn, "txc_skips_xla", False):
-            setattr(module, name, _skip_xla(fn))
+        if fn is not None and not getattr(fn, "txc_on_xla", False):
+            setattr(module, name, _on_xla(fn))
 
 
 class _Finder(importlib.abc.MetaPathFinder):
