@@ -72,7 +72,7 @@ mapping(aten.addmm.default, op="dot", operands=(1, 2, 0), ranks=(2, 2, XLA), att
 
 @impl(aten.addmm.default)
 def addmm(c, a, b, *, beta=1, alpha=1):
-    if (a.shape[1] == 0 and isinstance(beta, float) and beta != 0
+    if (a.shape[1] == 0 and a.shape[0] * b.shape[1] and isinstance(beta, float) and beta != 0
             and not (c.dtype.is_floating_point or c.dtype.is_complex)):  # CPU scales c alone then: c.mul_(beta)
         raise RuntimeError(f"addmm: result type Float can't be cast to the desired output type "
                            f"{type_name(c.dtype)} (an integer result with a float beta and an empty inner "
