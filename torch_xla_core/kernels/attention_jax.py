@@ -8,7 +8,11 @@ dtype and returns float32 (preferred_element_type), the scores stay float32
 through the scale, bias, mask and softmax, the unnormalised probabilities are
 rounded to the input dtype for p.v and normalised after it in float32; the
 backward (a custom vjp) recomputes the probabilities from the logsumexp and
-rounds dS, computed in float32, for the dQ/dK products. Grouped-query heads
+rounds dS, computed in float32, for the dQ/dK products. dS = P (dP - D) takes
+D = rowsum(P dP) from those float32 values (torch's softmax backward), not
+rowsum(dO o) from the rounded output o: o's rounding (~2^-9 |dO||o|) stays
+in dS where the softmax is peaked (dP - D cancels there), which put dQ/dK
+of inputs with large scores up to 15x bf16 tolerance from float64. Grouped-query heads
 are a dim of the products (q as [B, Hkv, G, S, D]), so dK and dV sum the
 groups inside the product, in float32, with no repeated copy of k and v.
 
@@ -46,17 +50,17 @@ def _attend_fwd(q, k, v, ab, mask, scale):
     e = jnp.exp(s - m)
     ls = e.sum(-1, keepdims=True)
     o = (_dot("bkgqt,bktd->bkgqd", e.astype(v.dtype), v) / ls).astype(q.dtype)
-    return o, (q, k, v, ab, mask, o, m + jnp.log(ls))
+    return o, (q, k, v, ab, mask, m + jnp.log(ls))
 
 
 def _attend_bwd(scale, res, g):
-    q, k, v, ab, mask, o, lse = res
+    q, k, v, ab, mask, lse = res
     dt = q.dtype
     p = jnp.exp(_scores(q, k, ab, mask, scale) - lse)
     g = g.astype(dt)
     dv = _dot("bkgqt,bkgqd->bktd", p.astype(dt), g).astype(v.dtype)
     dp = _dot("bkgqd,bktd->bkgqt", g, v)
-    ds = jnp.where(mask, p * (dp - (g.astype(_F32) * o.astype(_F32)).sum(-1, keepdims=True)), 0.0)
+    ds = jnp.where(mask, p * (dp - (p * dp).sum(-1, keepdims=True)), 0.0)
     dab = None if ab is None else ds.astype(ab.dtype)
     ds = (ds * scale).astype(dt)
     dq = _dot("bkgqt,bktd->bkgqd", ds, k).astype(dt)
