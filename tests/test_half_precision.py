@@ -171,10 +171,7 @@ def test_half_sdpa_is_as_accurate_as_cpus_fused_kernel(dt, case, size):
         assert err_xla <= 2 * err_cpu, (n, err_xla, err_cpu)
 
 
-@pytest.mark.parametrize("mode", [
-    pytest.param("xla", marks=pytest.mark.xfail(strict=True, reason="csrc/ops/attention.cpp's sdpa_backward takes "
-                                                 "D from the rounded output (a C++ change, not in this tree yet)")),
-    "flash"])
+@pytest.mark.parametrize("mode", ["xla", "flash"])
 def test_bf16_sdpa_gradients_of_a_peaked_softmax(mode):
     """q, k, v uniform in [-9, 9] with head_dim 8, as OpInfo's samples: scaled scores up to ~230,
     each row's softmax near one-hot, so dS = P (dP - D) cancels in dP - D. D must be rowsum(P dP)

@@ -74,18 +74,6 @@ EXPECTED = [
       '0 is a difference of two terms of order 1/|x|. Both sides compute torch\'s norm backward formula in bf16 ops '
       '(CPU is 3.1x bf16 tolerance off too); a one-ulp difference in an intermediate (|x|^-0.5) becomes ours -0.25, '
       '25x. The other samples pass (all 3 pass on torch 2.11, whose samples differ)', torch=((2, 12), None)),
-    X('nn.functional.scaled_dot_product_attention', 'bf16', 'mismatch',
-      'less accurate: on torch 2.11-2.13\'s samples (other random values than 2.14+\'s) the gradients of q and k '
-      'of samples 0, 1 and 4 are 1.3-15x bf16 tolerance from float64 where CPU\'s math path (3-D inputs: float32) '
-      'is within 0.1-0.2x (sample 4\'s dq: ours -0.134 where float64 is 0.0177). Cause: the core op\'s '
-      'sdpa_backward (csrc/ops/attention.cpp) takes D = rowsum(dO * out) from the bf16-rounded output; the '
-      'samples\' softmax is near one-hot, so dP - D cancels and out\'s rounding stays in dS = P (dP - D). '
-      'D = rowsum(P * dP) of the float32 values (as flash_attention\'s jax path now does) gives 0.12-0.30x: '
-      'a C++ change, pending',
-      torch=(None, (2, 14))),
-    X('nn.functional.scaled_dot_product_attention', 'autocast', 'mismatch',
-      'less accurate: as its bf16 run on torch 2.11-2.13\'s samples (grads of samples 0 and 4: 3-15x bf16 '
-      'tolerance, CPU 2.5x), the same cause (D from the rounded output)', torch=(None, (2, 14))),
 ]
 
 
