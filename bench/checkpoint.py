@@ -16,7 +16,8 @@ overhead in %, the blocking time of save() itself (the state taken at the
 step boundary), the write's duration, the checkpoint's size; and for
 comparison a synchronous save (async_save=False) of the same state.
 
-  python bench/checkpoint.py [--layers 4] [--dim 256] [--rounds 6] [--steps 10] [--out FILE.json]
+  python bench/checkpoint.py [--layers 4] [--dim 256] [--rounds 6] [--steps 10] [--runtime traced|compiled]
+                             [--out FILE.json]
 """
 import argparse
 import pathlib
@@ -45,6 +46,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--runtime", choices=("traced", "compiled"), default="traced",
+                    help="the step traced op by op every step, or replayed under txc.compile")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "checkpoint.json"))
     args = ap.parse_args()
 
@@ -59,9 +62,13 @@ def main():
         logits = m(inp[0])
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), inp[1].reshape(-1))
 
+    one = (lambda: train_step(model, opt, inputs, loss_fn))
+    if args.runtime == "compiled":
+        one = txc.compile(one)
+
     def step() -> float:
         t0 = time.perf_counter()
-        train_step(model, opt, inputs, loss_fn)
+        one()
         txc.sync()
         txc.wait_device_ops()
         return time.perf_counter() - t0
@@ -103,14 +110,14 @@ def main():
             ("async save, call to commit", stats([x * 1e3 for x in writes])),
             ("sync save (async_save=False)", stats([x * 1e3 for x in sync_save]))]
     print(f"decoder: {args.layers} layers, width {args.dim}, {n_params / 1e6:.2f} M parameters; checkpoint "
-          f"{size / 2**20:.1f} MiB (model + AdamW); {txc.runtime.platform()}")
+          f"{size / 2**20:.1f} MiB (model + AdamW); {txc.runtime.platform()}; step {args.runtime}")
     print(f"{'':32s} {'median ms':>10s} {'p25':>8s} {'p75':>8s} {'n':>4s}")
     for name, st in rows:
         if st:
             print(f"{name:32s} {st['median']:10.2f} {st['p25']:8.2f} {st['p75']:8.2f} {st['n']:4d}")
     print(f"step time during an async save: {overhead:+.1f}% (target: within 10%)" if overhead is not None
           else "no step ran while a save was in flight (the writes finished within save())")
-    write_report(args.out, "checkpoint/1", layers=args.layers, dim=args.dim, parameters=n_params,
+    write_report(args.out, "checkpoint/1", runtime=args.runtime, layers=args.layers, dim=args.dim, parameters=n_params,
                  checkpoint_bytes=size, step_ms=b, step_ms_during_save=s, overhead_pct=overhead,
                  save_blocking_ms=rows[2][1], async_save_ms=rows[3][1], sync_save_ms=rows[4][1])
 
