@@ -23,8 +23,9 @@ so an in-place update made afterwards cannot reach them, and the device
 buffers stay free for the next step to donate (no second executable).
 The write (torch.distributed.checkpoint with SPMDSavePlanner) then runs on a
 background thread (async_save=True, the default; on Linux at the lowest
-CPU priority, nice 19, so it takes the cycles training leaves) while the
-next steps train; one save is in flight at a time (the next save waits for
+CPU priority, nice 19, so it takes the cycles training leaves; one
+process's write in a forked child, _in_child, so that its GIL-holding calls
+cannot stall training) while the next steps train; one save is in flight at a time (the next save waits for
 it). An
 error of the background write is raised by the next save(),
 wait_until_finished() or restore(), naming the step.
@@ -266,8 +267,16 @@ class CheckpointManager:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
             # dcp.save less its warning that one process saves alone (no_dist)
-            _save_state_dict(flat, AtomicFileSystemWriter(self._path(step)), self._group, no_dist=self._nproc == 1,
-                             planner=SPMDSavePlanner())
+            # per_thread_copy_ahead=0: DCP's serial loader. Its overlapping one (the default where a PrivateUse1
+            # device exists) waits for the device's stream before copying tensors that are on the host already
+            # (staged): every launched step, and a forked child, which has no runtime threads, forever
+            def write():
+                _save_state_dict(flat, AtomicFileSystemWriter(self._path(step), per_thread_copy_ahead=0),
+                                 self._group, no_dist=self._nproc == 1, planner=SPMDSavePlanner())
+            if self.async_save and self._nproc == 1 and _FORKED_WRITES:
+                _in_child(write)
+            else:
+                write()
             if self._rank == 0 and self.keep is not None:
                 for old in self.all_steps()[:-self.keep]:
                     shutil.rmtree(self._path(old), ignore_errors=True)
@@ -377,6 +386,43 @@ class CheckpointManager:
                 obj.load_state_dict(state)
         set_rng_state(_unflatten(skeleton["rng"], target))
         return True
+
+
+# One process's background writes run in a forked child (Linux): DCP writes each tensor with torch.save, C calls
+# that hold the GIL for the whole copy and CRC of a tensor, and the training thread waited on them (a step during
+# an async save was 45-54% slower, bench/checkpoint.py). The child has the staged host tensors by copy-on-write,
+# runs at nice 19, commits the step, and dies with the writing thread (PR_SET_PDEATHSIG). Several processes keep
+# the thread: their writes coordinate over the manager's gloo group, which a child cannot use.
+_FORKED_WRITES = hasattr(os, "fork") and os.uname().sysname == "Linux"
+
+
+def _in_child(fn) -> None:
+    """Runs fn in a forked child process and waits for it (the GIL free meanwhile); raises its error."""
+    import ctypes  # lazy: Linux only, for prctl
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, fork() may deadlock": the child
+        pid = os.fork()                                       # runs only fn (torch's CPU serialization, file I/O)
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with the writing thread
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, 19)
+            fn()
+            code = 0
+        except BaseException as e:  # noqa: BLE001  (sent to the parent, which raises it)
+            with contextlib.suppress(BaseException):
+                os.write(w, _reason(e).encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        message = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise RuntimeError(message or f"the writing process ended with status {status}")
 
 
 def _reason(e) -> str:
