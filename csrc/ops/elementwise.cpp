@@ -95,9 +95,10 @@ DType float_number_dtype(const std::vector<NodePtr>& xs) {
   return is_integral(p) || is_bool(p) ? DType::F32 : p;
 }
 
+// div: the above, and half dtypes as opmath (opmath_number_dtype)
 DType opmath_float_number_dtype(const std::vector<NodePtr>& xs) {
-  DType p = promoted_dtype(xs);
-  return is_integral(p) || is_bool(p) || is_half(p) ? DType::F32 : p;
+  DType t = float_number_dtype(xs);
+  return is_half(t) ? DType::F32 : t;
 }
 
 DType opmath_dtype(const Node& n, DType c, unsigned flags) {

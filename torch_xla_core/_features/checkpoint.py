@@ -25,8 +25,8 @@ The write (torch.distributed.checkpoint with SPMDSavePlanner) then runs on a
 background thread (async_save=True, the default; on Linux at the lowest
 CPU priority, nice 19, so it takes the cycles training leaves; one
 process's write in a forked child, _in_child, so that its GIL-holding calls
-cannot stall training) while the next steps train; one save is in flight at a time (the next save waits for
-it). An
+do not stall the training thread) while the next steps train; one save is
+in flight at a time (the next save waits for it). An
 error of the background write is raised by the next save(),
 wait_until_finished() or restore(), naming the step.
 
@@ -390,7 +390,7 @@ class CheckpointManager:
 
 # One process's background writes run in a forked child (Linux): DCP writes each tensor with torch.save, C calls
 # that hold the GIL for the whole copy and CRC of a tensor, and the training thread waited on them (a step during
-# an async save was 45-54% slower, bench/checkpoint.py). The child has the staged host tensors by copy-on-write,
+# an async save was 45-54% slower on an idle host, bench/checkpoint.py; +33% with this). The child has the staged host tensors by copy-on-write,
 # runs at nice 19, commits the step, and dies with the writing thread (PR_SET_PDEATHSIG). Several processes keep
 # the thread: their writes coordinate over the manager's gloo group, which a child cannot use.
 _FORKED_WRITES = hasattr(os, "fork") and os.uname().sysname == "Linux"

@@ -220,13 +220,15 @@ def cat(tensors, dim=0):
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
     # 1-d empty tensors are skipped (torch's legacy rule) but still promote the result's dtype (case 1:2625)
     ts = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
-    dt = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    dt = functools.reduce(torch.promote_types, (t.dtype for t in tensors)) if len(ts) < len(tensors) else None
     if not ts:
-        return convert(alias(tensors[0]), dt)
+        return convert(alias(tensors[0]), dt)  # (all skipped: dt is set)
     d = _dim(dim, ts[0].dim())
     if len(ts) == 1:
-        return convert(wrapped_op(OP.alias, (ts[0]._lt,), ()), dt)
-    return convert(wrapped_op(OP.concat, tuple(_tensor.core_operand(t) for t in ts), (d,)), dt)
+        r = wrapped_op(OP.alias, (ts[0]._lt,), ())
+    else:
+        r = wrapped_op(OP.concat, tuple(_tensor.core_operand(t) for t in ts), (d,))
+    return r if dt is None else convert(r, dt)
 
 
 @impl(aten.stack.default)
