@@ -97,7 +97,9 @@ def ensure_venv(minor: str) -> tuple[Path, float]:
     t0 = time.perf_counter()
     log(f"torch {minor}: making {venv} ({' '.join(reqs)})")
     _run([sys.executable, "-m", "venv", "--clear", venv], check=True)
-    _pip(py, "install", "-q", *reqs)
+    # --no-compile: no .pyc for the ~8000 modules of torch, transformers, jax, sympy (~25 CPU-seconds a venv
+    # on this host); Python writes those the checks import, as they are imported
+    _pip(py, "install", "-q", "--no-compile", *reqs)
     stamp.write_text(want)
     dt = time.perf_counter() - t0
     size = _run(["du", "-sh", venv], capture_output=True, text=True).stdout.split()[0]

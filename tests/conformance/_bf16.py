@@ -16,8 +16,9 @@ One case is one op in one run:
                 autocast changes (a bf16 value in it); CPU's side runs
                 under torch.autocast("cpu", dtype=torch.bfloat16)
 
-Each sample runs three times: on the xla device (forward and gradients in
-one sync), in CPU eager at the same dtype (under CPU autocast in the
+Each sample runs three times: on the xla device (forward and gradients; a
+case's samples traced one after the other and computed in one sync, or one
+sync each where that sync fails, so that a failure is its sample's), in CPU eager at the same dtype (under CPU autocast in the
 autocast run), and in CPU eager in float64 from the same inputs, bf16 or
 float32 values widened exactly (float32 where the op has no float64
 kernel): the judge. A floating tensor of ours passes where
@@ -329,6 +330,33 @@ def _reference(op, s, weights):
 def run_sample(op, s, run, strict=None):
     """(outcome, message, our rel. L2 error, CPU's) for one sample, or None
     when CPU eager rejects it; strict: compare()'s."""
+    traced = _trace_sample(op, s, run, strict)
+    if traced is None or traced[0] == "error":
+        if traced is not None:
+            _reset()
+        return traced
+    try:
+        txc.sync(wait=True)
+    except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
+        msg = _message(e)
+        del e
+        _reset()
+        return "error", msg, None, None
+    try:
+        return _judge_sample(traced)
+    except _FetchError as e:
+        _reset()
+        return "error", str(e), None, None
+
+
+class _FetchError(Exception):
+    """Fetching a traced sample's value failed (its message is the outcome's)."""
+
+
+def _trace_sample(op, s, run, strict):
+    """One sample run on CPU (and float64) and traced on xla, not computed:
+    None when CPU eager rejects it, ("error", message, None, None) when
+    tracing raised (the caller resets), else the state _judge_sample takes."""
     weights = []
     autocast = run == "autocast"
     cpu = _copy(s)
@@ -343,26 +371,51 @@ def run_sample(op, s, run, strict=None):
     try:
         with torch.autocast("xla", dtype=BF16, enabled=autocast):
             xla_res = _run(op, s, xla, weights)
-        txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
         msg = _message(e)
         del e
-        _reset()
         return "error", msg, None, None
-    policies = [] if autocast else None
+    fallbacks = sorted(k for k, v in txc.metrics.fallbacks().items() if v != before.get(k, 0))
+    return "traced", xla_res, cpu_res, ref, [] if autocast else None, strict, fallbacks
+
+
+def _judge_sample(traced):
+    """The outcome of a traced sample whose values are computed; raises
+    _FetchError where reading a value fails."""
+    _, xla_res, cpu_res, ref, policies, strict, fallbacks = traced
     try:
         ex, ec = compare(xla_res, cpu_res, ref, policies, strict)
     except Mismatch as m:
         return "mismatch", str(m), None, None
     except Exception as e:  # noqa: BLE001 - fetching the value failed
-        msg = _message(e)
-        del e
-        _reset()
-        return "error", "fetching the result: " + msg, None, None
-    fb = sorted(k for k, v in txc.metrics.fallbacks().items() if v != before.get(k, 0))
-    if fb:
-        return "fallback", "CPU fallback: " + ", ".join(fb), ex, ec
+        raise _FetchError("fetching the result: " + _message(e)) from None
+    if fallbacks:
+        return "fallback", "CPU fallback: " + ", ".join(fallbacks), ex, ec
     return "pass", "; ".join(policies or ()), ex, ec
+
+
+def _together(op, run, picked):
+    """The picked samples [(index, sample, strict)] traced one after the
+    other and computed in ONE sync (one compile per case, not per sample),
+    then judged: [(index, outcome, message, ours, cpu's)]. None when
+    anything besides a sample's own trace error or mismatch happened (the
+    sync or a value read raised): the caller then runs them one by one."""
+    traced = []
+    for i, s, strict in picked:
+        torch.manual_seed(i if isinstance(i, int) else int(i.removeprefix("large")))
+        t = _trace_sample(op, s, run, strict)
+        if t is not None and t[0] == "error":
+            txc._C.take_handler_error()  # not _reset(): the samples traced before keep their deferred checks
+            gc.collect()
+        if t is not None:
+            traced.append((i, t))
+    try:
+        txc.sync(wait=True)
+        return [(i, *(t if t[0] == "error" else _judge_sample(t))) for i, t in traced]
+    except Exception:  # noqa: BLE001 - whichever sample it was: one by one finds it
+        del traced
+        _reset()
+        return None
 
 
 def _traced(op, s, autocast):
@@ -390,35 +443,53 @@ def autocast_changes(op, s):
 def run_case(op, run, max_samples=None):
     """Runs the op's samples; returns [(index, outcome, message, ours, cpu's)].
     The autocast run returns None when autocast leaves the op's first
-    sample unchanged."""
+    sample unchanged. The samples are computed together (_together), one by
+    one where that fails."""
     max_samples = SAMPLES[run] if max_samples is None else max_samples
     dtype = BF16 if run == "bf16" else torch.float32
     torch.manual_seed(zlib.crc32(op_id(op).encode()))
-    results = []
     warned = set(_tensor._warned)
     try:
+        # the samples CPU eager runs, up to max_samples, picked as one by one would pick them
+        picked = []
         samples = op.sample_inputs("cpu", dtype, requires_grad=True)
         for i, s in enumerate(samples):
-            if len(results) >= max_samples or i >= 4 * max_samples + 4:
+            if len(picked) >= max_samples or i >= 4 * max_samples + 4:
                 break
             if is_random(op, s):
                 continue
             torch.manual_seed(i)
-            if run == "autocast" and not results and not autocast_changes(op, s):
+            if run == "autocast" and not picked and not autocast_changes(op, s):
                 return None
-            r = run_sample(op, s, run)
-            if r is not None:
-                results.append((i, *r))
+            if _runs_on_cpu(op, s, run):
+                picked.append((i, s, None))
         for j, s in enumerate(accuracy.samples(op_id(op)) if run == "bf16" else ()):
             torch.manual_seed(j)
-            r = run_sample(op, s, run, strict=accuracy.STRICT)
-            if r is not None:
-                results.append((f"large{j}", *r))
+            if _runs_on_cpu(op, s, run):
+                picked.append((f"large{j}", s, accuracy.STRICT))
+        results = _together(op, run, picked)
+        if results is None:
+            results = []
+            for i, s, strict in picked:
+                torch.manual_seed(i if isinstance(i, int) else int(i.removeprefix("large")))
+                r = run_sample(op, s, run, strict=strict)
+                if r is not None:
+                    results.append((i, *r))
     finally:
         txc._C.take_handler_error()
         _tensor._warned.intersection_update(warned)
         _checks.clear()
     return results
+
+
+def _runs_on_cpu(op, s, run):
+    """Whether CPU eager runs the sample (the others are not cases)."""
+    try:
+        with torch.autocast("cpu", dtype=BF16, enabled=run == "autocast"), StableTies():
+            _run(op, s, _copy(s), [])
+        return True
+    except Exception:  # noqa: BLE001 - not a case CPU eager runs
+        return False
 
 
 # --- op families (the accuracy report's rows) -------------------------------------

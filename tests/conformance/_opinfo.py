@@ -10,7 +10,10 @@ runs each on a CPU copy and on an xla copy of the inputs and classifies it:
     error     the xla side raised (or a deferred check did at the sync)
 
 Forward compares outputs and every input tensor after the call (in-place
-ops); backward compares the gradients of sum(outputs * fixed random weights)
+ops); a case's forward samples are traced one after the other and computed
+in one sync (one compile per case: XLA:CPU's compile of a tiny graph is
+most of a sample's time), or one sync each where that sync fails, so that
+a failure is its sample's; backward compares the gradients of sum(outputs * fixed random weights)
 w.r.t. the inputs that require grad (a complex output enters the sum as its
 view_as_real). Random ops (RANDOM) are compared by
 shape, dtype and device only. Tolerances: the OpInfo's own CPU overrides for
@@ -242,6 +245,33 @@ def _verdict(before):
 
 def run_forward(op, s, dtype, random):
     """(outcome, message) for one sample, or None if CPU eager rejects it."""
+    traced = _trace_forward(op, s)
+    if traced is None or traced[0] == "error":
+        if traced is not None:
+            _reset()
+        return traced
+    try:
+        txc.sync(wait=True)
+    except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
+        msg = _message(e)
+        del e
+        _reset()
+        return "error", msg
+    try:
+        return _judge_forward(op, dtype, random, traced)
+    except _FetchError as e:
+        _reset()
+        return "error", str(e)
+
+
+class _FetchError(Exception):
+    """Fetching a traced sample's value failed (its message is the outcome's)."""
+
+
+def _trace_forward(op, s):
+    """One sample traced on xla, not computed: None if CPU eager rejects it,
+    ("error", message) if tracing raised (the caller resets), else
+    ("traced", xla side, cpu side, xla result, cpu result, new fallbacks)."""
     cpu = copy_sample(s)
     try:
         expected = op(cpu[0], *cpu[1], **cpu[2])
@@ -251,12 +281,17 @@ def run_forward(op, s, dtype, random):
     before = _fallbacks()
     try:
         actual = op(xla[0], *xla[1], **xla[2])
-        txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
         msg = _message(e)
         del e
-        _reset()
         return "error", msg
+    return "traced", xla, cpu, actual, expected, _new_fallbacks(before)
+
+
+def _judge_forward(op, dtype, random, traced):
+    """(outcome, message) of a traced sample whose values are computed;
+    raises _FetchError where reading a value fails."""
+    _, xla, cpu, actual, expected, fallbacks = traced
     atol, rtol = tolerance(op, dtype)
     try:
         compare(actual, expected, atol, rtol, random)
@@ -265,11 +300,35 @@ def run_forward(op, s, dtype, random):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001 - fetching the value failed
-        msg = _message(e, " fetching the result")
-        del e
+        raise _FetchError(_message(e, " fetching the result")) from None
+    return ("fallback", "CPU fallback: " + ", ".join(fallbacks)) if fallbacks else ("pass", "")
+
+
+def _forward_together(op, dtype, samples):
+    """The forward samples [(index, sample, random)] traced one after the
+    other and computed in ONE sync (one compile per case, not per sample:
+    XLA:CPU's compile of a tiny graph is most of a sample's time), then
+    judged. None when anything besides a sample's own trace error or value
+    mismatch happened (the sync or a value read raised, a trace error left
+    state behind): the caller then runs the samples one by one, each with
+    its own sync, so that a failure is the failing sample's alone."""
+    traced = []
+    for i, s, random in samples:
+        torch.manual_seed(i)
+        t = _trace_forward(op, s)
+        if t is not None and t[0] == "error":
+            txc._C.take_handler_error()  # not _reset(): the samples traced before keep their deferred checks
+            gc.collect()
+        if t is not None:
+            traced.append((i, t))
+    try:
+        txc.sync(wait=True)
+        random = {i: r for i, _, r in samples}
+        return [(i, *(t if t[0] == "error" else _judge_forward(op, dtype, random[i], t))) for i, t in traced]
+    except Exception:  # noqa: BLE001 - whichever sample it was: one by one finds it
+        del traced
         _reset()
-        return "error", msg
-    return _verdict(before)
+        return None
 
 
 def _grad_outputs(op, s, side):
@@ -333,7 +392,9 @@ def run_backward(op, s, dtype, random):
 
 def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
     """Runs a case's samples; returns a list of (sample index, outcome, message).
-    In "ci" mode backward stops after the first applicable sample."""
+    In "ci" mode backward stops after the first applicable sample. Forward
+    samples are computed together (_forward_together), one by one where
+    that fails."""
     torch.manual_seed(zlib.crc32(op_id(op).encode()))
     run = run_forward if direction == "fwd" else run_backward
     one = direction == "bwd" and mode == "ci"
@@ -341,6 +402,17 @@ def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
     samples = op.sample_inputs("cpu", dtype, requires_grad=direction == "bwd")
     warned = set(_tensor._warned)
     try:
+        if direction == "fwd":
+            kept = []
+            for i, s in enumerate(samples):  # the seed set after each sample, as the loop below does
+                if max_samples and i >= max_samples:
+                    break
+                torch.manual_seed(i)
+                kept.append((i, s, is_random(op, s)))
+            together = _forward_together(op, dtype, kept)
+            if together is not None:
+                return together
+            samples = (s for _, s, _ in kept)
         for i, s in enumerate(samples):
             if max_samples and i >= max_samples:
                 break

@@ -79,3 +79,33 @@ def test_a_mismatch_is_caught():
     _opinfo.compare(torch.tensor([5.0, 7.0]).to(txc.device()), x, 0, 0, True)  # random: shape only
     with pytest.raises(_opinfo.Mismatch):
         _opinfo.compare(torch.zeros(3).to(txc.device()), x, 0, 0, True)
+
+
+class _SyncFails:
+    """An op whose second sample fails only when the device computes it (a
+    device-side index check), as some ops' samples do: CPU eager runs all."""
+    name, variant_test_name, decorators = "index_select", "", ()
+
+    def __call__(self, x, bad):
+        if x.device.type == "xla" and bad:
+            return torch.index_select(x, 0, torch.tensor([7], device=x.device))  # out of range: the device's check
+        return x * 2
+
+    def sample_inputs(self, device, dtype, requires_grad=False):
+        from torch.testing._internal.opinfo.core import SampleInput
+        return (SampleInput(torch.arange(n * 2.0).reshape(n, 2), args=(n == 3,)) for n in (2, 3, 4))
+
+
+def test_samples_computed_together_then_one_by_one_where_that_fails():
+    """A case's forward samples compute in one sync (one compile); a sync
+    that fails sends them one by one, so only the failing sample is an error
+    and the others still pass, as when each had its own sync."""
+    import torch_xla_core as txc
+    x2 = _SyncFails()
+    x2.sample_inputs = lambda *a, **k: (s for s in _SyncFails().sample_inputs(*a, **k) if not s.args[0])
+    before = txc.metrics.counter_value("UncachedCompile") or 0
+    assert [r[1] for r in _opinfo.run_case(x2, torch.float32, "fwd")] == ["pass", "pass"]
+    assert (txc.metrics.counter_value("UncachedCompile") or 0) - before == 1  # both samples, one graph
+    results = _opinfo.run_case(_SyncFails(), torch.float32, "fwd")
+    assert [(i, outcome) for i, outcome, _ in results] == [(0, "pass"), (1, "error"), (2, "pass")], results
+    assert "index" in results[1][2].lower(), results[1][2]

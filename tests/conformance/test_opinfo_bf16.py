@@ -109,3 +109,19 @@ def test_stable_ties():
     assert xs.indices.cpu().tolist() == s.indices.tolist() and xt.indices.cpu().tolist() == t.indices.tolist()
     assert torch.sort(x.to(txc.device()), stable=True).indices.cpu().tolist() == \
         torch.sort(x, stable=True).indices.tolist()
+
+
+def test_samples_computed_together_then_one_by_one_where_that_fails():
+    """As the float32 file's test of the same name: the samples compute in
+    one sync; when it fails they run one by one, so only the sample the
+    device rejects is an error."""
+    from .test_opinfo import _SyncFails
+
+    class Bf16SyncFails(_SyncFails):
+        def sample_inputs(self, device, dtype, requires_grad=False):
+            for s in super().sample_inputs(device, dtype):
+                s.input = s.input.to(dtype)
+                yield s
+
+    results = _bf16.run_case(Bf16SyncFails(), "bf16")
+    assert [(i, r[0]) for i, *r in results] == [(0, "pass"), (1, "error"), (2, "pass")], results
