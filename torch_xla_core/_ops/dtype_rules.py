@@ -64,8 +64,16 @@ def declare(overloads, refuses) -> None:
             RULES[o.name()] = refuses
 
 
-_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
-          torch.int64: "Long"}
+# torch's own names of dtypes (its ScalarType names), as its error messages spell them: the one table
+_TYPE_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+               torch.int64: "Long", torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+               torch.bfloat16: "BFloat16", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+_INTEGRAL = frozenset(d for d in _TYPE_NAMES if not (d.is_floating_point or d.is_complex))
+
+
+def type_name(dtype) -> str:
+    """torch's name of a dtype in its messages ("Long", "Float"); str(dtype) for one it does not name."""
+    return _TYPE_NAMES.get(dtype, str(dtype))
 
 
 def rule(func):
@@ -92,10 +100,6 @@ def _decisive_dtype(args, mode):
     return d
 
 
-_OTHER_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-                torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
-
-
 def check_broadcast(a, b) -> None:
     """torch's error for two tensors whose shapes do not broadcast: its kernels
     check shapes before dtypes (bitwise_and of float tensors that do not
@@ -111,7 +115,7 @@ def check_broadcast(a, b) -> None:
 def refusal(name, d, cast_to="a numeric"):
     """The NotImplementedError of op `name` refusing dtype d, as torch's kernels refuse it."""
     return NotImplementedError(
-        f"{name}: not implemented for '{_NAMES.get(d) or _OTHER_NAMES.get(d, d)}' ({d}): torch has no kernel for "
+        f"{name}: not implemented for '{type_name(d)}' ({d}): torch has no kernel for "
         f"this dtype either (CPU and CUDA raise); cast the input to {cast_to} dtype first")
 
 
@@ -121,7 +125,7 @@ def guard(func, h):
     if r is None:
         return h
     kind, mode = r
-    refused = (lambda d: d in _NAMES) if kind == FLOATING else (lambda d: d == torch.bool)
+    refused = (lambda d: d in _INTEGRAL) if kind == FLOATING else (lambda d: d == torch.bool)
     name = func.name()
 
     def checked(*args, **kwargs):

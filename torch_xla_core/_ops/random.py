@@ -14,21 +14,19 @@ from .._tracing import checks as _checks, random as _random
 from .._runtime.dtypes import code
 from .._tracing.tensor import OP, lazy_op, op, wrap
 from . import assign, aten, impl, sizes
+from .dtype_rules import type_name
 from .factory import placed_like, register
 
 _key = _random.draw
 _RNG, _INT, _BERN, _PERM = OP.rng, OP.rng_int, OP.rng_bernoulli, OP.rng_perm
 UNIFORM, NORMAL, LOG_NORMAL, EXPONENTIAL, CAUCHY = range(5)
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
-_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-          torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-          torch.uint8: "Byte", torch.bool: "Bool"}
 
 
 def _float_check(name, dtype):
     if not dtype.is_floating_point:
-        raise NotImplementedError(f"{name}: expected a floating-point tensor, got {_NAMES.get(dtype, dtype)} "
-                                  f"(\"{name}\" not implemented for '{_NAMES.get(dtype, dtype)}')")
+        raise NotImplementedError(f"{name}: expected a floating-point tensor, got {type_name(dtype)} "
+                                  f"(\"{name}\" not implemented for '{type_name(dtype)}')")
 
 
 def _draw(kind, dtype, shape, a, b, generator):
@@ -75,7 +73,7 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
 def exponential(self, lambd=1.0, *, generator=None):
     if not self.dtype.is_floating_point:
         raise RuntimeError("Exponential distribution is a continuous probability distribution. dtype must be a "
-                           f"floating point but you specified {_NAMES.get(self.dtype, self.dtype)}")
+                           f"floating point but you specified {type_name(self.dtype)}")
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
     return _draw(EXPONENTIAL, self.dtype, self.shape, lambd, 0.0, generator)
@@ -194,7 +192,7 @@ def _ints(dtype, shape, low, high, generator, name="random_"):
         high = hi + 1 if not dtype.is_floating_point else (1 << _DIGITS[dtype]) + 1
     if low >= high:
         raise RuntimeError(f"{name} expects 'from' to be less than 'to', but got from={low} >= to={high}")
-    tname = _NAMES.get(dtype, str(dtype))
+    tname = type_name(dtype)
     if not lo <= low <= hi:
         raise RuntimeError(f"from is out of bounds for {tname.lower() if dtype != torch.uint8 else 'unsigned char'}")
     if not lo <= high - 1 <= hi:
@@ -350,7 +348,7 @@ def multinomial(p, num_samples, replacement=False, *, generator=None):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not p.is_floating_point():
         raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
-                           f"{_NAMES.get(p.dtype, p.dtype)}")
+                           f"{type_name(p.dtype)}")
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     k = p.shape[-1]

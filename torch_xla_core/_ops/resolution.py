@@ -16,6 +16,7 @@ from .._runtime import torch_compat as _compat
 from .._runtime.dtypes import UnsupportedDtype, code
 from .._tracing.tensor import OP, XlaTensor, wrapped_op
 from . import dtype_rules
+from .dtype_rules import type_name  # noqa: F401  (re-exported: the handlers name dtypes by it)
 from .table import BY_NAME, HANDLERS, aten, declared, resolving
 
 
@@ -352,13 +353,6 @@ def _check_cast(result, out) -> None:
     if result != out and not torch.can_cast(result, out):
         raise RuntimeError(f"result type {type_name(result)} can't be cast to the desired output type "
                            f"{type_name(out)}")
-
-
-def type_name(dt):
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
-            torch.complex128: "ComplexDouble"}.get(dt, str(dt))
 
 
 def sizes(shape):
