@@ -3,25 +3,35 @@
 // calls over every parameter, and running the per-tensor op's handler for
 // each element cost 3-13 us of Python each.
 //
-//   foreach_key(args) -> bytes | None   what one element's call depends on
-//       besides its tensors' values: per argument an xla tensor's dtype,
-//       dims, device and view-ness (and which earlier argument holds the same
-//       value), or a Python number's type and value; None where an argument is
-//       of another kind (then the element runs its handler)
+//   foreach_loop(args, lists, inplace, base, kwargs, write, templated)   a
+//       whole foreach call, its elements in order: element j's arguments are
+//       args[i][j] for i in lists, the other args as they are. Each runs the
+//       per-tensor handler `base`, except, for a templated op (foreach.py's
+//       _TEMPLATED), the elements after the first of their key: those get the
+//       nodes that first element's handler built, rebuilt over their own
+//       tensors (ForeachTemplate). An in-place write that write_result cannot
+//       make (a cast, a broadcast, a shared storage) goes through
+//       `write(args, r)`. Returns the result list, or None in place.
+//   Inside it:
+//   key_of   what one element's call depends on besides its tensors' values:
+//       per argument an xla tensor's dtype, dims, device and view-ness (and
+//       which earlier argument holds the same value), or a Python number's
+//       type and value; none where an argument is of another kind (then the
+//       element runs its handler)
 //   ForeachTemplate(args)   made before an element's handler runs: notes its
-//       tensors' values. .set_result(r) after it: the nodes the handler built
-//       for r, kept as a template (False where r is not one new value built
-//       from them). .result(args) / .write(args) build the same nodes over
-//       another element's tensors (one of the same foreach_key): its result,
-//       or written into args[0] in place (False, nothing written, where an
-//       argument shares args[0]'s storage: the caller checks and writes).
-//       The graph gets the nodes the handler would have built: the same ops,
-//       attributes and constants (a number the handler made is one shared
-//       leaf instead of one per element).
-//   write_result(written, result, args) -> bool   an in-place op's write in
-//       C++ where there is nothing to cast, broadcast or check
+//       tensors' values. set_result(r) after it: the nodes the handler built
+//       for r, kept as a template (false where r is not one new value built
+//       from them). result(args) / write(args) build the same nodes over
+//       another element's tensors (one of the same key): its result, or
+//       written into args[0] in place (false, nothing written, where an
+//       argument shares args[0]'s storage). The graph gets the nodes the
+//       handler would have built: the same ops, attributes and constants (a
+//       number the handler made is one shared leaf instead of one per element).
+//   write_result   an in-place op's write where there is nothing to cast,
+//       broadcast or check
 #include <pybind11/stl.h>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 #include "py/lazy.h"
 #include "py/wrapper.h"
@@ -34,9 +44,9 @@ void put(std::string& s, T v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-py::object foreach_key(py::tuple args) {
-  std::string k;
-  k.reserve(64);
+// One element's key into k; false where an argument is of another kind (no key).
+bool key_of(py::tuple args, std::string& k) {
+  k.clear();
   std::vector<const Node*> seen;
   for (py::handle h : args) {
     PyObject* a = h.ptr();
@@ -66,7 +76,7 @@ py::object foreach_key(py::tuple args) {
     } else if (PyLong_CheckExact(a)) {
       int overflow = 0;
       long long x = PyLong_AsLongLongAndOverflow(a, &overflow);
-      if (overflow) return py::none();
+      if (overflow) return false;
       put(k, 'I');
       put(k, int64_t(x));
     } else if (PyFloat_CheckExact(a)) {
@@ -76,10 +86,22 @@ py::object foreach_key(py::tuple args) {
       put(k, 'F');
       put(k, bits);
     } else {
-      return py::none();
+      return false;
     }
   }
-  return py::bytes(k);
+  return true;
+}
+
+bool write_result(py::handle written, py::handle result, py::tuple args, size_t from) {
+  if (!is_wrapper(written) || !is_wrapper(result)) return false;
+  for (size_t i = from; i < args.size(); ++i)
+    if (shares_storage(written.ptr(), args[i].ptr())) return false;
+  LazyTensor& w = lazy_of_wrapper(written);
+  const NodePtr& r = lazy_of_wrapper(result).value();
+  const NodePtr& v = w.value();
+  if (r->dtype != v->dtype || r->dims != v->dims) return false;
+  w.assign(r);
+  return true;
 }
 
 class ForeachTemplate {
@@ -186,32 +208,76 @@ class ForeachTemplate {
   bool ready_ = false;
 };
 
+// A foreach call's elements in order (see the top comment): per element its
+// arguments (the lists' j-th items, the other arguments as they are), its
+// key, and the key's template where one is made (templated: an op of
+// foreach.py's _TEMPLATED); the handler (base) runs on the first element of
+// each key and where no template applies. In place, a result that
+// write_result cannot write goes through `write(args, r)`.
+py::object foreach_loop(py::tuple args, const std::vector<size_t>& lists, bool inplace, py::handle base,
+                        py::dict kwargs, py::handle write, bool templated) {
+  size_t n = lists.empty() ? 0 : py::len(args[lists[0]]);
+  std::vector<char> is_list(args.size(), 0);
+  std::vector<py::sequence> seqs(args.size());
+  for (size_t i : lists) {
+    is_list.at(i) = 1;
+    seqs[i] = py::reinterpret_borrow<py::sequence>(args[i]);
+  }
+  std::unordered_map<std::string, std::unique_ptr<ForeachTemplate>> made;  // null: no template for that key
+  py::list out;
+  std::string k;
+  k.reserve(64);
+  for (size_t j = 0; j < n; ++j) {
+    py::tuple a(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      py::object x = is_list[i] ? py::object(seqs[i][j]) : py::reinterpret_borrow<py::object>(args[i]);
+      PyTuple_SET_ITEM(a.ptr(), i, x.release().ptr());
+    }
+    bool keyed = templated && key_of(a, k);
+    ForeachTemplate* t = nullptr;
+    bool known = false;
+    if (keyed) {
+      auto it = made.find(k);
+      known = it != made.end();
+      t = known ? it->second.get() : nullptr;
+    }
+    if (t != nullptr) {
+      if (!inplace) {
+        out.append(t->result(a));
+        continue;
+      }
+      if (t->write(a)) continue;
+    }
+    py::object r;
+    ForeachTemplate* first = nullptr;  // the template this element's handler made
+    if (keyed && !known) {
+      auto made_t = std::make_unique<ForeachTemplate>(a);
+      r = base(*a, **kwargs);
+      if (!made_t->set_result(r)) made_t.reset();
+      first = made_t.get();
+      made.emplace(k, std::move(made_t));
+    } else {
+      r = base(*a, **kwargs);
+    }
+    if (!inplace) {
+      out.append(r);
+      continue;
+    }
+    if (write_result(a[0], r, a, 1)) continue;
+    if (first != nullptr) made[k].reset();  // a write that casts or broadcasts: each element writes through `write`
+    write(a, r);
+  }
+  if (inplace) return py::none();
+  return std::move(out);
+}
+
 }  // namespace
 
 void bind_foreach(py::module_& m) {
-  m.def("foreach_key", &foreach_key, py::arg("args"),
-        "What one foreach element's per-tensor call depends on besides its tensors' values (bytes), or None.");
-  py::class_<ForeachTemplate>(m, "ForeachTemplate", "One foreach element's nodes, rebuilt over other elements "
-                                                    "(csrc/py/foreach.cpp)")
-      .def(py::init<py::tuple>(), py::arg("args"))
-      .def("set_result", &ForeachTemplate::set_result, py::arg("result"))
-      .def("result", &ForeachTemplate::result, py::arg("args"))
-      .def("write", &ForeachTemplate::write, py::arg("args"));
-  m.def("write_result", [](py::handle written, py::handle result, py::handle args) {
-          if (!is_wrapper(written) || !is_wrapper(result)) return false;
-          for (py::handle a : args)
-            if (shares_storage(written.ptr(), a.ptr())) return false;
-          LazyTensor& w = lazy_of_wrapper(written);
-          const NodePtr& r = lazy_of_wrapper(result).value();
-          const NodePtr& v = w.value();
-          if (r->dtype != v->dtype || r->dims != v->dims) return false;
-          w.assign(r);
-          return true;
-        },
-        py::arg("written"), py::arg("result"), py::arg("args"),
-        "written (an xla tensor) takes result's value in place when result is an xla tensor of its dtype and "
-        "dims and no xla tensor in args shares written's storage; False (nothing written) otherwise: the "
-        "caller checks and writes (_ops.assign).");
+  m.def("foreach_loop", &foreach_loop, py::arg("args"), py::arg("lists"), py::arg("inplace"), py::arg("base"),
+        py::arg("kwargs"), py::arg("write"), py::arg("templated"),
+        "A foreach call's loop over its elements (the result list; None in place); templated: elements of one "
+        "key after the first are built from its template (csrc/py/foreach.cpp).");
 }
 
 }  // namespace txc

@@ -12,7 +12,8 @@ per-tensor loop would (XLA fuses them; nothing is gained by a special node).
 For elementwise arithmetic (_TEMPLATED) the handler runs once per dtype,
 shape and numbers among the elements, and C++ rebuilds its nodes over the
 other elements of that kind (csrc/py/foreach.cpp): an optimizer's step
-without a Python handler call per parameter.
+without a Python handler call per parameter. Every foreach call's loop over
+its elements runs in C++ (foreach_loop): the handler is called from there.
 
 fused optimizers: torch's CPU kernels' arithmetic, elementwise on the device.
 With `grad_scale` the gradients are divided by it and written back (as the
@@ -20,7 +21,6 @@ CPU kernel does); with `found_inf` every write is a select on found_inf, so
 GradScaler.step never reads a value on the host: `torch.amp.GradScaler("xla")`
 with a fused optimizer is a sync-free step (the non-fused path reads found_inf
 with .item() in torch's GradScaler)."""
-from itertools import repeat
 
 import torch
 from torch.optim import optimizer
@@ -31,7 +31,7 @@ from .._tracing.tensor import XlaTensor
 from . import HANDLERS, assign, check_writes, entry, impl
 
 aten = torch.ops.aten
-_write_result = _C.write_result
+_foreach_loop = _C.foreach_loop
 
 # _foreach_<op> whose per-tensor op has another name
 _RENAMED = {"zero": "zeros_like", "norm": "linalg_vector_norm"}
@@ -49,17 +49,21 @@ def _per_tensor(func, name):
     # addcmul/addcdiv.Tensor: `scalars` is a 1-D tensor, one value per element
     per_value = {i for i, a in enumerate(func._schema.arguments) if a.name == "scalars" and not isinstance(a.type, torch.ListType)}
 
-    def elements(args):
+    per_element = sorted(set(lists) | per_value)
+
+    def element_args(args):
+        """args with each per-value tensor made a list of its values (an
+        element's argument i is then args[i][j] for i in per_element)."""
         n = len(args[lists[0]])
         for i in lists:
             if len(args[i]) != n:
                 raise RuntimeError(f"{func._schema.name}: tensor lists must have the same number of tensors, "
                                    f"got {n} and {len(args[i])}")
-        # one tuple of arguments per element: the lists' j-th items, the other arguments as they are
-        return zip(*[a if i in lists else [a[j] for j in range(n)] if i in per_value else repeat(a, n)
-                     for i, a in enumerate(args)])
+        if per_value:
+            args = tuple([a[j] for j in range(n)] if i in per_value else a for i, a in enumerate(args))
+        return args
 
-    return base, elements
+    return base, element_args, per_element
 
 
 def _kinds(func):
@@ -110,7 +114,7 @@ def _direct(ov):
 
 
 # The per-tensor ops whose handler builds the same nodes for every element of
-# one foreach_key (csrc/py/foreach.cpp: dtypes, shapes, numbers): pure
+# one key (csrc/py/foreach.cpp key_of: dtypes, shapes, numbers): pure
 # elementwise arithmetic, no host read, no RNG. A foreach call runs the
 # handler on the first element of each key and rebuilds its nodes over the
 # others in C++ (an optimizer step's foreach elements: 3-13 us of Python
@@ -119,20 +123,11 @@ _TEMPLATED = frozenset({"add", "sub", "mul", "div", "lerp", "addcmul", "addcdiv"
                         "maximum", "minimum", "neg", "abs", "exp", "sign", "clamp_min", "clamp_max"})
 
 
-def _no_key(a):
-    return None
-
-
-def _first(made, k, base, a, kwargs):
-    """The handler's result for element a, the first of its key k (None: no
-    key): its nodes become the template of k's other elements where they can
-    (made[k])."""
-    if k is None or k in made:
-        return base(*a, **kwargs), None
-    t = _C.ForeachTemplate(a)
-    r = base(*a, **kwargs)
-    t = made[k] = t if t.set_result(r) else None
-    return r, t
+def _write(a, r):
+    """An in-place element's write that foreach_loop cannot make in C++ (a cast,
+    a broadcast, an argument sharing the written storage)."""
+    check_writes(a[0], a[1:])
+    assign(a[0], r)
 
 
 def _register(func):
@@ -142,7 +137,7 @@ def _register(func):
         name = name[:-1]
     if name == "powsum" or not hasattr(aten, _RENAMED.get(name, name)):
         return
-    base, elements = _per_tensor(func, name)
+    base, element_args, per_element = _per_tensor(func, name)
     ov = _overload(base, func) if name not in ("addcmul", "addcdiv", "norm") else None
     if ov is not None:
         base = _direct(ov)
@@ -159,30 +154,10 @@ def _register(func):
     if name == "norm":  # (self, ord, dtype): dtype is positional here, dim would be there
         def base(x, ord=2, dtype=None):
             return aten.linalg_vector_norm(x, ord, dtype=dtype)
-    key = _C.foreach_key if name in _TEMPLATED else _no_key
-    if inplace:
-        def h(*args, **kwargs):
-            made = {}  # an element's foreach_key -> the template its first element left (None: none)
-            for a in elements(args):
-                k = key(a)
-                t = made.get(k) if k is not None else None
-                if t is not None and t.write(a):
-                    continue
-                r, t = _first(made, k, base, a, kwargs)
-                if _write_result(a[0], r, a[1:]):  # (same dtype and dims, no overlap: in C++)
-                    continue
-                if t is not None:  # a write that casts or broadcasts: each element writes through assign
-                    made[k] = None
-                check_writes(a[0], a[1:])
-                assign(a[0], r)
-    else:
-        def h(*args, **kwargs):
-            made, out = {}, []
-            for a in elements(args):
-                k = key(a)
-                t = made.get(k) if k is not None else None
-                out.append(t.result(a) if t is not None else _first(made, k, base, a, kwargs)[0])
-            return out
+    templated = name in _TEMPLATED
+
+    def h(*args, **kwargs):  # the elements in order, in C++ (csrc/py/foreach.cpp foreach_loop)
+        return _foreach_loop(element_args(args), per_element, inplace, base, kwargs, _write, templated)
     impl(func)(h)
 
 
