@@ -4,6 +4,7 @@ death (a ring link closing without a goodbye) into PeerLostError. The processes
 themselves: tests/test_multiprocess.py."""
 import threading
 import time
+import types
 
 import pytest
 
@@ -136,3 +137,57 @@ def test_blocking_hands_back_values_and_errors_and_raises_once_a_peer_is_lost(mo
     release.set()
     with pytest.raises(peers.PeerLostError):  # known dead before the call: raised at once
         peers.blocking(lambda: 1, "a barrier")
+
+
+class _Held:
+    """A device value that becomes ready once `release` is set."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def is_ready(self):
+        return self.release.is_set()
+
+    def block_until_ready(self):
+        assert self.release.wait(30)
+
+
+def _held_value(monkeypatch):
+    """(_Held, the thread names that blocked on it): jaxlib's one call for a
+    list of buffers, made to wait on _Held values."""
+    blocked = []
+
+    def batched(arrays):
+        blocked.append(threading.current_thread().name)
+        for a in arrays:
+            a.block_until_ready()
+    monkeypatch.setattr(peers, "_jax", types.SimpleNamespace(batched_block_until_ready=batched))
+    return _Held(), blocked
+
+
+def test_a_multi_process_wait_blocks_on_a_helper_thread_until_the_value_is_ready(monkeypatch):
+    monkeypatch.setattr(peers, "_watching", True)
+    monkeypatch.setattr(peers, "_lost", None)
+    y, blocked = _held_value(monkeypatch)
+    threading.Timer(0.2, y.release.set).start()
+    peers.wait([y], "waiting on the device")
+    assert y.is_ready() and blocked == ["txc-wait"]  # the helper waited, not the caller
+    peers.wait([y], "waiting on the device")  # ready: returns without asking the helper
+    assert blocked == ["txc-wait"]
+
+
+def test_a_peer_lost_while_the_helper_waits_raises_in_the_waiting_call(monkeypatch):
+    monkeypatch.setattr(peers, "_watching", True)
+    monkeypatch.setattr(peers, "_lost", None)
+    y, blocked = _held_value(monkeypatch)
+    rings = _ring_of_two()
+    monkeypatch.setattr(peers, "_ring", rings[0])
+    threading.Timer(0.2, lambda: _close(rings[1])).start()  # process 1 dies while y is not ready
+    t0 = time.monotonic()
+    with pytest.raises(peers.PeerLostError, match=r"^a step's sync: process 1 of 2 died"):
+        peers.wait([y], "a step's sync")
+    assert time.monotonic() - t0 < 5  # woken by the loss, not by the value
+    assert not y.is_ready() and blocked == ["txc-wait"]
+    y.release.set()  # the helper's wait ends; a value ready after the loss still returns
+    peers.wait([y], "waiting on the device")
+    _close(rings[0])

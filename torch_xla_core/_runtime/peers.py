@@ -347,6 +347,7 @@ class _Waiter:
             except BaseException as e:  # noqa: BLE001  (the caller finds which buffer, and explains it)
                 result.append(e)
             done.set()
+            del arrays, done, result  # (holding the buffers until the next wait would keep them alive)
 
     @classmethod
     def wake(cls):
