@@ -12,7 +12,9 @@ minus the "execute" timer (launch until the outputs are ready, the
 collective's wait on the other process included), medians over --steps
 after --warmup; and the stepping thread's CPU time per step over the whole
 call (on a shared machine wall-clock host time swings with the other
-process's compute).
+process's compute). No wait counts as host time: the collective's wait on
+the other process, and a replay's writes (done while the device runs), lie
+inside "execute"; so does PJRT's launch work, which thread CPU counts.
 
   python bench/collective_replay.py [--models mlp decoder] [--steps 20] [--warmup 3] [--out FILE.json]
 """
