@@ -7,8 +7,10 @@ step; a damaged checkpoint is skipped with a warning naming it; with two
 processes each writes its own pieces and the step is committed once."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -121,38 +123,127 @@ def test_the_rng_states_are_restored(tmp_path):
         assert torch.equal(x, y)
 
 
+def _note(plan, what):
+    """Notes in the manager's directory (next to the step's temporary one) which process does `what`."""
+    with open(os.path.join(os.path.dirname(plan.storage_data.folder), f"{what}.txt"), "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
 class _PidNoting(distributed_checkpoint.AtomicFileSystemWriter):
     """Notes which process writes the data files, and with which DCP loader setting."""
-    log = None
 
     def write_data(self, plan, planner):
-        with open(self.log, "a") as f:
-            f.write(f"{os.getpid()} {self.per_thread_copy_ahead}\n")
+        _note(plan, f"write{self.per_thread_copy_ahead}")
         return super().write_data(plan, planner)
 
 
-@pytest.mark.skipif(not checkpoint_impl._FORKED_WRITES, reason="forked writes: Linux")
-def test_one_process_background_write_runs_in_a_child_process(tmp_path, monkeypatch):
-    """The write's GIL-holding calls (DCP's torch.save per tensor) ran on a thread of the training process and
-    stalled its steps (+45-54% step time during a save, bench/checkpoint.py); one process's background write
-    now runs in a forked child, with DCP's serial loader (its overlapping one waited on the device's stream:
-    every launched step, and in a child forever). The checkpoint it commits restores bit-equal."""
-    _PidNoting.log = str(tmp_path / "pids.txt")
+class _Hanging(distributed_checkpoint.AtomicFileSystemWriter):
+    """A write that never ends (the process writing it is to be killed)."""
+
+    def write_data(self, plan, planner):
+        _note(plan, "hanging")
+        while True:
+            time.sleep(1)
+
+
+def _wait_for(path, what):
+    for _ in range(1200):  # the writer process imports torch_xla_core first: seconds, minutes on a loaded host
+        if os.path.exists(path):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: {path} never appeared")
+
+
+def _gone(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in "ZX"  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not checkpoint_impl._PROCESS_WRITES, reason="the writer process: Linux")
+def test_one_process_writes_in_one_writer_process_reused_across_saves(tmp_path, monkeypatch):
+    """The write's GIL-holding calls (DCP's torch.save per tensor) on a thread of the training process stalled its
+    steps (+45-54% step time during a save), a child forked per save still cost +33% (bench/checkpoint.py); one
+    process's async writes now run in a writer process started once, with DCP's serial loader, the staged
+    tensors handed over in an arena both map. The same process writes every save, also after the state
+    outgrew the arena (a new one sent) and when it shrinks again; each restores bit-equal."""
     monkeypatch.setattr(checkpoint_impl, "AtomicFileSystemWriter", _PidNoting)
-    mngr = checkpoint.CheckpointManager(tmp_path / "c")
+    mngr = checkpoint.CheckpointManager(tmp_path / "c", keep=None)
     m = torch.nn.Linear(8, 4).to("xla")
-    want = {k: v.cpu().clone() for k, v in m.state_dict().items()}
-    mngr.save(1, model=m)
-    with torch.no_grad():
-        m.weight.add_(1.0)  # after save(): not in the checkpoint
+    extras = [{"a": torch.arange(6.0)}, {"a": torch.arange(6.0) + 1, "big": torch.randn(300, 70)},
+              {"a": torch.arange(6.0) + 2, "flag": torch.tensor(True), "empty": torch.zeros(0, 3)}]
+    wants = []
+    for step, extra in enumerate(extras, 1):
+        with torch.no_grad():
+            m.weight.add_(float(step))
+        wants.append({k: v.cpu().clone() for k, v in m.state_dict().items()})
+        mngr.save(step, model=m, extra=extra)
+        with torch.no_grad():
+            m.weight.mul_(3.0)  # after save(): not in the checkpoint
+    pid = mngr._writer.pid
     mngr.wait_until_finished()
-    (line,) = open(_PidNoting.log).read().split("\n")[:-1]
-    pid, ahead = line.split()
-    assert int(pid) != os.getpid() and int(ahead) == 0
-    fresh = torch.nn.Linear(8, 4).to("xla")
-    assert mngr.restore(model=fresh) == 1
-    for k, v in fresh.state_dict().items():
-        assert torch.equal(v.cpu(), want[k]), k
+    pids = open(tmp_path / "c" / "write0.txt").read().split()
+    assert pids == [str(pid)] * 3 and pid != os.getpid(), (pids, pid)
+    assert mngr.all_steps() == [1, 2, 3]
+    for step, (want, extra) in enumerate(zip(wants, extras), 1):
+        fresh, got = torch.nn.Linear(8, 4).to("xla"), {}
+        assert mngr.restore(step, model=fresh, extra=got) == step
+        for k, v in fresh.state_dict().items():
+            assert torch.equal(v.cpu(), want[k]), (step, k)
+        _equal(got, extra)
+    mngr.close()
+    assert _gone(pid)
+
+
+@pytest.mark.skipif(not checkpoint_impl._PROCESS_WRITES, reason="the writer process: Linux")
+def test_a_writer_process_killed_mid_write_fails_that_step_and_is_replaced(tmp_path, monkeypatch):
+    mngr = checkpoint.CheckpointManager(tmp_path, keep=None)
+    mngr.save(1, extra=_state(1))
+    mngr.wait_until_finished()
+    monkeypatch.setattr(checkpoint_impl, "AtomicFileSystemWriter", _Hanging)
+    mngr.save(2, extra=_state(2))
+    _wait_for(tmp_path / "hanging.txt", "the write of step 2")
+    pid = mngr._writer.pid
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=rf"the save of step 2 to .*step_2 failed: RuntimeError: the writer process "
+                                           rf"\(pid {pid}\) ended before the write was committed"):
+        mngr.wait_until_finished()
+    monkeypatch.setattr(checkpoint_impl, "AtomicFileSystemWriter", distributed_checkpoint.AtomicFileSystemWriter)
+    mngr.save(3, extra=_state(3))  # a new writer process
+    mngr.wait_until_finished()
+    assert mngr._writer.pid != pid and mngr.all_steps() == [1, 3]
+    got = {}
+    assert mngr.restore(extra=got) == 3
+    _equal(got, _state(3))
+    mngr.close()
+
+
+@pytest.mark.skipif(not checkpoint_impl._PROCESS_WRITES, reason="the writer process: Linux")
+def test_the_writer_process_dies_with_the_trainer(tmp_path):
+    """A trainer killed (SIGKILL) while its writer is mid-write leaves no writer behind: PR_SET_PDEATHSIG (the
+    write here would hang forever)."""
+    code = (f"import sys, time, torch\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+            f"from torch_xla_core._features import checkpoint as impl\nfrom test_checkpoint_manager import _Hanging\n"
+            f"impl.AtomicFileSystemWriter = _Hanging\nm = impl.CheckpointManager(sys.argv[1])\n"
+            f"m.save(1, extra={{'w': torch.ones(3)}})\nprint(m._writer.pid, flush=True)\ntime.sleep(600)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXC_NUM_CPU") and k != "XLA_FLAGS"}
+    trainer = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "c")], env=env, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        writer = int(trainer.stdout.readline())
+        _wait_for(tmp_path / "c" / "hanging.txt", "the writer's write")
+        assert not _gone(writer)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    for _ in range(400):
+        if _gone(writer):
+            break
+        time.sleep(0.05)
+    assert _gone(writer), f"the writer process {writer} outlived its trainer"
+    assert checkpoint.CheckpointManager(tmp_path / "c").all_steps() == []
 
 
 class _Failing(distributed_checkpoint.AtomicFileSystemWriter):
