@@ -162,7 +162,7 @@ def _gone(pid) -> bool:
         return True
 
 
-@pytest.mark.skipif(not checkpoint_impl._PROCESS_WRITES, reason="the writer process: Linux")
+@pytest.mark.skipif(not checkpoint_impl.PROCESS_WRITES, reason="the writer process: Linux")
 def test_one_process_writes_in_one_writer_process_reused_across_saves(tmp_path, monkeypatch):
     """The write's GIL-holding calls (DCP's torch.save per tensor) on a thread of the training process stalled its
     steps (+45-54% step time during a save), a child forked per save still cost +33% (bench/checkpoint.py); one
@@ -197,7 +197,7 @@ def test_one_process_writes_in_one_writer_process_reused_across_saves(tmp_path, 
     assert _gone(pid)
 
 
-@pytest.mark.skipif(not checkpoint_impl._PROCESS_WRITES, reason="the writer process: Linux")
+@pytest.mark.skipif(not checkpoint_impl.PROCESS_WRITES, reason="the writer process: Linux")
 def test_a_writer_process_killed_mid_write_fails_that_step_and_is_replaced(tmp_path, monkeypatch):
     mngr = checkpoint.CheckpointManager(tmp_path, keep=None)
     mngr.save(1, extra=_state(1))
@@ -220,7 +220,7 @@ def test_a_writer_process_killed_mid_write_fails_that_step_and_is_replaced(tmp_p
     mngr.close()
 
 
-@pytest.mark.skipif(not checkpoint_impl._PROCESS_WRITES, reason="the writer process: Linux")
+@pytest.mark.skipif(not checkpoint_impl.PROCESS_WRITES, reason="the writer process: Linux")
 def test_the_writer_process_dies_with_the_trainer(tmp_path):
     """A trainer killed (SIGKILL) while its writer is mid-write leaves no writer behind: PR_SET_PDEATHSIG (the
     write here would hang forever)."""
