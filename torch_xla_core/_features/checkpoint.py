@@ -283,7 +283,7 @@ class CheckpointManager:
                 self._writer.write(self.directory, step, self.keep, AtomicFileSystemWriter, flat)
             else:
                 write_step(self.directory, step, flat, self.keep, AtomicFileSystemWriter, SPMDSavePlanner(),
-                            self._group, self._nproc, self._rank)
+                           self._group, self._nproc, self._rank)
         except BaseException as e:  # noqa: BLE001  (raised at the next call, naming the step)
             self._failed = (step, e)
 

@@ -117,13 +117,20 @@ class _ArenaPickler(pickle.Pickler):
 
 
 class _ArenaUnpickler(pickle.Unpickler):
+    """A tensor pickled by _ArenaPickler back as a tensor over its bytes in
+    the arena's mapping, a storage of its own (DCP copies a tensor whose
+    storage is larger than it before writing it)."""
+
     def __init__(self, f, arena):
         super().__init__(f)
         self._arena = arena
 
     def persistent_load(self, pid):
         offset, shape, dtype = pid
-        return self._arena[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        n = math.prod(shape)
+        if n == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(self._arena, dtype=dtype, count=n, offset=offset).view(shape)
 
 
 def _new_arena(size):
@@ -236,7 +243,7 @@ def _serve(fd: int) -> None:
         try:
             msg = _ArenaUnpickler(io.BytesIO(data), arena).load()
             if msg[0] == "arena":
-                arena = torch.frombuffer(mmap.mmap(fds[0], msg[1]), dtype=torch.uint8)
+                arena = mmap.mmap(fds[0], msg[1])
                 continue
             _, directory, step, keep, writer_cls, flat = msg
             write_step(directory, step, flat, keep, writer_cls, _WriterPlanner())
