@@ -66,9 +66,9 @@ _SERVE = ("import ctypes, os, signal, sys\n"
           "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with the trainer's thread that started it\n"
           "if os.getppid() != int(sys.argv[2]):\n    os._exit(1)  # the trainer was gone before that\n"
           "signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the trainer's to handle\n"
-          "os.nice(19)\n"
           "sys.path[:0] = sys.argv[3:]\n"
-          "from torch_xla_core._features.checkpoint_writer import _serve\n"
+          "from torch_xla_core._features.checkpoint_writer import _serve  # at the trainer's priority: seconds, once\n"
+          "os.nice(19)  # the writes take the CPU time training leaves\n"
           "_serve(int(sys.argv[1]))\n")
 
 
