@@ -185,6 +185,7 @@ class CheckpointManager:
         self._thread = None
         self._failed = None  # (step, exception) of a background write, raised at the next call
         self._writer = None  # one process's WriterProcess, started at the first async save
+        self._process_writes = async_save and self._nproc == 1 and PROCESS_WRITES
 
     # ---- where ----------------------------------------------------------------------
 
@@ -257,7 +258,7 @@ class CheckpointManager:
             skeleton[name] = _flatten(state, prefix, flat)
         skeleton["rng"] = _flatten(rng_state(), f"{self._own}/rng", flat)
         flat = stage(flat)  # the values as they are now: one sync, the device-to-host copies, CPU tensors cloned
-        if self.async_save and self._nproc == 1 and PROCESS_WRITES:
+        if self._process_writes:
             if self._writer is None or not self._writer.alive():
                 if self._writer is not None:
                     self._writer.close()
