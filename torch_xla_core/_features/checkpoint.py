@@ -264,7 +264,6 @@ class CheckpointManager:
                     self._writer.close()
                 self._writer = WriterProcess()
                 weakref.finalize(self, self._writer.close)  # a manager dropped unclosed: its writer goes too
-            self._writer.share(flat)
         flat[f"{_SKELETON}/{self._own}"] = pickle.dumps(skeleton)  # one record (DCP would flatten a dict)
         if self.async_save:
             self._thread = threading.Thread(target=self._write, args=(step, flat), name=f"txc-checkpoint-{step}",
@@ -275,8 +274,9 @@ class CheckpointManager:
             self._raise_failed()
 
     def _write(self, step, flat) -> None:
-        if self.async_save and self._writer is None and hasattr(os, "setpriority"):
-            # the write takes the CPU time training leaves: the lowest priority for this thread (Linux: per thread)
+        if self.async_save and hasattr(os, "setpriority"):
+            # the write (or the copy into the writer's arena) takes the CPU time training leaves: the lowest priority
+            # for this thread (Linux: per thread)
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:

@@ -146,9 +146,9 @@ def _new_arena(size):
 
 class WriterProcess:
     """The process that writes one process's async saves: started once,
-    reused by every save; share() copies a staged state's host tensors into
-    the arena it maps too (a larger arena when the state outgrows it), write()
-    has it write and commit the step and waits for its answer."""
+    reused by every save. write() copies a staged state's host tensors into
+    the arena it maps too (a larger arena when the state outgrows it), has
+    it write and commit the step and waits for its answer."""
 
     def __init__(self):
         ours, theirs = socket.socketpair()
@@ -162,7 +162,7 @@ class WriterProcess:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def share(self, flat: dict) -> None:
+    def _share(self, flat: dict) -> None:
         """Moves flat's host tensors (CPU values, StagedTensor pieces) into the arena, in place."""
         tensors = [v for v in flat.values() if isinstance(v, torch.Tensor)]
         tensors += [t for v in flat.values() if isinstance(v, StagedTensor) for _, t in v.pieces.values()]
@@ -187,7 +187,9 @@ class WriterProcess:
                 v.pieces = {o: (sizes, place(t)) for o, (sizes, t) in v.pieces.items()}
 
     def write(self, directory, step, keep, writer_cls, flat) -> None:
-        """Has the writer write `flat` (share()d) as step `step`; raises its error."""
+        """Has the writer write the staged state `flat` as step `step`; raises its error. The previous write is
+        finished (the arena is free)."""
+        self._share(flat)
         try:
             if self._unsent is not None:
                 fd, self._unsent = self._unsent, None
@@ -252,7 +254,10 @@ def _serve(fd: int) -> None:
         finally:
             for f in fds:
                 os.close(f)
-        _send(sock, error)
+        try:
+            _send(sock, error)
+        except OSError:
+            return  # the trainer is gone
 
 
 def reason(e) -> str:
