@@ -45,7 +45,6 @@ Env: TXC_BF16=on|off (default on; off collects nothing),
 TXC_BF16_SAMPLES (bf16 samples per op, default 3), TXC_BF16_AUTOCAST_SAMPLES
 (default 3). The whole run: 213 CPU-seconds on this host (439 + 26 ops).
 """
-import gc
 import os
 import zlib
 
@@ -57,7 +56,8 @@ import torch_xla_core as txc
 from torch_xla_core._tracing import checks as _checks, tensor as _tensor
 
 from . import _bf16_accuracy as accuracy
-from ._opinfo import CPU_ARGS, RANDOM, is_random, op_db, op_id, unhostable
+from ._opinfo import (CPU_ARGS, RANDOM, FetchError, computed_alone, computed_together, is_random, message, op_db,
+                      op_id, reset, trace_failed, unhostable)
 
 ENABLED = os.environ.get("TXC_BF16", "on") != "off"
 SAMPLES = {"bf16": int(os.environ.get("TXC_BF16_SAMPLES", "3")),
@@ -307,16 +307,6 @@ def _no_worse(names, ours, theirs, factor):
 
 # --- running -------------------------------------------------------------------
 
-def _reset():
-    _checks.clear()
-    txc._C.take_handler_error()
-    gc.collect()
-
-
-def _message(e):
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-
-
 def _reference(op, s, weights):
     for wide in (torch.float64, torch.float32):
         try:
@@ -330,27 +320,7 @@ def _reference(op, s, weights):
 def run_sample(op, s, run, strict=None):
     """(outcome, message, our rel. L2 error, CPU's) for one sample, or None
     when CPU eager rejects it; strict: compare()'s."""
-    traced = _trace_sample(op, s, run, strict)
-    if traced is None or traced[0] == "error":
-        if traced is not None:
-            _reset()
-        return traced
-    try:
-        txc.sync(wait=True)
-    except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
-        msg = _message(e)
-        del e
-        _reset()
-        return "error", msg, None, None
-    try:
-        return _judge_sample(traced)
-    except _FetchError as e:
-        _reset()
-        return "error", str(e), None, None
-
-
-class _FetchError(Exception):
-    """Fetching a traced sample's value failed (its message is the outcome's)."""
+    return computed_alone(_trace_sample(op, s, run, strict), _judge_sample, pad=(None, None))
 
 
 def _trace_sample(op, s, run, strict):
@@ -372,7 +342,7 @@ def _trace_sample(op, s, run, strict):
         with torch.autocast("xla", dtype=BF16, enabled=autocast):
             xla_res = _run(op, s, xla, weights)
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
-        msg = _message(e)
+        msg = message(e)
         del e
         return "error", msg, None, None
     fallbacks = sorted(k for k, v in txc.metrics.fallbacks().items() if v != before.get(k, 0))
@@ -381,14 +351,14 @@ def _trace_sample(op, s, run, strict):
 
 def _judge_sample(traced):
     """The outcome of a traced sample whose values are computed; raises
-    _FetchError where reading a value fails."""
+    FetchError where reading a value fails."""
     _, xla_res, cpu_res, ref, policies, strict, fallbacks = traced
     try:
         ex, ec = compare(xla_res, cpu_res, ref, policies, strict)
     except Mismatch as m:
         return "mismatch", str(m), None, None
     except Exception as e:  # noqa: BLE001 - fetching the value failed
-        raise _FetchError("fetching the result: " + _message(e)) from None
+        raise FetchError("fetching the result: " + message(e)) from None
     if fallbacks:
         return "fallback", "CPU fallback: " + ", ".join(fallbacks), ex, ec
     return "pass", "; ".join(policies or ()), ex, ec
@@ -396,26 +366,21 @@ def _judge_sample(traced):
 
 def _together(op, run, picked):
     """The picked samples [(index, sample, strict)] traced one after the
-    other and computed in ONE sync (one compile per case, not per sample),
-    then judged: [(index, outcome, message, ours, cpu's)]. None when
-    anything besides a sample's own trace error or mismatch happened (the
-    sync or a value read raised): the caller then runs them one by one."""
+    other, then computed_together; None where that fails."""
     traced = []
     for i, s, strict in picked:
-        torch.manual_seed(i if isinstance(i, int) else int(i.removeprefix("large")))
+        torch.manual_seed(_seed(i))
         t = _trace_sample(op, s, run, strict)
         if t is not None and t[0] == "error":
-            txc._C.take_handler_error()  # not _reset(): the samples traced before keep their deferred checks
-            gc.collect()
+            trace_failed()
         if t is not None:
             traced.append((i, t))
-    try:
-        txc.sync(wait=True)
-        return [(i, *(t if t[0] == "error" else _judge_sample(t))) for i, t in traced]
-    except Exception:  # noqa: BLE001 - whichever sample it was: one by one finds it
-        del traced
-        _reset()
-        return None
+    return computed_together(traced, _judge_sample)
+
+
+def _seed(i):
+    """The seed set before sample i (an OpInfo sample's index, or "large<j>")."""
+    return i if isinstance(i, int) else int(i.removeprefix("large"))
 
 
 def _traced(op, s, autocast):
@@ -429,7 +394,7 @@ def _traced(op, s, autocast):
     except Exception:  # noqa: BLE001 - judged by the run itself
         return "error"
     finally:
-        _reset()
+        reset()
 
 
 def autocast_changes(op, s):
@@ -471,7 +436,7 @@ def run_case(op, run, max_samples=None):
         if results is None:
             results = []
             for i, s, strict in picked:
-                torch.manual_seed(i if isinstance(i, int) else int(i.removeprefix("large")))
+                torch.manual_seed(_seed(i))
                 r = run_sample(op, s, run, strict=strict)
                 if r is not None:
                     results.append((i, *r))

@@ -212,7 +212,7 @@ def compare(actual, expected, atol, rtol, random, what="output"):
 
 # --- running -----------------------------------------------------------------
 
-def _reset():
+def reset():
     """After an xla failure: drop its deferred checks and its traced garbage,
     so it cannot poison the next sample. The dispatcher keeps the last
     exception a handler raised (for loss.backward()); its traceback keeps the
@@ -230,7 +230,7 @@ def _new_fallbacks(before):
     return sorted(k for k, v in txc.metrics.fallbacks().items() if v != before.get(k, 0))
 
 
-def _message(e, context=""):
+def message(e, context=""):
     """An xla failure as one line: its type (and where it happened), then at
     most 300 characters of its message."""
     return f"{type(e).__name__}{context}: {' '.join(str(e).split())[:300]}"
@@ -245,27 +245,55 @@ def _verdict(before):
 
 def run_forward(op, s, dtype, random):
     """(outcome, message) for one sample, or None if CPU eager rejects it."""
-    traced = _trace_forward(op, s)
+    return computed_alone(_trace_forward(op, s), lambda t: _judge_forward(op, dtype, random, t))
+
+
+class FetchError(Exception):
+    """Fetching a traced sample's value failed (its message is the outcome's)."""
+
+
+def computed_alone(traced, judge, pad=()):
+    """A traced sample (a trace function's result: None, ("error", message,
+    ...) or its state for judge) computed by a sync of its own and judged:
+    its outcome tuple, ("error", message, *pad) where the sync or a value
+    read raised (judge raises FetchError for a read); None passes through."""
     if traced is None or traced[0] == "error":
         if traced is not None:
-            _reset()
+            reset()
         return traced
     try:
         txc.sync(wait=True)
+        return judge(traced)
+    except FetchError as e:
+        reset()
+        return "error", str(e), *pad
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
-        msg = _message(e)
+        msg = message(e)
         del e
-        _reset()
-        return "error", msg
+        reset()
+        return "error", msg, *pad
+
+
+def trace_failed():
+    """After a sample's trace raised among samples to be computed together:
+    the handler's error (whose traceback holds the failed op's tensors) is
+    let go, but not the deferred checks of the samples traced before it."""
+    txc._C.take_handler_error()
+    gc.collect()
+
+
+def computed_together(traced, judge):
+    """The traced samples [(index, traced)] computed in ONE sync (one
+    compile, not one per sample: XLA:CPU's compile of a tiny graph is most
+    of a sample's time) and judged: [(index, *outcome)]. None when the sync
+    or a value read raised (the state reset): the caller then computes the
+    samples alone (computed_alone), so that a failure is its sample's."""
     try:
-        return _judge_forward(op, dtype, random, traced)
-    except _FetchError as e:
-        _reset()
-        return "error", str(e)
-
-
-class _FetchError(Exception):
-    """Fetching a traced sample's value failed (its message is the outcome's)."""
+        txc.sync(wait=True)
+        return [(i, *(t if t[0] == "error" else judge(t))) for i, t in traced]
+    except Exception:  # noqa: BLE001 - whichever sample it was: one by one finds it
+        reset()
+        return None
 
 
 def _trace_forward(op, s):
@@ -282,7 +310,7 @@ def _trace_forward(op, s):
     try:
         actual = op(xla[0], *xla[1], **xla[2])
     except Exception as e:  # noqa: BLE001 - any exception is the sample's outcome
-        msg = _message(e)
+        msg = message(e)
         del e
         return "error", msg
     return "traced", xla, cpu, actual, expected, _new_fallbacks(before)
@@ -290,7 +318,7 @@ def _trace_forward(op, s):
 
 def _judge_forward(op, dtype, random, traced):
     """(outcome, message) of a traced sample whose values are computed;
-    raises _FetchError where reading a value fails."""
+    raises FetchError where reading a value fails."""
     _, xla, cpu, actual, expected, fallbacks = traced
     atol, rtol = tolerance(op, dtype)
     try:
@@ -300,35 +328,22 @@ def _judge_forward(op, dtype, random, traced):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001 - fetching the value failed
-        raise _FetchError(_message(e, " fetching the result")) from None
+        raise FetchError(message(e, " fetching the result")) from None
     return ("fallback", "CPU fallback: " + ", ".join(fallbacks)) if fallbacks else ("pass", "")
 
 
 def _forward_together(op, dtype, samples):
     """The forward samples [(index, sample, random)] traced one after the
-    other and computed in ONE sync (one compile per case, not per sample:
-    XLA:CPU's compile of a tiny graph is most of a sample's time), then
-    judged. None when anything besides a sample's own trace error or value
-    mismatch happened (the sync or a value read raised, a trace error left
-    state behind): the caller then runs the samples one by one, each with
-    its own sync, so that a failure is the failing sample's alone."""
+    other, then computed_together; None where that fails."""
     traced = []
     for i, s, random in samples:
         torch.manual_seed(i)
         t = _trace_forward(op, s)
         if t is not None and t[0] == "error":
-            txc._C.take_handler_error()  # not _reset(): the samples traced before keep their deferred checks
-            gc.collect()
+            trace_failed()
         if t is not None:
-            traced.append((i, t))
-    try:
-        txc.sync(wait=True)
-        random = {i: r for i, _, r in samples}
-        return [(i, *(t if t[0] == "error" else _judge_forward(op, dtype, random[i], t))) for i, t in traced]
-    except Exception:  # noqa: BLE001 - whichever sample it was: one by one finds it
-        del traced
-        _reset()
-        return None
+            traced.append((i, (*t, random) if t[0] == "traced" else t))
+    return computed_together(traced, lambda t: _judge_forward(op, dtype, t[-1], t[:-1]))
 
 
 def _grad_outputs(op, s, side):
@@ -367,9 +382,9 @@ def run_backward(op, s, dtype, random):
         grads_x = torch.autograd.grad(loss, leaves_x, allow_unused=True)
         txc.sync(wait=True)
     except Exception as e:  # noqa: BLE001
-        msg = _message(e)
+        msg = message(e)
         del e
-        _reset()
+        reset()
         return "error", msg
     atol, rtol = tolerance(op, dtype)
     atol, rtol = BWD_TOL.get(op.name, (atol * 10, rtol * 10))
@@ -383,9 +398,9 @@ def run_backward(op, s, dtype, random):
     except Mismatch as m:
         return "mismatch", str(m)
     except Exception as e:  # noqa: BLE001
-        msg = _message(e, " fetching the gradient")
+        msg = message(e, " fetching the gradient")
         del e
-        _reset()
+        reset()
         return "error", msg
     return _verdict(before)
 
