@@ -56,8 +56,8 @@ import torch_xla_core as txc
 from torch_xla_core._tracing import checks as _checks, tensor as _tensor
 
 from . import _bf16_accuracy as accuracy
-from ._opinfo import (CPU_ARGS, RANDOM, FetchError, computed_alone, computed_together, is_random, message, op_db,
-                      op_id, reset, trace_failed, unhostable)
+from ._opinfo import (CPU_ARGS, RANDOM, FetchError, computed_alone, computed_together, is_random, keep_traced,
+                      message, op_db, op_id, reset, unhostable)
 
 ENABLED = os.environ.get("TXC_BF16", "on") != "off"
 SAMPLES = {"bf16": int(os.environ.get("TXC_BF16_SAMPLES", "3")),
@@ -364,20 +364,6 @@ def _judge_sample(traced):
     return "pass", "; ".join(policies or ()), ex, ec
 
 
-def _together(op, run, picked):
-    """The picked samples [(index, sample, strict)] traced one after the
-    other, then computed_together; None where that fails."""
-    traced = []
-    for i, s, strict in picked:
-        torch.manual_seed(_seed(i))
-        t = _trace_sample(op, s, run, strict)
-        if t is not None and t[0] == "error":
-            trace_failed()
-        if t is not None:
-            traced.append((i, t))
-    return computed_together(traced, _judge_sample)
-
-
 def _seed(i):
     """The seed set before sample i (an OpInfo sample's index, or "large<j>")."""
     return i if isinstance(i, int) else int(i.removeprefix("large"))
@@ -408,15 +394,21 @@ def autocast_changes(op, s):
 def run_case(op, run, max_samples=None):
     """Runs the op's samples; returns [(index, outcome, message, ours, cpu's)].
     The autocast run returns None when autocast leaves the op's first
-    sample unchanged. The samples are computed together (_together), one by
-    one where that fails."""
+    sample unchanged. The samples are traced in turn and computed together
+    (computed_together), one by one where that fails."""
     max_samples = SAMPLES[run] if max_samples is None else max_samples
     dtype = BF16 if run == "bf16" else torch.float32
     torch.manual_seed(zlib.crc32(op_id(op).encode()))
     warned = set(_tensor._warned)
     try:
-        # the samples CPU eager runs, up to max_samples, picked as one by one would pick them
-        picked = []
+        picked, traced = [], []  # the samples CPU eager runs (up to max_samples), their traces
+
+        def trace(i, s, strict):
+            t = _trace_sample(op, s, run, strict)
+            if t is not None:
+                picked.append((i, s, strict))
+                keep_traced(traced, i, t)
+
         samples = op.sample_inputs("cpu", dtype, requires_grad=True)
         for i, s in enumerate(samples):
             if len(picked) >= max_samples or i >= 4 * max_samples + 4:
@@ -424,15 +416,13 @@ def run_case(op, run, max_samples=None):
             if is_random(op, s):
                 continue
             torch.manual_seed(i)
-            if run == "autocast" and not picked and not autocast_changes(op, s):
+            if run == "autocast" and not picked and not autocast_changes(op, s):  # (nothing traced yet to reset)
                 return None
-            if _runs_on_cpu(op, s, run):
-                picked.append((i, s, None))
+            trace(i, s, None)
         for j, s in enumerate(accuracy.samples(op_id(op)) if run == "bf16" else ()):
             torch.manual_seed(j)
-            if _runs_on_cpu(op, s, run):
-                picked.append((f"large{j}", s, accuracy.STRICT))
-        results = _together(op, run, picked)
+            trace(f"large{j}", s, accuracy.STRICT)
+        results = computed_together(traced, _judge_sample)
         if results is None:
             results = []
             for i, s, strict in picked:
@@ -445,16 +435,6 @@ def run_case(op, run, max_samples=None):
         _tensor._warned.intersection_update(warned)
         _checks.clear()
     return results
-
-
-def _runs_on_cpu(op, s, run):
-    """Whether CPU eager runs the sample (the others are not cases)."""
-    try:
-        with torch.autocast("cpu", dtype=BF16, enabled=run == "autocast"), StableTies():
-            _run(op, s, _copy(s), [])
-        return True
-    except Exception:  # noqa: BLE001 - not a case CPU eager runs
-        return False
 
 
 # --- op families (the accuracy report's rows) -------------------------------------

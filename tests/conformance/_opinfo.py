@@ -245,7 +245,7 @@ def _verdict(before):
 
 def run_forward(op, s, dtype, random):
     """(outcome, message) for one sample, or None if CPU eager rejects it."""
-    return computed_alone(_trace_forward(op, s), lambda t: _judge_forward(op, dtype, random, t))
+    return computed_alone(_trace_forward(op, s, random), lambda t: _judge_forward(op, dtype, t))
 
 
 class FetchError(Exception):
@@ -274,12 +274,17 @@ def computed_alone(traced, judge, pad=()):
         return "error", msg, *pad
 
 
-def trace_failed():
-    """After a sample's trace raised among samples to be computed together:
-    the handler's error (whose traceback holds the failed op's tensors) is
-    let go, but not the deferred checks of the samples traced before it."""
-    txc._C.take_handler_error()
-    gc.collect()
+def keep_traced(traced, i, t):
+    """Adds sample i's trace t (None: not a case) to the samples to be
+    computed together. After a trace error only the handler's error (whose
+    traceback holds the failed op's tensors) is let go, not the deferred
+    checks of the samples traced before it."""
+    if t is None:
+        return
+    if t[0] == "error":
+        txc._C.take_handler_error()
+        gc.collect()
+    traced.append((i, t))
 
 
 def computed_together(traced, judge):
@@ -296,10 +301,10 @@ def computed_together(traced, judge):
         return None
 
 
-def _trace_forward(op, s):
+def _trace_forward(op, s, random):
     """One sample traced on xla, not computed: None if CPU eager rejects it,
     ("error", message) if tracing raised (the caller resets), else
-    ("traced", xla side, cpu side, xla result, cpu result, new fallbacks)."""
+    ("traced", xla side, cpu side, xla result, cpu result, new fallbacks, random)."""
     cpu = copy_sample(s)
     try:
         expected = op(cpu[0], *cpu[1], **cpu[2])
@@ -313,13 +318,13 @@ def _trace_forward(op, s):
         msg = message(e)
         del e
         return "error", msg
-    return "traced", xla, cpu, actual, expected, _new_fallbacks(before)
+    return "traced", xla, cpu, actual, expected, _new_fallbacks(before), random
 
 
-def _judge_forward(op, dtype, random, traced):
+def _judge_forward(op, dtype, traced):
     """(outcome, message) of a traced sample whose values are computed;
     raises FetchError where reading a value fails."""
-    _, xla, cpu, actual, expected, fallbacks = traced
+    _, xla, cpu, actual, expected, fallbacks, random = traced
     atol, rtol = tolerance(op, dtype)
     try:
         compare(actual, expected, atol, rtol, random)
@@ -330,20 +335,6 @@ def _judge_forward(op, dtype, random, traced):
     except Exception as e:  # noqa: BLE001 - fetching the value failed
         raise FetchError(message(e, " fetching the result")) from None
     return ("fallback", "CPU fallback: " + ", ".join(fallbacks)) if fallbacks else ("pass", "")
-
-
-def _forward_together(op, dtype, samples):
-    """The forward samples [(index, sample, random)] traced one after the
-    other, then computed_together; None where that fails."""
-    traced = []
-    for i, s, random in samples:
-        torch.manual_seed(i)
-        t = _trace_forward(op, s)
-        if t is not None and t[0] == "error":
-            trace_failed()
-        if t is not None:
-            traced.append((i, (*t, random) if t[0] == "traced" else t))
-    return computed_together(traced, lambda t: _judge_forward(op, dtype, t[-1], t[:-1]))
 
 
 def _grad_outputs(op, s, side):
@@ -408,8 +399,8 @@ def run_backward(op, s, dtype, random):
 def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
     """Runs a case's samples; returns a list of (sample index, outcome, message).
     In "ci" mode backward stops after the first applicable sample. Forward
-    samples are computed together (_forward_together), one by one where
-    that fails."""
+    samples are traced in turn and computed together (computed_together),
+    one by one where that fails."""
     torch.manual_seed(zlib.crc32(op_id(op).encode()))
     run = run_forward if direction == "fwd" else run_backward
     one = direction == "bwd" and mode == "ci"
@@ -418,16 +409,17 @@ def run_case(op, dtype, direction, mode=MODE, max_samples=MAX_SAMPLES):
     warned = set(_tensor._warned)
     try:
         if direction == "fwd":
-            kept = []
-            for i, s in enumerate(samples):  # the seed set after each sample, as the loop below does
+            kept, traced = [], []
+            for i, s in enumerate(samples):  # each traced before the next is made, as the loop below does
                 if max_samples and i >= max_samples:
                     break
                 torch.manual_seed(i)
-                kept.append((i, s, is_random(op, s)))
-            together = _forward_together(op, dtype, kept)
+                kept.append(s)
+                keep_traced(traced, i, _trace_forward(op, s, is_random(op, s)))
+            together = computed_together(traced, lambda t: _judge_forward(op, dtype, t))
             if together is not None:
                 return together
-            samples = (s for _, s, _ in kept)
+            samples = kept
         for i, s in enumerate(samples):
             if max_samples and i >= max_samples:
                 break
