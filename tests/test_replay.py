@@ -254,6 +254,25 @@ def test_deferred_check_raises_after_replay(dev):
     assert txc.metrics.counters()["replay"] == 2
 
 
+def test_a_replay_reads_earlier_checks_once_launched(dev):
+    """A replay reads the deferred checks of earlier runs once its own step
+    is launched (while the device runs, not before): the violated check of
+    one replayed call raises in the next call, whose step has run and
+    written its outputs."""
+    emb = torch.nn.Embedding(5, 2).to(dev)
+    step = txc.compile(lambda e, i: e(i).sum(), wait=True)
+    with torch.no_grad():
+        for _ in range(2):
+            step(emb, torch.tensor([0, 4]).to(dev))
+        step(emb, torch.tensor([0, 9]).to(dev))  # replayed and waited for; its check is not read yet
+        c = txc.metrics.counters()
+        n_exec, n_replay = c["execute"], c["replay"]
+        with pytest.raises(IndexError, match="index out of range"):
+            step(emb, torch.tensor([0, 1]).to(dev))
+    c = txc.metrics.counters()
+    assert (c["execute"], c["replay"]) == (n_exec + 1, n_replay + 1)
+
+
 def test_method_decorator(dev):
     class M(torch.nn.Module):
         def __init__(self):

@@ -428,11 +428,12 @@ def _naming_failures(cut):
         raise _failure(cut, e) from None
 
 
-def execute(launch: Launch, wait: bool = False):
+def execute(launch: Launch, wait: bool = False, read_checks: bool = False):
     """The one pipeline every graph run takes, a sync's and a replay's:
-    launch, write the outputs, note the checks, count it, and with wait=True
-    wait for the device after that (so the host's writes overlap the
-    device's work). Returns (outputs, launch time)."""
+    launch, write the outputs, (read_checks: read the ready deferred checks
+    of earlier runs, verify(block=False)), note the checks, count it, and
+    with wait=True wait for the device after that (so the host's work
+    overlaps the device's). Returns (outputs, launch time)."""
     global _last
     cut = launch.cut
     with _naming_failures(cut):
@@ -443,9 +444,13 @@ def execute(launch: Launch, wait: bool = False):
     _last = launch.exe
     if launch.write is not None:
         launch.write(outs)
-    if launch.checks is not None:
-        _checks.computed(launch.checks(outs))
-    metrics.counter_add("execute")
+    try:
+        if read_checks:  # (before this run's checks are noted: they stay one run in flight, as before)
+            _checks.verify(block=False)
+    finally:
+        if launch.checks is not None:
+            _checks.computed(launch.checks(outs))
+        metrics.counter_add("execute")
     if wait:
         try:
             runtime.wait_ready(outs, t0)
@@ -460,13 +465,13 @@ def execute(launch: Launch, wait: bool = False):
 
 def run_recorded(launch: Launch, wait: bool = False, read_checks: bool = True):
     """execute() for a replay (torch_xla_core/replay/): a recorded
-    executable on new parameters, after the ready deferred checks of earlier
-    runs are read, as at a sync's start (read_checks=False: a graph inside
-    the user's step, a dynamo graph's, leaves them to the step's sync)."""
+    executable on new parameters; the ready deferred checks of earlier runs
+    are read once it is launched, while the device runs (a sync reads them
+    before its launch), so a violation of step N raises in call N+1 after
+    that step's launch and writes (read_checks=False: a graph inside the
+    user's step, a dynamo graph's, leaves them to the step's sync)."""
     with _lock:
-        if read_checks:
-            _checks.verify(block=False)
-        return execute(launch, wait)
+        return execute(launch, wait, read_checks)
 
 
 def _run(p: Plan, wait: bool):
