@@ -10,6 +10,8 @@
 //   replay_walk_state(params, state, sig, kinds, owners, keys, tensors, xla_type, other)
 //       an optimizer's per-parameter state (replay/_walk.py Walk.optimizer)
 #include "py/replay_walk.h"
+#include <unordered_map>
+#include <vector>
 #include "py/wrapper.h"
 
 namespace txc {
@@ -90,6 +92,10 @@ void walk_one(Walk& w, PyObject* mod, py::handle d) {
   }
 }
 
+inline void prefetch(const void* p) {
+  if (p) __builtin_prefetch(p);
+}
+
 py::object id_of(PyObject* o) { return py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(o)); }
 
 // Pre-order over a module's submodules as Module.modules() yields them; a
@@ -127,6 +133,41 @@ void walk_module(py::handle m, py::set seen, py::list sig, py::list kinds, py::l
   walk_tree(w, m.ptr(), seen, true);
 }
 
+// The state dicts of `params` (one param group) in `state` (borrowed; nullptr: none). A dict is read
+// through one pass over its entries, matching keys by identity (a tensor's hash is its id, so a lookup
+// finds the same entry), not a lookup per parameter: torch.Tensor.__hash__ is Python code (~0.3-1 µs
+// a call, 256 calls a step in the MLP). Lookups where the group holds few of the state's parameters.
+std::vector<PyObject*> states_of(py::handle params, py::handle state) {
+  std::vector<PyObject*> params_v;
+  for (py::handle p : params) params_v.push_back(p.ptr());
+  std::vector<PyObject*> out(params_v.size(), nullptr);
+  if (PyDict_Check(state.ptr()) && Py_TYPE(params.ptr()) == &PyList_Type &&
+      4 * Py_ssize_t(params_v.size()) >= PyDict_GET_SIZE(state.ptr())) {
+    std::unordered_map<PyObject*, PyObject*> by_id;
+    by_id.reserve(size_t(PyDict_GET_SIZE(state.ptr())));
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(state.ptr(), &pos, &k, &v)) by_id.emplace(k, v);
+    for (size_t i = 0; i < params_v.size(); ++i) {
+      auto it = by_id.find(params_v[i]);
+      if (it != by_id.end()) out[i] = it->second;
+      prefetch(out[i]);
+    }
+    return out;
+  }
+  for (size_t i = 0; i < params_v.size(); ++i) {
+    if (PyDict_Check(state.ptr())) {  // (a defaultdict too: this reads without inserting, as get() does)
+      PyObject* v = PyDict_GetItemWithError(state.ptr(), params_v[i]);
+      if (!v && PyErr_Occurred()) throw py::error_already_set();
+      out[i] = v;
+    } else {
+      out[i] = PyObject_CallMethod(state.ptr(), "get", "O", params_v[i]);  // (a new reference: kept in keep())
+      if (!out[i]) throw py::error_already_set();
+    }
+  }
+  return out;
+}
+
 // An optimizer's state, per parameter in `params` (one param group): 0 for
 // none; else per entry its key, and an xla tensor as an input slot
 // ("state", st, key), anything else as other(value) in the signature.
@@ -134,16 +175,20 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
                 py::list tensors, py::handle xla_type, py::handle other) {
   Walk w{sig, kinds, owners, keys, tensors};
   py::object zero = py::int_(0);
-  for (py::handle p : params) {
-    py::object st;
-    if (PyDict_Check(state.ptr())) {  // (a defaultdict too: this reads without inserting, as get() does)
-      PyObject* v = PyDict_GetItemWithError(state.ptr(), p.ptr());
-      if (!v && PyErr_Occurred()) throw py::error_already_set();
-      st = v ? py::reinterpret_borrow<py::object>(v) : py::none();
-    } else {
-      st = py::reinterpret_steal<py::object>(PyObject_CallMethod(state.ptr(), "get", "O", p.ptr()));
-      if (!st) throw py::error_already_set();
+  bool owned = !PyDict_Check(state.ptr());  // states_of returned new references (state.get)
+  std::vector<PyObject*> sts = states_of(params, state);
+  std::vector<py::object> keep;  // (owns them where owned, for the walk's duration)
+  keep.reserve(sts.size());
+  for (PyObject* st : sts)
+    keep.push_back(st == nullptr ? py::none()
+                                 : owned ? py::reinterpret_steal<py::object>(st) : py::reinterpret_borrow<py::object>(st));
+  for (const py::object& st : keep)  // the entries' values, loaded together before the walk reads them one by one
+    if (PyDict_CheckExact(st.ptr())) {
+      PyObject *k, *v;
+      Py_ssize_t pos = 0;
+      while (PyDict_Next(st.ptr(), &pos, &k, &v)) prefetch(v);
     }
+  for (const py::object& st : keep) {
     int truth = PyObject_IsTrue(st.ptr());
     if (truth < 0) throw py::error_already_set();
     if (!truth) {
