@@ -25,7 +25,12 @@ A runtime may carry options after a colon, comma-separated, each run as its
 own row: `cublas` (XLA_FLAGS=--xla_gpu_enable_triton_gemm=false: cuBLAS for
 every GEMM instead of XLA's Triton gemm fusions), `sdpa=auto|flash|cudnn|xla`
 (TXC_SDPA_KERNEL), `autotune=N` (--xla_gpu_autotune_level=N); e.g.
-`txc_compile:cublas,sdpa=cudnn`.
+`txc_compile:cublas,sdpa=cudnn`. `floor` (the dynamo rows only) is a diagnostic: the
+same step with bench/dynamo_floor.py's backend, whose graphs run once and then
+return their first outputs, so the row's host time is torch's own per step
+(dynamo, AOTAutograd's wrappers, autograd, the optimizer's hooks) plus what
+runs outside the graphs: the least any backend could cost on that route
+(--floor adds the three floor rows; their losses are not the real ones).
 
 Per runtime: the first step (wall seconds, until its results are ready:
 compiles included), --warmup more steps, then --steps steps back to back,
@@ -58,7 +63,7 @@ inductor on CPU run with torch.set_flush_denormal(True), as XLA:CPU flushes
 denormals (without it the bf16 eager step ran 10-20x slower here).
 
   python bench/llama.py [--runtimes traced txc_compile:cublas ...] [--steps 20] [--warmup 2]
-                        [--tiny] [--layers N] [--batch N] [--seq N] [--timeout S] [--out FILE.json]
+                        [--tiny] [--layers N] [--batch N] [--seq N] [--floor] [--timeout S] [--out FILE.json]
 
 --tiny: 2 layers, hidden 64, 4 heads (2 kv), vocabulary 256, batch 2 x 32
 (the CPU smoke run of CI and tests/test_bench_llama.py). --hidden N scales
@@ -79,6 +84,8 @@ os.environ.setdefault("TXC_COMPILE_CACHE", "off")  # first steps compile, as ben
 SCHEMA = "torch_xla_core/bench/llama/1"
 OURS = ("traced", "txc_compile", "dynamo", "dynamo_opt", "dynamo_step")
 RUNTIMES = ("cuda_eager", "cpu_eager", "inductor") + OURS
+DYNAMO = ("dynamo", "dynamo_opt", "dynamo_step")
+OPTIONS = ("cublas", "sdpa", "autotune", "floor")
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, by device name
 ISSUE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=8, max_position_embeddings=1024)
@@ -95,11 +102,15 @@ def parse_spec(spec):
     opts = {}
     for o in filter(None, rest.split(",")):
         k, eq, v = o.partition("=")
-        if k not in ("cublas", "sdpa", "autotune") or (k != "cublas") != bool(eq):
-            raise SystemExit(f"bench/llama.py: unknown option {o!r} of {spec!r} (cublas, sdpa=MODE, autotune=N)")
+        if k not in OPTIONS or (k in ("sdpa", "autotune")) != bool(eq):
+            raise SystemExit(f"bench/llama.py: unknown option {o!r} of {spec!r} (cublas, sdpa=MODE, autotune=N, "
+                             f"floor)")
         opts[k] = v if eq else True
     if opts and name not in OURS:
         raise SystemExit(f"bench/llama.py: options {rest!r} apply to our runtimes only ({', '.join(OURS)})")
+    if opts.get("floor") and name not in DYNAMO:
+        raise SystemExit(f"bench/llama.py: option 'floor' of {spec!r} applies to the dynamo rows only "
+                         f"({', '.join(DYNAMO)})")
     return name, opts
 
 
@@ -167,15 +178,19 @@ def run_one(spec, cfg, batch, seq, steps, warmup):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(1)).to(dev)
     step, fwd = train_step, model
+    backend = "torch_xla_core"
+    if opts.get("floor"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from dynamo_floor import backend
     if name == "inductor":
         fwd = torch.compile(model)
     elif name in ("dynamo", "dynamo_opt"):
-        fwd = torch.compile(model, backend="torch_xla_core")
+        fwd = torch.compile(model, backend=backend)
         if name == "dynamo_opt":
-            step = compiled_opt_step(torch.compile(opt.step, backend="torch_xla_core"))
+            step = compiled_opt_step(torch.compile(opt.step, backend=backend))
     elif name == "dynamo_step":
         torch._dynamo.config.compiled_autograd = True
-        step = torch.compile(train_step, backend="torch_xla_core")
+        step = torch.compile(train_step, backend=backend)
     elif name == "txc_compile":
         step = txc.compile(train_step)
 
@@ -299,6 +314,8 @@ def main():
     ap.add_argument("--hidden", type=int, help="hidden size (the intermediate size scales with it)")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
+    ap.add_argument("--floor", action="store_true", help="add the dynamo rows' floor rows (dynamo:floor ...): "
+                                                          "torch's own host time per step on each route")
     ap.add_argument("--peak-tflops", type=float, help="the device's dense bf16 TFLOP/s for MFU")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per runtime's process")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "llama.json"))
@@ -318,6 +335,8 @@ def main():
         print(_RESULT + json.dumps(r), flush=True)
         return
     specs = a.runtimes or default_runtimes()
+    if a.floor:
+        specs += [f"{s}:floor" for s in specs if s in DYNAMO and f"{s}:floor" not in specs]
     for s in specs:
         parse_spec(s)
     passthrough = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(batch), "--seq", str(seq),
@@ -339,7 +358,10 @@ def main():
               f"(issue 29's target on CPU: >= 20x)")
     dyn = {}
     for name, den in (("dynamo", "txc_compile"), ("dynamo", "traced"), ("dynamo_opt", "txc_compile"),
-                      ("dynamo_step", "txc_compile")):
+                      ("dynamo_step", "txc_compile"), ("dynamo:floor", "txc_compile"),
+                      ("dynamo_opt:floor", "txc_compile"), ("dynamo_step:floor", "txc_compile"),
+                      ("dynamo:floor", "dynamo"), ("dynamo_opt:floor", "dynamo_opt"),
+                      ("dynamo_step:floor", "dynamo_step")):
         w, c = host_ratio(rows, num=name, den=den), host_ratio(rows, "host_thread_cpu_ms_per_step", name, den)
         if w is not None:
             dyn[f"{name}/{den}"] = {"wall": w, "thread_cpu": c}
