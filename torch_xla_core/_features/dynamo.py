@@ -84,7 +84,7 @@ import torch
 
 from .. import _C, metrics, replay
 from .._runtime import torch_compat as _compat
-from ..replay._recording import own_storage
+from ..replay._recording import number_to_data, own_storage
 from .._tracing.tensor import XlaTensor
 
 __all__ = ["backend", "install", "make_traceable", "NAME"]
@@ -275,18 +275,27 @@ def _constants(a, written):
     and {index: (op, attrs)}. A replay builds them inside its graph instead
     of syncing them first (a launch of their own). Not the inputs the graph
     writes (`written`: an optimizer's new zero state): the write must reach
-    the caller's tensor. 0-d ones (an lr that a scheduler filled) are left to
-    replay (replay/_recording.py number_to_data), which binds a number's
-    buffer: their value is not guarded."""
+    the caller's tensor. A 0-d one made from a number (autograd's seed of a
+    loss, an lr that a scheduler filled) becomes that number's buffer here
+    (replay/_recording.py number_to_data; its value is not guarded), so that
+    the replay finds every input ready in one C++ pass (_C.replay_ready)
+    instead of looking at each in Python."""
+    tensors = [x for x in a if type(x) is XlaTensor]
+    if _C.replay_ready(tensors, True):  # (the common case: every input device data or a view of some)
+        return (), {}
     made, making = [], {}
     for i, x in enumerate(a):
         if type(x) is XlaTensor and i not in written:
             lt = x._lt
-            if not lt.is_data and lt.shape:
+            if lt.is_data:
+                continue
+            if lt.shape:
                 c = lt.constant
                 if c is not None:
                     made.append((i, lt.hash))
                     making[i] = c
+            elif not lt.is_view:
+                number_to_data(lt)
     return tuple(made), making
 
 
