@@ -4,16 +4,17 @@ what torch itself costs per step on the torch.compile route, whatever the backen
 `backend` is torch's aot_autograd, as ours is, with compilers whose graphs run
 once for real (through our backend's graph: outputs of the right shapes,
 dtypes and devices, the first step's side effects done) and from then on
-return that first call's outputs and run nothing. A step's host time is then
-torch's: dynamo's frames and guards, AOTAutograd's runtime wrappers, the
-autograd engine and what it does with the returned tensors (AccumulateGrad
-copies a gradient it cannot steal: a traced clone per parameter on the
-model-only and compiled opt.step rows), the optimizer's hooks, zero_grad,
-plus whatever runs outside the graphs (the model-only row's per-op AdamW and
-its graph at the sync). No backend can make a step cheaper than its floor
+return that first call's values as new tensors (a wrapper each over the same
+storage, ~1 us: the least a graph's output costs) and run nothing. A step's
+host time is then torch's: dynamo's frames and guards, AOTAutograd's runtime
+wrappers (with the zero tangents it makes per op for outputs that got no
+gradient), the autograd engine, the optimizer's hooks, zero_grad, plus
+whatever runs outside the graphs (the model-only row's per-op AdamW and its
+graph at the sync). No backend can make a step cheaper than its floor
 row. A diagnostic: parameters stop changing after the first step, so the
 losses are not the real ones."""
 from torch_xla_core._features import dynamo as _dynamo
+from torch_xla_core._tracing.tensor import XlaTensor, wrap as _wrap
 
 _aot = None
 
@@ -32,7 +33,9 @@ class _FirstOutputs:
             self._out = tuple(self._real(args))
         elif type(args) is list:
             args.clear()  # as a real graph does: the saved tensors can be freed
-        return list(self._out)
+        # each call's tensors new wrappers over the first call's values (as a real graph's outputs are new
+        # tensors: autograd's AccumulateGrad then takes a gradient as it is, not a copy of it)
+        return [_wrap(x._lt) if type(x) is XlaTensor else x for x in self._out]
 
 
 def _compiler(kind):
