@@ -3,7 +3,8 @@ size on CPU: CPU eager and ours traced, two steps each in processes of their
 own; the JSON has every field the table shows, the same loss on both
 runtimes (same seed, same two AdamW steps), the issue's FLOP count, and the
 replay counters of our runtime. Speed is not checked: this is the CI smoke
-run. The runtime options map to the settings they name."""
+run. The runtime options map to the settings they name; a floor row (issue
+43's diagnostic) runs its graphs once and then nothing on the device."""
 import importlib.util
 import json
 import subprocess
@@ -68,6 +69,19 @@ def test_llama_bench_runtime_options():
     assert "--xla_gpu_enable_triton_gemm=false" in env["XLA_FLAGS"] and "--xla_gpu_autotune_level=0" in env["XLA_FLAGS"]
     assert env["TXC_SDPA_KERNEL"] == "flash"
     for bad, msg in (("eager", "unknown runtime 'eager'"), ("traced:fast", "unknown option 'fast'"),
-                     ("cuda_eager:cublas", "apply to our runtimes only")):
+                     ("cuda_eager:cublas", "apply to our runtimes only"), ("txc_compile:floor", "the dynamo rows only"),
+                     ("dynamo:floor=1", "unknown option 'floor=1'")):
         with pytest.raises(SystemExit, match=msg):
             b.parse_spec(bad)
+    assert b.parse_spec("dynamo_step:floor") == ("dynamo_step", {"floor": True})
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_llama_bench_floor_row_runs_nothing_after_its_first_step():
+    """dynamo_opt:floor (bench/dynamo_floor.py): after the first step no graph
+    replays, traces or launches, and nothing is read on the host: what its
+    steps cost is torch's own work."""
+    b = _bench()
+    r = b.run_one("dynamo_opt:floor", dict(b.TINY), 2, 32, steps=2, warmup=1)
+    assert r["launches_per_step"] == 0 and r["transfers_per_step"] == 0, r
+    assert r["replay"] == r["replay_trace"] == r["compile"] == 0, r
