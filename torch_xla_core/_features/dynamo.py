@@ -30,9 +30,10 @@ executable, and later calls only bind buffers and execute:
   Inputs that traced ops left pending are not synced first where that can
   be avoided: autograd's zero tangents and ones_like seeds (values made from
   attributes alone, _constants) are built inside the recorded graph
-  (guarded by their node hash), a 0-d number (an lr a scheduler filled) is
-  bound as that number's device buffer (replay/_recording.py), and views (the
-  forward's saved views of its outputs) are read through their chains.
+  (guarded by their node hash), a 0-d number (an lr a scheduler filled,
+  autograd's seed of a loss) becomes that number's device buffer before the
+  replay (replay/_recording.py number_to_data), and views (the forward's
+  saved views of its outputs) are read through their chains.
   Anything else pending (clip_grad_norm_'s scaled grads) is launched first
   without waiting. Deferred checks are left to the user's sync or value
   read (replay.Compiled's inner).
