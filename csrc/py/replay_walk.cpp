@@ -133,14 +133,15 @@ void walk_module(py::handle m, py::set seen, py::list sig, py::list kinds, py::l
   walk_tree(w, m.ptr(), seen, true);
 }
 
-// The state dicts of `params` (one param group) in `state` (borrowed; nullptr: none). A dict is read
+// The state dicts of `params` (one param group) in `state` (None where a parameter has none). A dict is read
 // through one pass over its entries, matching keys by identity (a tensor's hash is its id, so a lookup
 // finds the same entry), not a lookup per parameter: torch.Tensor.__hash__ is Python code (~0.3-1 µs
 // a call, 256 calls a step in the MLP). Lookups where the group holds few of the state's parameters.
-std::vector<PyObject*> states_of(py::handle params, py::handle state) {
+std::vector<py::object> states_of(py::handle params, py::handle state) {
   std::vector<PyObject*> params_v;
   for (py::handle p : params) params_v.push_back(p.ptr());
-  std::vector<PyObject*> out(params_v.size(), nullptr);
+  std::vector<py::object> out;
+  out.reserve(params_v.size());
   if (PyDict_Check(state.ptr()) && Py_TYPE(params.ptr()) == &PyList_Type &&
       4 * Py_ssize_t(params_v.size()) >= PyDict_GET_SIZE(state.ptr())) {
     std::unordered_map<PyObject*, PyObject*> by_id;
@@ -148,21 +149,22 @@ std::vector<PyObject*> states_of(py::handle params, py::handle state) {
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (PyDict_Next(state.ptr(), &pos, &k, &v)) by_id.emplace(k, v);
-    for (size_t i = 0; i < params_v.size(); ++i) {
-      auto it = by_id.find(params_v[i]);
-      if (it != by_id.end()) out[i] = it->second;
-      prefetch(out[i]);
+    for (PyObject* p : params_v) {
+      auto it = by_id.find(p);
+      out.push_back(it == by_id.end() ? py::none() : py::reinterpret_borrow<py::object>(it->second));
+      prefetch(out.back().ptr());
     }
     return out;
   }
-  for (size_t i = 0; i < params_v.size(); ++i) {
+  for (PyObject* p : params_v) {
     if (PyDict_Check(state.ptr())) {  // (a defaultdict too: this reads without inserting, as get() does)
-      PyObject* v = PyDict_GetItemWithError(state.ptr(), params_v[i]);
+      PyObject* v = PyDict_GetItemWithError(state.ptr(), p);
       if (!v && PyErr_Occurred()) throw py::error_already_set();
-      out[i] = v;
+      out.push_back(v ? py::reinterpret_borrow<py::object>(v) : py::none());
     } else {
-      out[i] = PyObject_CallMethod(state.ptr(), "get", "O", params_v[i]);  // (a new reference: kept in keep())
-      if (!out[i]) throw py::error_already_set();
+      PyObject* v = PyObject_CallMethod(state.ptr(), "get", "O", p);
+      if (!v) throw py::error_already_set();
+      out.push_back(py::reinterpret_steal<py::object>(v));
     }
   }
   return out;
@@ -175,13 +177,7 @@ void walk_state(py::handle params, py::handle state, py::list sig, py::list kind
                 py::list tensors, py::handle xla_type, py::handle other) {
   Walk w{sig, kinds, owners, keys, tensors};
   py::object zero = py::int_(0);
-  bool owned = !PyDict_Check(state.ptr());  // states_of returned new references (state.get)
-  std::vector<PyObject*> sts = states_of(params, state);
-  std::vector<py::object> keep;  // (owns them where owned, for the walk's duration)
-  keep.reserve(sts.size());
-  for (PyObject* st : sts)
-    keep.push_back(st == nullptr ? py::none()
-                                 : owned ? py::reinterpret_steal<py::object>(st) : py::reinterpret_borrow<py::object>(st));
+  std::vector<py::object> keep = states_of(params, state);  // (held for the walk's duration)
   for (const py::object& st : keep)  // the entries' values, loaded together before the walk reads them one by one
     if (PyDict_CheckExact(st.ptr())) {
       PyObject *k, *v;
