@@ -16,7 +16,10 @@ baseline), then save() of model + optimizer (async: it returns once the
 state is taken) and steps until the write is committed (at least --steps).
 A step counts as "during a save" when the write was in flight at its start.
 Reported per writer: median (p75, max) step ms without and during a save,
-the overhead in %, the median first step after save(), the minor page
+the overhead in %, the extra ms a save costs the steps in all (the sum over
+its steps during the save of step - the no-save median, per save: the cost
+a user pays per checkpoint, which a short write does not dilute), the median
+first step after save(), the minor page
 faults of the training process per step (mean; copy-on-write faults show
 there), the blocking time of save() (the state taken at the step
 boundary), the call to commit, the fork() call's time; and a synchronous
@@ -184,7 +187,7 @@ def main():
           f"{size / 2**20:.1f} MiB (model + AdamW); {txc.runtime.platform()}; step {args.runtime}; "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"{'writer':8s} {'no save ms':>10s} {'during ms':>10s} {'p75':>8s} {'max':>8s} {'n':>4s} {'overhead':>9s} "
-          f"{'1st step ms':>11s} {'faults/step':>17s} {'save() ms':>9s} {'commit ms':>9s}")
+          f"{'extra ms/save':>13s} {'1st step ms':>11s} {'faults/step':>17s} {'save() ms':>9s} {'commit ms':>9s}")
     report = {}
     for w in writers:
         g = got[w]
@@ -193,14 +196,16 @@ def main():
         bf, sf = stats(g["base_flt"]), stats(g["during_flt"])
         blocking, commit = ms(g["blocking"]), ms(g["commit"])
         first = ms(g["first"])
-        report[w] = dict(step_ms=b, step_ms_during_save=s, overhead_pct=overhead, first_step_ms=first,
+        extra = sum(x * 1e3 - b["median"] for x in g["during"]) / len(g["commit"]) if g["commit"] else None
+        report[w] = dict(step_ms=b, step_ms_during_save=s, overhead_pct=overhead, extra_ms_per_save=extra,
+                         first_step_ms=first,
                          faults_per_step=bf,
                          faults_per_step_during_save=sf, save_blocking_ms=blocking, async_save_ms=commit)
         if s is None:
             print(f"{w:8s} {b['median']:10.2f}  no step ran while a save was in flight")
             continue
         print(f"{w:8s} {b['median']:10.2f} {s['median']:10.2f} {s['p75']:8.2f} {s['max']:8.2f} {s['n']:4d} "
-              f"{overhead:+8.1f}% {first['median']:11.1f} {bf['mean']:8.0f}->{sf['mean']:<8.0f} "
+              f"{overhead:+8.1f}% {extra:13.1f} {first['median']:11.1f} {bf['mean']:8.0f}->{sf['mean']:<8.0f} "
               f"{blocking['median']:9.1f} "
               f"{commit['median']:9.0f}")
     if fork_ms:

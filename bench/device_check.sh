@@ -29,7 +29,7 @@ step() {
 }
 { nvidia-smi -L; python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"; } >> "$LOG" 2>&1
 # issue 29 first: the Llama step on every runtime, then the attention and GEMM choices on it
-for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp}; do
+for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp ckpt}; do
   case $s in
     # issue 29's workload at its size (bf16 160M Llama, AdamW, 8 x 1024): CUDA eager, inductor, ours traced,
     # txc.compile and the dynamo route, each in its own process (~40 s each: startup, compiles, 2 + 8 steps)
@@ -59,6 +59,10 @@ for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp}; do
     dp) XLA_PYTHON_CLIENT_PREALLOCATE=false step dp 200 python3 bench/dp.py --procs 1 2 --steps 8 --timeout 90 \
           --json "$OUT/dp.json" ;;
     replay) step replay 100 python3 bench/replay.py --models mlp --steps 10 --warmup 2 --out "$OUT/replay.json" ;;
+    # issue 38: step time while an async checkpoint is written, the compute on the device (on the 2-core CPU
+    # host the writer and XLA:CPU's compute share the same cores)
+    ckpt) step ckpt 120 python3 bench/checkpoint.py --runtime compiled --writers process,thread --rounds 8 \
+            --out "$OUT/checkpoint.json" ;;
     kernels) step kernels 90 python3 bench/kernels.py --sections attention --seq 1024 4096 --dtype bfloat16 \
                --out "$OUT/kernels.json" ;;
   esac
