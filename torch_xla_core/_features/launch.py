@@ -42,7 +42,7 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .. import config
-from .._runtime import peers
+from .._runtime import cluster, peers
 
 
 def _store(timeout: float):
@@ -66,12 +66,7 @@ def _coordination_service(nproc: int, heartbeat: int):
     (None, None) where this jax cannot (process 0 then hosts it)."""
     if nproc == 1 or not _can_host():
         return None, None
-    with socket.socket() as s:
-        # the port stays held until the service listens on it (gRPC binds with SO_REUSEPORT, as this socket), so no
-        # other process's bind takes it in between (a launch beside ours would put its workers on our service)
-        if hasattr(socket, "SO_REUSEPORT"):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        s.bind(("127.0.0.1", 0))
+    with cluster.reserve_port() as s:  # held until the service listens (a launch beside ours could take it)
         address = f"127.0.0.1:{s.getsockname()[1]}"
         return _jax.get_distributed_runtime_service(address, nproc, heartbeat_timeout=heartbeat), address
 

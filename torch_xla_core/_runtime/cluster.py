@@ -44,6 +44,7 @@ from .. import config
 
 _KEY = "torch_xla_core/jax_coordinator"
 _store = None  # a PyTorchJob's TCPStore hosted by process 0 (kept alive for the job's life)
+_reserved = None  # process 0's socket holding the coordinator's port until its service listens (release())
 
 
 class LaunchError(RuntimeError):
@@ -132,11 +133,18 @@ def coordinator(job: Job, timeout: float) -> str:
         return job.coordinator
     store = _connect(job, timeout)
     if job.process_id == 0:
+        global _reserved
         host = job.master[0] if job.spans_machines else "127.0.0.1"
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host.strip("[]"), 0))
+        # the port stays held until the service listens on it (release())
+        s = reserve_port(host)
+        try:
             addr = _hostport(host, s.getsockname()[1])
-        store.set(_key(), addr)
+            store.set(_key(), addr)
+        except BaseException:
+            s.close()
+            raise
+        release()
+        _reserved = s
         return addr
     # the key is this round's; an address nothing listens on yet is read again (process 0 may not have
     # started its service)
@@ -150,6 +158,31 @@ def coordinator(job: Job, timeout: float) -> str:
                               f"{job.master[0]}:{job.master[1]}, but nothing listens there after {timeout:g} s "
                               f"(TXC_DISTRIBUTED_TIMEOUT): process 0 did not start it")
         time.sleep(0.05)
+
+
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a free port of `host`, with SO_REUSEPORT: a server
+    that binds that port with SO_REUSEPORT too (gRPC does: jax's coordination
+    service) can listen on it while this socket holds it, and no other
+    process's bind can take it in between. Close it once the server listens."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        if hasattr(socket, "SO_REUSEPORT"):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind((host.strip("[]"), 0))
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def release() -> None:
+    """Lets go of the port coordinator() held for process 0's service (once
+    the service listens on it, or its start failed)."""
+    global _reserved
+    if _reserved is not None:
+        _reserved.close()
+        _reserved = None
 
 
 def _restart() -> str | None:

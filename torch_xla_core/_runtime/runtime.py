@@ -61,7 +61,10 @@ def _distributed():
     if job is None:
         return
     timeout = int(config.get("TXC_DISTRIBUTED_TIMEOUT"))
-    peers.join(job, _cluster.coordinator(job, timeout), timeout)
+    try:
+        peers.join(job, _cluster.coordinator(job, timeout), timeout)
+    finally:
+        _cluster.release()
     _job = job
 
 

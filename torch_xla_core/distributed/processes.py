@@ -16,7 +16,7 @@ import torch.multiprocessing as tmp
 from jax._src import distributed
 
 from .. import config
-from .._runtime import peers, runtime
+from .._runtime import cluster, peers, runtime
 
 _count = {}  # tag -> how many rendezvous of that tag this process has made (each one's key)
 
@@ -84,12 +84,16 @@ def spawn(fn, args=(), nprocs=None, join=True, daemon=False, start_method="spawn
     if runtime.started():  # (a started runtime cannot join other processes)
         raise RuntimeError("spawn: this process has already started the xla runtime; call spawn before any "
                            "xla tensor is made (torch_xla's xmp.spawn has the same rule)")
-    env = {"TXC_NUM_PROCESSES": str(nprocs), "TXC_COORDINATOR": f"127.0.0.1:{_free_port()}",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nprocs),
-           "LOCAL_WORLD_SIZE": str(nprocs)}
-    results = multiprocessing.get_context(start_method).SimpleQueue()
-    ctx = tmp.start_processes(_child, (fn, args, env, results), nprocs=nprocs, join=join, daemon=daemon,
-                              start_method=start_method)
+    held = cluster.reserve_port()  # the coordinator's port, held while process 0 starts its service there
+    try:
+        env = {"TXC_NUM_PROCESSES": str(nprocs), "TXC_COORDINATOR": f"127.0.0.1:{held.getsockname()[1]}",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nprocs),
+               "LOCAL_WORLD_SIZE": str(nprocs)}
+        results = multiprocessing.get_context(start_method).SimpleQueue()
+        ctx = tmp.start_processes(_child, (fn, args, env, results), nprocs=nprocs, join=join, daemon=daemon,
+                                  start_method=start_method)
+    finally:
+        held.close()
     if not join:
         return ctx
     out = {}
@@ -107,6 +111,8 @@ def _child(rank, fn, args, env, results):
 
 
 def _free_port() -> int:
+    """A port free now (torch's TCPStore server in process 0 binds it without SO_REUSEPORT, so it cannot be held
+    as the coordinator's is)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
