@@ -15,6 +15,10 @@
 //   replay_ready(tensors, views=False) -> bool   every input is device data
 //       (or an alias of a whole storage that is; views=True: any view of a
 //       storage that is): nothing to compute before binding
+//   replay_unready(items, xla_type, views=False) -> [int]   the positions of the xla tensors among items
+//       (other objects skipped) that replay_ready would refuse: what a dynamo graph's call looks at in
+//       Python (its pending inputs), instead of a Python pass over all its inputs
+//   replay_views(items, xla_type, slots) -> [int]   the slots whose item is an xla tensor holding a view
 //   replay_exclusive(tensors, slots) -> int   the first slot whose buffer is
 //       held elsewhere (may not be donated), or -1
 //   ReplayPlan(binds, inplace, others, specs, ret=[])   a recording's bindings and
@@ -246,15 +250,35 @@ py::tuple signature(py::list tensors, py::handle xla_type, bool views) {
   return py::make_tuple(py::bytes(sig), -1);
 }
 
+bool ready_one(LazyTensor& lt, bool views) {
+  if (is_data(lt.value())) return true;
+  return lt.is_view() && (views || alias_only(lt)) && is_data(lt.storage()->value);
+}
+
 bool ready(py::list tensors, bool views) {
-  for (py::handle t : tensors) {
-    if (t.is_none()) continue;
-    LazyTensor& lt = lazy_of_wrapper(t);
-    if (is_data(lt.value())) continue;
-    if (lt.is_view() && (views || alias_only(lt)) && is_data(lt.storage()->value)) continue;
-    return false;
-  }
+  for (py::handle t : tensors)
+    if (!t.is_none() && !ready_one(lazy_of_wrapper(t), views)) return false;
   return true;
+}
+
+std::vector<int64_t> unready(py::list items, py::handle xla_type, bool views) {
+  std::vector<int64_t> out;
+  int64_t i = 0;
+  for (py::handle t : items) {
+    if (Py_TYPE(t.ptr()) == (PyTypeObject*)xla_type.ptr() && !ready_one(lazy_of_wrapper(t), views)) out.push_back(i);
+    ++i;
+  }
+  return out;
+}
+
+std::vector<int64_t> views_among(py::list items, py::handle xla_type, const std::vector<int64_t>& slots) {
+  std::vector<int64_t> out;
+  for (int64_t i : slots) {
+    if (i < 0 || i >= int64_t(items.size())) throw std::out_of_range("replay_views: slot " + std::to_string(i));
+    py::handle t = PyList_GET_ITEM(items.ptr(), i);
+    if (Py_TYPE(t.ptr()) == (PyTypeObject*)xla_type.ptr() && lazy_of_wrapper(t).is_view()) out.push_back(i);
+  }
+  return out;
 }
 
 int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
@@ -558,6 +582,8 @@ class ReplayPlan {
 void bind_replay(py::module_& m) {
   m.def("replay_signature", &signature, py::arg("tensors"), py::arg("xla_type"), py::arg("views") = false);
   m.def("replay_ready", &ready, py::arg("tensors"), py::arg("views") = false);
+  m.def("replay_unready", &unready, py::arg("items"), py::arg("xla_type"), py::arg("views") = false);
+  m.def("replay_views", &views_among, py::arg("items"), py::arg("xla_type"), py::arg("slots"));
   m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
   py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
       .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list, py::list>(),

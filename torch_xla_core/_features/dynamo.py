@@ -244,6 +244,7 @@ class _FxCall:
         self.consts = _prepare(gm)
         self.making = {}
         self.written = _written_inputs(gm)
+        self.written_slots = sorted(self.written)
         self.__qualname__ = self.__name__ = f"torch.compile {kind} graph"
 
     def __call__(self, made, *args):
@@ -281,15 +282,13 @@ def _constants(a, written):
     (replay/_recording.py number_to_data; its value is not guarded), so that
     the replay finds every input ready in one C++ pass (_C.replay_ready)
     instead of looking at each in Python."""
-    tensors = [x for x in a if type(x) is XlaTensor]
-    if _C.replay_ready(tensors, True):  # (the common case: every input device data or a view of some)
+    unready = _C.replay_unready(a, XlaTensor, True)  # (one C++ pass; usually none: every input device data or
+    if not unready:                                   # a view of some)
         return (), {}
     made, making = [], {}
-    for i, x in enumerate(a):
-        if type(x) is XlaTensor and i not in written:
-            lt = x._lt
-            if lt.is_data:
-                continue
+    for i in unready:
+        if i not in written:
+            lt = a[i]._lt
             if lt.shape:
                 c = lt.constant
                 if c is not None:
@@ -322,9 +321,9 @@ class _Graph:
                 _own_parameters(a)
         if self._plain:
             return self._gm(*a)
-        for i in self._fx.written:  # a lone view written in place (Module.to's parameters) gets a storage of its
-            if type(a[i]) is XlaTensor and a[i]._lt.is_view:  # own, so that the replay can donate its buffer
-                own_storage(a[i])                               # (other views are read through their chains)
+        for i in _C.replay_views(a, XlaTensor, self._fx.written_slots):  # a lone view written in place (Module.to's
+            own_storage(a[i])  # parameters) gets a storage of its own, so that the replay can donate its buffer (other
+                               # views are read through their chains)
         made, making = _constants(a, self._fx.written)
         if made:
             self._fx.making = making
