@@ -374,3 +374,21 @@ def test_compiled_optimizer_step_updates_parameters_in_place_like_cpu(dev):
     for p_c, p_x in zip(m.parameters(), mx.parameters()):
         torch.testing.assert_close(p_x.detach().cpu(), p_c.detach(), atol=1e-5, rtol=1e-5)
     assert all(d["replay"] >= 1 and d["replay_trace"] == 0 for d in deltas[2:]), deltas
+
+
+def test_graph_call_finds_pending_inputs_and_written_views_in_one_pass(dev):
+    """The C++ passes a dynamo graph's call takes over its inputs (_constants,
+    the written lone views): the positions of the pending xla tensors (views of
+    device data count as ready), and of the views among the given slots; other
+    objects are skipped."""
+    from torch_xla_core._tracing.tensor import XlaTensor
+    data = torch.ones(4, 3, device=dev)
+    txc.sync()
+    view = data.t()
+    pending = data + 1
+    items = [data, 3, view, pending, None, torch.ones(2), view[0]]
+    assert _C.replay_unready(items, XlaTensor, True) == [3]
+    assert _C.replay_unready(items, XlaTensor, False) == [2, 3, 6]  # views of a part: read through their chains
+    assert _C.replay_views(items, XlaTensor, [0, 1, 2, 6]) == [2, 6]
+    with pytest.raises(IndexError):
+        _C.replay_views(items, XlaTensor, [7])
