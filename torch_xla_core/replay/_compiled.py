@@ -21,7 +21,7 @@ from . import _schedulers
 from ._lift import lift_optimizer
 from ._recording import Recording, buffer, flat_kind, flatten, number_to_data, own_storage, returned, root_buffer
 from ._session import UNREACHED, Refused, Session, host_value
-from ._walk import captured, walk
+from ._walk import captured, plain_getters, walk
 
 __all__ = ["compile", "Compiled", "MAX_RECORDINGS", "MAX_VARIANTS"]
 
@@ -409,7 +409,8 @@ class Compiled:
                 # the grads this step replaces let their buffers go first, as zero_grad did in the recorded
                 # call (one set of grads at the peak, not two); one that nobody else holds is kept to take its
                 # new value
-                rec.plan.release(tensors, w.kinds, _grad_refs())
+                with plain_getters():  # (its reads of the old grads: requires_grad, is_contiguous())
+                    rec.plan.release(tensors, w.kinds, _grad_refs())
             launch = (executor.Launch(seg.exe, params, write, checks if rec.checks else None) if s == last
                       else executor.Launch(seg.exe, params))
             del params  # (the inputs' buffers: donated ones must not stay referenced past the launch)
