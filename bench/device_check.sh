@@ -29,7 +29,7 @@ step() {
 }
 { nvidia-smi -L; python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"; } >> "$LOG" 2>&1
 # issue 29 first: the Llama step on every runtime, then the attention and GEMM choices on it
-for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp ckpt}; do
+for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp ckpt collreplay}; do
   case $s in
     # issue 29's workload at its size (bf16 160M Llama, AdamW, 8 x 1024): CUDA eager, inductor, ours traced,
     # txc.compile and the dynamo route, each in its own process (~40 s each: startup, compiles, 2 + 8 steps)
@@ -63,6 +63,9 @@ for s in ${STEPS:-llama sdpa gemm scan tests memory replay kernels dp ckpt}; do
     # host the writer and XLA:CPU's compute share the same cores)
     ckpt) step ckpt 120 python3 bench/checkpoint.py --runtime compiled --writers process,thread --rounds 8 \
             --out "$OUT/checkpoint.json" ;;
+    # issue 42: a 2-process data-parallel step traced vs replayed, on that machine's CPUs (16 cores: the two
+    # ranks' XLA:CPU threads off each other's cores, which the 2-core host cannot give)
+    collreplay) PJRT_DEVICE=CPU step collreplay 150 python3 bench/collective_replay.py --out "$OUT/collective_replay.json" ;;
     kernels) step kernels 90 python3 bench/kernels.py --sections attention --seq 1024 4096 --dtype bfloat16 \
                --out "$OUT/kernels.json" ;;
   esac
