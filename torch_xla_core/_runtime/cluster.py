@@ -128,23 +128,18 @@ def _hostport(host: str, port: int) -> str:
 
 def coordinator(job: Job, timeout: float) -> str:
     """host:port of jax's coordination service for this job: from the
-    environment, or through torch's store (process 0 publishes it)."""
+    environment, or through torch's store (process 0 publishes it, and holds
+    its port until the caller's release(), once the service listens)."""
     if job.coordinator is not None:
         return job.coordinator
     store = _connect(job, timeout)
     if job.process_id == 0:
         global _reserved
         host = job.master[0] if job.spans_machines else "127.0.0.1"
-        # the port stays held until the service listens on it (release())
-        s = reserve_port(host)
-        try:
-            addr = _hostport(host, s.getsockname()[1])
-            store.set(_key(), addr)
-        except BaseException:
-            s.close()
-            raise
         release()
-        _reserved = s
+        _reserved = reserve_port(host)  # held until the service listens on it: the caller's release()
+        addr = _hostport(host, _reserved.getsockname()[1])
+        store.set(_key(), addr)
         return addr
     # the key is this round's; an address nothing listens on yet is read again (process 0 may not have
     # started its service)
