@@ -424,12 +424,13 @@ def test_walk_sees_attributes_buffers_and_shared_submodules(dev):
 
 def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
     """A replayed step's new grads (zero_grad set them to None): the last
-    step's grads are freed before the step runs, as zero_grad frees them (one
-    set of grads at the peak); the grad tensor takes the new value when
-    nothing could tell it from a new tensor (the same object: no tensor made
-    and freed); one that is held (a variable, a weak reference) or carries an
-    attribute keeps its values, and the parameter gets a new tensor, as in a
-    traced step."""
+    step's grads go to the launch donated and the step writes the new grads
+    into their buffers (one set of grads at the peak, no buffer freed or
+    made for them); the grad tensor takes the new value when nothing could
+    tell it from a new tensor (the same object: no tensor made and freed);
+    one that is held (a variable, a weak reference) or carries an attribute
+    keeps its values, and the parameter gets a new tensor, as in a traced
+    step."""
     import weakref
     m = torch.nn.Linear(4, 3).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
@@ -449,6 +450,7 @@ def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
 
     gid = id(m.weight.grad)
     old_buffers = [weakref.ref(p.grad._lt.data) for p in m.parameters()]
+    old_memory = [p.grad._lt.data.unsafe_buffer_pointer() for p in m.parameters()]
     alive_at_launch = []
     real_run = executor.run_recorded
 
@@ -461,7 +463,9 @@ def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
     finally:
         executor.run_recorded = real_run
     assert id(m.weight.grad) == gid  # nobody held it: it took the new value
-    assert alive_at_launch == [False, False]  # the last step's grads were freed before this one ran
+    assert alive_at_launch == [True, True]  # the last step's grads went to the launch (donated) ...
+    assert [r() for r in old_buffers] == [None, None]  # ... and were let go of once it started
+    assert [p.grad._lt.data.unsafe_buffer_pointer() for p in m.parameters()] == old_memory  # written in place
 
     held = m.weight.grad
     before = held.cpu().clone()
@@ -477,6 +481,36 @@ def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
     m.weight.grad.tag = "mine"
     replay_and_check()
     assert not hasattr(m.weight.grad, "tag")
+
+
+def test_a_grad_buffer_another_tensor_shares_is_not_donated(dev):
+    """A step that returns a grad: the tensor it returned shares that grad's
+    buffer, so the next replay does not donate the old grads (their buffers
+    would be overwritten): it frees and makes them, and the returned tensor
+    keeps its value. Grads equal a traced step's."""
+    def f(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach(), model.weight.grad
+
+    m = torch.nn.Linear(4, 3)
+    ref = copy.deepcopy(m).to(dev)
+    m = m.to(dev)
+    opt, ref_opt = (torch.optim.SGD(p.parameters(), lr=0.5) for p in (m, ref))
+    step = txc.compile(f)
+    x, y = torch.randn(2, 4).to(dev), torch.randn(2, 3).to(dev)
+    for i in range(5):
+        n = txc.metrics.counters().get("replay", 0)
+        _, g = step(m, opt, x, y)
+        _, g_ref = f(ref, ref_opt, x, y)
+        assert txc.metrics.counters().get("replay", 0) == n + (i >= 2)
+        if i >= 1:  # the grad the last call returned (the grad tensor itself when it was recorded): its value kept
+            torch.testing.assert_close(last.cpu(), last_value)
+        torch.testing.assert_close(g.cpu(), g_ref.cpu())
+        torch.testing.assert_close(m.weight.detach().cpu(), ref.weight.detach().cpu())
+        last, last_value = g, g.cpu().clone()
 
 
 def test_a_failed_launch_leaves_the_replaced_grads_none(dev):

@@ -357,6 +357,11 @@ std::string lower_graph(const std::vector<const Node*>& order, const std::vector
     }
     if (!attrs.empty()) sig += " {" + attrs + "}";
   }
+  for (size_t j = 0; j < options.unread_aliases.size(); ++j) {
+    int o = options.unread_aliases[j];
+    sig += (sig.empty() ? "%arg" : ", %arg") + std::to_string(params.size() + j) + ": " +
+           LowerCtx::type(*outputs.at(size_t(o))) + " {tf.aliasing_output = " + std::to_string(o) + " : i32}";
+  }
   if (shared)
     for (auto [n, i] : *shared) cx.set_name(n, "%arg" + std::to_string(i));
   if (line_node) line_node->assign(2, -1);  // the module and func.func lines

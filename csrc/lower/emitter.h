@@ -154,6 +154,9 @@ struct LowerOptions {
   int num_partitions = 1;
   std::vector<std::string> param_shardings;  // empty: no SPMD
   int num_replicas = 1;  // a graph with collectives: one replica per process (ops/collective.cpp)
+  // Outputs that an extra parameter, appended after the graph's and read by nothing, is donated to: the
+  // buffer that output replaces is written in place (a replayed step's old grads: replay/_compiled.py).
+  std::vector<int> unread_aliases;
 };
 
 // line_node, when given, receives for each line of the text (index = line

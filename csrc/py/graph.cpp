@@ -72,15 +72,17 @@ void bind_graph(py::module_& m) {
       .def_property_readonly("num_nodes", &GraphCut::num_nodes)
       .def("lower",
            [](const GraphCut& c, const std::string& precision, const std::vector<std::pair<int, int>>& aliases,
-              int num_partitions, const std::vector<std::string>& param_shardings, int num_replicas) {
-             return c.lower(LowerOptions{precision, aliases, num_partitions, param_shardings, num_replicas});
+              int num_partitions, const std::vector<std::string>& param_shardings, int num_replicas,
+              const std::vector<int>& unread) {
+             return c.lower(LowerOptions{precision, aliases, num_partitions, param_shardings, num_replicas, unread});
            },
            py::arg("precision") = "highest", py::arg("aliases") = std::vector<std::pair<int, int>>{},
            py::arg("num_partitions") = 1, py::arg("param_shardings") = std::vector<std::string>{},
-           py::arg("num_replicas") = 1,
+           py::arg("num_replicas") = 1, py::arg("unread") = std::vector<int>{},
            "StableHLO text of the cut: matmul precision (torch's name), donated (parameter, output) pairs, "
-           "for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_execution/spmd.py), and for "
-           "collectives across processes the replica count.")
+           "for SPMD the partition count and each parameter's mhlo.sharding (torch_xla_core/_execution/spmd.py), for "
+           "collectives across processes the replica count, and the outputs that an extra parameter read by "
+           "nothing is donated to (appended after the cut's parameters: a replay's old grads).")
       .def("text", &GraphCut::text, "The graph, one node per line, for people.")
       .def("donations", &GraphCut::donations)
       .def("params",

@@ -21,15 +21,17 @@
 //   replay_views(items, xla_type, slots) -> [int]   the slots whose item is an xla tensor holding a view
 //   replay_exclusive(tensors, slots) -> int   the first slot whose buffer is
 //       held elsewhere (may not be donated), or -1
-//   ReplayPlan(binds, inplace, others, specs, ret=[])   a recording's bindings and
+//   ReplayPlan(binds, inplace, others, specs, ret=[], donated_grads=[])   a recording's bindings and
 //       writes, converted once: .params(tensors, rng) the executable's
 //       arguments; .returned(tensors, outs) the tensors the step returns; .release(tensors, kinds, grad_refs) before the launch, the last step's grads
-//       that this one replaces let their buffers go (.unrelease(tensors, kinds, owners) if the
+//       that this one replaces let their buffers go, or hand over those the step's executable takes donated
+//       (donated_grads: their slots) (.unrelease(tensors, kinds, owners) if the
 //       launch fails); .write(tensors, outs) the in-place writes; .set(tensors, kinds, owners,
 //       keys, outs) the outputs that are new tensors (a grad after zero_grad) put at their
 //       locations, or held by the last step's grad tensor where nothing could tell
 //   (the walk of modules and optimizer state that finds the inputs: py/replay_walk.cpp)
 #include <pybind11/stl.h>
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 #include "ops/registry.h"
@@ -307,7 +309,7 @@ int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
 class ReplayPlan {
  public:
   ReplayPlan(py::list binds, const std::vector<std::pair<int64_t, int64_t>>& inplace, py::list others,
-             py::list specs, py::list ret) {
+             py::list specs, py::list ret, const std::vector<int64_t>& donated_grads) {
     for (py::handle b : binds) {
       py::tuple kv = py::reinterpret_borrow<py::tuple>(b);
       std::string kind = kv[0].cast<std::string>();
@@ -336,6 +338,7 @@ class ReplayPlan {
       }
       others_.push_back(std::move(o));
     }
+    for (Out& o : others_) o.donate = std::find(donated_grads.begin(), donated_grads.end(), o.i) != donated_grads.end();
     for (const Out& o : inplace_) inplace_slots_.push_back(o.i);
     for (const Out& o : others_) others_slots_.push_back(o.i);
     std::unordered_map<int64_t, int64_t> of_out;  // output k -> its entry in made_ (one per output returned)
@@ -454,14 +457,29 @@ class ReplayPlan {
   // count that means nobody else holds it, or 0), the tensor itself is kept
   // to take the new grad (set), holding a placeholder meanwhile; a held grad
   // keeps its value, as it would in a traced step.
-  void release(py::list tensors, py::list kinds, Py_ssize_t grad_refs) const {
+  // Returns the old buffers of the grads in donated_grads (in others' order),
+  // which the step's donating executable takes as unread parameters aliased
+  // to their new grads (nothing freed, nothing allocated), when each of them
+  // can be donated: its tensor is kept as above and nothing else holds its
+  // buffer (data_exclusive). Else None, and those buffers go here too.
+  py::object release(py::list tensors, py::list kinds, Py_ssize_t grad_refs) const {
     warm(tensors, others_slots_);
+    py::list given;
+    bool all = true;
     for (const Out& o : others_) {
+      if (!new_grad(o, kinds)) continue;
       PyObject* old = PyList_GET_ITEM(tensors.ptr(), size_t(o.i));
-      if (new_grad(o, kinds) && reusable_grad(old, o, grad_refs) &&
-          !swap_buffer(lazy_of_wrapper(old), Py_None, o.dtype, o.dims))
+      bool reuse = reusable_grad(old, o, grad_refs);
+      if (o.donate && all) {
+        if (reuse && data_exclusive(lazy_of_wrapper(old)))
+          given.append(py::handle(buffer_of(lazy_of_wrapper(old).value())));
+        else all = false;
+      }
+      if (reuse && !swap_buffer(lazy_of_wrapper(old), Py_None, o.dtype, o.dims))
         set_lazy(old, LazyTensor(make_py_data(py::none(), o.dtype, o.dims, 0)));
     }
+    if (!all) return py::none();
+    return std::move(given);
   }
 
   // The launch failed: the grads that release() emptied become None (as after
@@ -555,6 +573,7 @@ class ReplayPlan {
   struct Out {
     int64_t i, k;
     bool fresh;  // others_: a new tensor holding output k (else None); always true in inplace_
+    bool donate = false;  // others_: a grad whose old buffer the donating executable takes (release)
     DType dtype = DType::F32;
     Dims dims;
   };
@@ -586,8 +605,10 @@ void bind_replay(py::module_& m) {
   m.def("replay_views", &views_among, py::arg("items"), py::arg("xla_type"), py::arg("slots"));
   m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
   py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
-      .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list, py::list>(),
-           py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"), py::arg("ret") = py::list())
+      .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list, py::list,
+                    const std::vector<int64_t>&>(),
+           py::arg("binds"), py::arg("inplace"), py::arg("others"), py::arg("specs"), py::arg("ret") = py::list(),
+           py::arg("donated_grads") = std::vector<int64_t>{})
       .def("returned", &ReplayPlan::returned, py::arg("tensors"), py::arg("outs"))
       .def("params", &ReplayPlan::params, py::arg("tensors"), py::arg("rng"), py::arg("outs") = py::list())
       .def("write", &ReplayPlan::write, py::arg("tensors"), py::arg("outs"))

@@ -63,8 +63,8 @@ from . import spmd as _spmd, compile_cache, growth, recompiles
 from .._tracing import checks as _checks, random as _random, tensor as _tensor
 from .._runtime import peers, runtime
 
-class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas",
-                                 defaults=(None, None))):
+class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas unread",
+                                 defaults=(None, None, ()))):
     """What identifies a compiled executable: the graph's hash, the float32
     matmul precision, the device index, the platform, the donated
     (parameter, output) pairs, the memory kinds of the parameters and
@@ -73,7 +73,8 @@ class Key(collections.namedtuple("Key", "graph precision device platform aliases
     partitioned over a mesh its device assignment and parameter shardings
     (_spmd.Spmd; None for one device), and for a graph with collectives
     across processes the device of each replica, one per process
-    (runtime.replica_devices; None otherwise)."""
+    (runtime.replica_devices; None otherwise), and the outputs that extra
+    parameters read by nothing are donated to (donating_variant; () otherwise)."""
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
@@ -83,7 +84,8 @@ class Plan(collections.namedtuple("Plan", "cut key checks")):
         k = self.key
         if k.spmd is not None:
             return self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
-        return self.cut.lower(k.precision, list(k.aliases), num_replicas=len(k.replicas) if k.replicas else 1)
+        return self.cut.lower(k.precision, list(k.aliases), num_replicas=len(k.replicas) if k.replicas else 1,
+                              unread=list(k.unread))
 
 
 _lock = threading.RLock()     # one sync at a time
@@ -204,7 +206,8 @@ def _dump(key, text):
     d = config.get("TXC_DUMP_DIR")
     if d:
         os.makedirs(d, exist_ok=True)
-        name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "")
+        name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "") + \
+            (f"-unread{len(key.unread)}" if key.unread else "")
         if key.spmd is not None:
             name += f"-spmd{len(key.spmd.device_ids)}-{hash(key.spmd) & 0xffffffff:08x}"
         with open(os.path.join(d, name + ".mlir"), "w") as f:
@@ -266,8 +269,18 @@ def _bind(p: Plan) -> list:
     return params
 
 
-def executable(p: Plan):
-    """The compiled executable of a plan: cached, in flight, or compiled now."""
+def donating_variant(p: Plan, outputs):
+    """The executable of p's graph with one more parameter per output in
+    `outputs`, appended after its own, read by nothing and donated to that
+    output: the buffer the output replaces is written in place (a replayed
+    step's old grads, torch_xla_core/replay/_compiled.py). Compiled when a
+    step is recorded; not a recompile of the user's call site."""
+    return executable(Plan(p.cut, p.key._replace(unread=tuple(outputs)), p.checks), explain=False)
+
+
+def executable(p: Plan, explain: bool = True):
+    """The compiled executable of a plan: cached, in flight, or compiled now
+    (explain: counted and explained as a compile at the user's call site)."""
     key = p.key
     with _cache_lock:
         exe = _cache.get(key)
@@ -279,7 +292,8 @@ def executable(p: Plan):
         return exe
     if fut is None:
         metrics.counter_add("cache_miss")
-        recompiles.on_compile(p)  # counts and explains it (TXC_DEBUG=recompiles); may raise past a limit
+        if explain:
+            recompiles.on_compile(p)  # counts and explains it (TXC_DEBUG=recompiles); may raise past a limit
         with metrics.timed("lower"):
             text = p.stablehlo()
         with _cache_lock:
@@ -310,7 +324,7 @@ def executable(p: Plan):
             progress.tick()
             continue
         except concurrent.futures.CancelledError:  # its queueing was interrupted in another thread
-            return executable(p)
+            return executable(p, explain)
 
 
 class _Progress:

@@ -30,6 +30,7 @@ MAX_VARIANTS = 4     # recordings per signature that differ in the values they r
 _GUARD = "a value it reads on the host differs from every recorded one"
 _LOST = "that are not among its inputs or outputs (their new values would be lost on replay)"
 _tracing = 0          # > 0 while a compiled function traces (a nested one then just runs)
+_GRAD = _C.replay_slot_kinds["grad"]
 
 
 def compile(fn=None, *, lift_optimizers: bool = True, wait: bool = False):
@@ -300,10 +301,46 @@ class Compiled:
             shapes = ", ".join(f"{outs[k].dtype} {list(outs[k].shape)}" for k in lost[:4])
             raise Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
         rec.flat = flat_kind(tpl)
-        rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret)
+        grads = self._donated_grads(session, pre, others, rec, transitional)
+        rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret, [i for i, _ in grads])
         results = {idx: r.value[0] for idx, r in enumerate(session.reads) if r.returned}
         _grad_refs()  # (its probe runs ops: here, not in a replay)
         return (None if transitional else rec), outs, results
+
+    @staticmethod
+    def _donated_grads(session, pre, others, rec, transitional):
+        """The grads a replay hands to its last executable to write the new
+        ones into, as (input slot, output) pairs, and that executable
+        (rec.grad_exe, executor.donating_variant: one unread parameter per old
+        grad, donated to its new value). The old grads that zero_grad let go
+        in the recorded call are then neither freed before the launch nor
+        replaced by new buffers: their buffers are written in place (a replay
+        frees ~256 grad buffers a step in the MLP bench otherwise). Those are
+        the grads the last segment makes anew that no segment reads, of the
+        old grad's dtype and shape. A replay whose old grads cannot all be
+        given (one held elsewhere: ReplayPlan.release) runs the recorded
+        executable, releasing them as before. None for a transitional step (not kept)."""
+        rec.grad_exe = None
+        p = session.last_plan
+        session.last_plan = None  # (its cut holds the traced graph)
+        if p is None or transitional or rec.trailing_guard or not config.get("TXC_DONATE"):
+            return []
+        first = sum(seg.n for seg in session.segments[:-1])  # the last segment's first output
+        aliased = {o for _, o in p.key.aliases}
+        grads = []
+        for i, k, mode in others:
+            t = pre.tensors[i]
+            if (mode == "new" and pre.kinds[i] == _GRAD and t is not None and k >= first and i not in session.bound
+                    and k - first not in aliased and (t._lt.dtype, list(t._lt.shape)) == tuple(rec.specs[k])):
+                grads.append((i, k))
+        if grads:
+            try:
+                rec.grad_exe = executor.donating_variant(p, [k - first for _, k in grads])
+            except Exception as e:  # noqa: BLE001  (the recorded executable serves; say why once)
+                warnings.warn(f"torch_xla_core.compile: replays free and reallocate the grads: their donating "
+                              f"executable failed to compile ({e})", RuntimeWarning, stacklevel=2)
+                return []
+        return grads
 
     @staticmethod
     def _view_of(lt, slots, out_of, claimed, rec):
@@ -405,14 +442,20 @@ class Compiled:
             if s == last:
                 bound.append(params)
             release = s == last and not rec.trailing_guard
+            exe = seg.exe
             if release:
                 # the grads this step replaces let their buffers go first, as zero_grad did in the recorded
-                # call (one set of grads at the peak, not two); one that nobody else holds is kept to take its
-                # new value
+                # call (one set of grads at the peak, not two), or, where every one can be given, go to the
+                # launch donated, to be written with the new grads (_donated_grads); one that nobody else
+                # holds is kept to take its new value
                 with plain_getters():  # (its reads of the old grads: requires_grad, is_contiguous())
-                    rec.plan.release(tensors, w.kinds, _grad_refs())
-            launch = (executor.Launch(seg.exe, params, write, checks if rec.checks else None) if s == last
-                      else executor.Launch(seg.exe, params))
+                    given = rec.plan.release(tensors, w.kinds, _grad_refs())
+                if given and rec.grad_exe is not None:
+                    params.extend(given)
+                    exe = rec.grad_exe
+                del given
+            launch = (executor.Launch(exe, params, write, checks if rec.checks else None) if s == last
+                      else executor.Launch(exe, params))
             del params  # (the inputs' buffers: donated ones must not stay referenced past the launch)
             try:
                 o, _ = executor.run_recorded(launch, wait=self._wait and s == last, read_checks=not self._inner)

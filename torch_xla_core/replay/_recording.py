@@ -77,11 +77,12 @@ def own_storage(t) -> bool:
 class Recording:
     """One recorded path of a step: its segments (syncs) and the values it
     read between them, the LR schedulers stepped after it, the input slots
-    its segments donate, where each output goes (plan, inplace, specs), what
+    its segments donate, the last segment's executable that takes the old
+    grads donated (grad_exe, or None), where each output goes (plan, inplace, specs), what
     it returns (ret; flat: a flat tuple or list of tensors), and which
     outputs are the RNG state and the deferred checks."""
     __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "ret", "flat",
-                 "rng_out", "checks", "specs", "plan")
+                 "rng_out", "checks", "specs", "plan", "grad_exe")
 
 
 def flatten(out, leaves):

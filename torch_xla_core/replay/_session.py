@@ -86,6 +86,8 @@ class Session:
         self.schedulers = []              # LR schedulers whose step() ran after the step (in order)
         self.synced = 0                   # syncs the executor ran meanwhile (each must be a segment)
         self.written = []                 # tensors a torch.distributed collective wrote (collective_wrote)
+        self.last_plan = None             # the last segment's executor Plan (its donating variant: _compiled.py)
+        self.bound = set()                # the input slots some segment reads
 
     def refuse(self, why):
         if self.refusal is None:
@@ -123,6 +125,8 @@ class Session:
             k = self.out_of.get(id(lt.data)) if lt.is_data else None
             if k is not None:
                 self.checks.append((k, msg, exc))
+        self.bound.update(v for kind, v in binds if kind == "slot")
+        self.last_plan = p
         donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
         self.segments.append(Segment(exe, _C.ReplayPlan(binds, [], [], []), len(outs), donated, bool(p.key.aliases)))
 
