@@ -438,6 +438,7 @@ def test_a_grad_nobody_holds_takes_the_new_value_a_held_one_keeps_its_own(dev):
     x, y = torch.randn(2, 4), torch.randn(2, 3)
     for _ in range(3):
         step(m, opt, x.to(dev), y.to(dev))
+    executor.wait_compiles()  # (the executable that takes the old grads donated compiles in the background)
 
     def replay_and_check():
         w0, b0 = (p.detach().cpu().clone().requires_grad_() for p in (m.weight, m.bias))

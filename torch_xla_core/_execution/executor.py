@@ -269,18 +269,35 @@ def _bind(p: Plan) -> list:
     return params
 
 
-def donating_variant(p: Plan, outputs):
+def donating_variant(p: Plan, outputs) -> concurrent.futures.Future:
     """The executable of p's graph with one more parameter per output in
     `outputs`, appended after its own, read by nothing and donated to that
     output: the buffer the output replaces is written in place (a replayed
-    step's old grads, torch_xla_core/replay/_compiled.py). Compiled when a
-    step is recorded; not a recompile of the user's call site."""
-    return executable(Plan(p.cut, p.key._replace(unread=tuple(outputs)), p.checks), explain=False)
+    step's old grads, torch_xla_core/replay/_compiled.py). Its compile is
+    started when a step is recorded and runs in the background (the
+    replays run the recorded executable until it is done: a recording does
+    not wait for a second compile); not a recompile of the user's call site.
+    Returns its Future (done at once when it is cached)."""
+    got = _start(Plan(p.cut, p.key._replace(unread=tuple(outputs)), p.checks), explain=False)
+    if isinstance(got, concurrent.futures.Future):
+        return got
+    done = concurrent.futures.Future()
+    done.set_result(got)
+    return done
 
 
-def executable(p: Plan, explain: bool = True):
-    """The compiled executable of a plan: cached, in flight, or compiled now
-    (explain: counted and explained as a compile at the user's call site)."""
+def wait_compiles():
+    """Waits for the compiles in flight: those started ahead of their use
+    (donating_variant) as well as any other thread's."""
+    with _cache_lock:
+        pending = list(_inflight.values())
+    concurrent.futures.wait(pending)
+
+
+def _start(p: Plan, explain: bool):
+    """p's executable if it is cached, else the Future of its compile (one in
+    flight, or started now; explain: counted and explained as a compile at
+    the user's call site)."""
     key = p.key
     with _cache_lock:
         exe = _cache.get(key)
@@ -314,6 +331,15 @@ def executable(p: Plan, explain: bool = True):
                 raise
     else:
         metrics.counter_add("compile_reused")
+    return fut
+
+
+def executable(p: Plan, explain: bool = True):
+    """The compiled executable of a plan: cached, in flight, or compiled now
+    (explain: counted and explained as a compile at the user's call site)."""
+    fut = _start(p, explain)
+    if not isinstance(fut, concurrent.futures.Future):
+        return fut
     progress = _Progress(p)
     while True:  # waits in short slices so that Ctrl-C gets through; the compile goes on
         try:

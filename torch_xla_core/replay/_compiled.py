@@ -4,6 +4,7 @@ exists, binds their buffers and runs the recorded executables through the
 executor's pipeline (executor.run_recorded); else it traces fn once under a
 recording session (_session.py), makes the Recording from what the session
 saw (_recording.py), and keeps it. The user's page: docs/replay.md."""
+import concurrent.futures
 import functools
 import gc
 import sys
@@ -312,7 +313,7 @@ class Compiled:
         """The grads a replay hands to its last executable to write the new
         ones into, as (input slot, output) pairs, and that executable
         (rec.grad_exe, executor.donating_variant: one unread parameter per old
-        grad, donated to its new value). The old grads that zero_grad let go
+        grad, donated to its new value; a Future: compiled in the background). The old grads that zero_grad let go
         in the recorded call are then neither freed before the launch nor
         replaced by new buffers: their buffers are written in place (a replay
         frees ~256 grad buffers a step in the MLP bench otherwise). Those are
@@ -335,12 +336,27 @@ class Compiled:
                 grads.append((i, k))
         if grads:
             try:
-                rec.grad_exe = executor.donating_variant(p, [k - first for _, k in grads])
-            except Exception as e:  # noqa: BLE001  (the recorded executable serves; say why once)
-                warnings.warn(f"torch_xla_core.compile: replays free and reallocate the grads: their donating "
-                              f"executable failed to compile ({e})", RuntimeWarning, stacklevel=2)
-                return []
+                rec.grad_exe = executor.donating_variant(p, [k - first for _, k in grads])  # compiled in the background
+            except Exception as e:  # noqa: BLE001  (its lowering: said at the first replay, as a failed compile)
+                rec.grad_exe = concurrent.futures.Future()
+                rec.grad_exe.set_exception(e)
         return grads
+
+    @staticmethod
+    def _grad_exe(rec):
+        """rec's donating executable (_donated_grads) once its background
+        compile is done, else None (the recorded executable serves meanwhile,
+        and for good if that compile failed: said once)."""
+        f = rec.grad_exe
+        if f is None or not f.done():
+            return None
+        try:
+            return f.result()
+        except Exception as e:  # noqa: BLE001
+            rec.grad_exe = None
+            warnings.warn(f"torch_xla_core.compile: replays free and reallocate the grads: their donating "
+                          f"executable failed to compile ({e})", RuntimeWarning, stacklevel=4)
+            return None
 
     @staticmethod
     def _view_of(lt, slots, out_of, claimed, rec):
@@ -450,9 +466,10 @@ class Compiled:
                 # holds is kept to take its new value
                 with plain_getters():  # (its reads of the old grads: requires_grad, is_contiguous())
                     given = rec.plan.release(tensors, w.kinds, _grad_refs())
-                if given and rec.grad_exe is not None:
+                donating = self._grad_exe(rec) if given else None
+                if donating is not None:
                     params.extend(given)
-                    exe = rec.grad_exe
+                    exe = donating
                 del given
             launch = (executor.Launch(exe, params, write, checks if rec.checks else None) if s == last
                       else executor.Launch(exe, params))

@@ -78,7 +78,7 @@ class Recording:
     """One recorded path of a step: its segments (syncs) and the values it
     read between them, the LR schedulers stepped after it, the input slots
     its segments donate, the last segment's executable that takes the old
-    grads donated (grad_exe, or None), where each output goes (plan, inplace, specs), what
+    grads donated (grad_exe: its Future, or None), where each output goes (plan, inplace, specs), what
     it returns (ret; flat: a flat tuple or list of tensors), and which
     outputs are the RNG state and the deferred checks."""
     __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "ret", "flat",
