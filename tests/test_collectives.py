@@ -205,6 +205,26 @@ def test_the_collective_step_replays_under_txc_compile(ranks):
         assert rep["executions"][2:] == [1, 1, 1, 1]  # each replayed step: one graph
 
 
+def test_ranks_donating_and_not_donating_the_old_grads_replay_the_same_step(ranks):
+    """Rank 0's replays write the new grads into the old ones' buffers (the
+    donating executable); rank 1 holds its grads, so its replays run the
+    recorded executable: the all-reduce between them still meets, the
+    weights equal one process's, and rank 1's held grads keep their values."""
+    torch.manual_seed(0)
+    want = _sgd_on_whole_batch(torch.nn.Linear(8, 1), 6, 8, 8, 1, seed=1)
+    for res in ranks:
+        rep = res["replayed_donated"]
+        _close(rep["params"], want)
+        # the first call (no grads yet) and the second are traced, the third recorded
+        assert (rep["counters"].get("replay_record"), rep["counters"].get("replay")) == (1, 4), rep["counters"]
+        assert rep["executions"][2:] == [1, 1, 1, 1]
+    assert ranks[0]["replayed_donated"]["params"] == ranks[1]["replayed_donated"]["params"]
+    m0, m1 = ranks[0]["replayed_donated"]["grad_memory"], ranks[1]["replayed_donated"]["grad_memory"]
+    assert m0[3] == m0[4] == m0[5]  # written in place
+    assert len(set(m1[3:])) == 3  # new buffers: the held ones kept
+    assert ranks[1]["replayed_donated"]["held_kept"]
+
+
 def test_ddp_over_the_xla_backend_equals_one_process(ranks):
     torch.manual_seed(0)  # rank 0's initial weights: DDP broadcasts them
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))

@@ -4,6 +4,8 @@
   example: issue 42's txc.optimizer_step loop on this rank's half batch
     (weights, executions per step, the step's StableHLO);
   replayed: the same loop under txc.compile (weights, replay counters);
+  replayed_donated: zero_grad first under txc.compile, the old grads donated on
+    rank 0 and held (so not donated) on rank 1 (weights, grad addresses);
   ddp: DistributedDataParallel over the "xla" backend from rank-dependent
     initial weights, small buckets (weights, executions per step);
   ddp_txc, ddp_dynamo: the DDP step under txc.compile (small buckets) and
@@ -26,7 +28,7 @@ import torch.distributed as dist
 
 import torch_xla_core as txc
 from torch_xla_core import distributed as xd
-from torch_xla_core import metrics
+from torch_xla_core import executor, metrics
 
 out_dir = sys.argv[1]
 r, n = txc.global_ordinal(), txc.world_size()
@@ -97,6 +99,34 @@ def step(xb, yb):
 metrics.clear()
 execs = [executions(lambda: (step(xb, yb), txc.sync())) for xb, yb in batches(6, 8, 8, 1, seed=1)]
 res["replayed"] = {"params": [cpu(p) for p in m.parameters()], "counters": metrics.counters(), "executions": execs}
+
+# --- zero_grad first, so that each replay hands the old grads to its launch donated (once that executable,
+# compiled in the background, is done); rank 1 holds its weight's grads, so its replays free and make them with
+# the recorded executable: the two ranks run different executables around the same all-reduce
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 1).to("xla")
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+@txc.compile
+def step_zero_first(xb, yb):
+    opt.zero_grad()
+    ((m(xb) - yb) ** 2).mean().backward()
+    txc.optimizer_step(opt)
+
+
+metrics.clear()
+held, memory, execs = [], [], []
+for i, (xb, yb) in enumerate(batches(6, 8, 8, 1, seed=1)):
+    execs.append(executions(lambda: (step_zero_first(xb, yb), txc.sync())))
+    if i == 2:
+        executor.wait_compiles()
+    memory.append(m.weight.grad._lt.data.unsafe_buffer_pointer())
+    if r == 1:
+        held.append((m.weight.grad, cpu(m.weight.grad)))
+res["replayed_donated"] = {"params": [cpu(p) for p in m.parameters()], "counters": metrics.counters(),
+                           "executions": execs, "grad_memory": memory,
+                           "held_kept": all(cpu(g) == v for g, v in held)}
 
 # --- DDP over the "xla" backend
 dist.init_process_group("xla", init_method="xla://")
