@@ -55,6 +55,15 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("data"), py::arg("dtype"), py::arg("dims"), py::arg("device") = 0,
         "A LazyTensor holding device data (a runtime buffer object) on xla device `device` (-1: any).");
+  m.def("set_pending",
+        [](py::object type, py::object resolver) {
+          if (!PyType_Check(type.ptr())) throw py::type_error("set_pending: a type");
+          pending_type = reinterpret_cast<PyTypeObject*>(type.release().ptr());  // (kept for the process)
+          pending_resolver = resolver.release().ptr();
+        },
+        py::arg("type"), py::arg("resolver"),
+        "Registers the placeholder buffers of pending launches (py/data.h): a data leaf holding an object of "
+        "`type` is read as resolver(placeholder).");
   m.def("place_on", [](LazyTensor& t, int device) {
           // a copy of the storage's value with the device (same hash); a view
           // rebuilds its chain on it

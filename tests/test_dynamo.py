@@ -204,7 +204,9 @@ def test_transformers_gpt2_training_steps_match_cpu_and_replay(dev):
     graphs = deltas[0]["dynamo_graph"]
     assert graphs >= 2 and deltas[0]["replay_record"] == graphs, deltas[0]
     for d in deltas[1:]:  # every graph (forward and backward of each dynamo region) replays
-        assert d["replay"] == graphs and d["replay_trace"] == 0 and d["compile"] == 0, deltas
+        assert d["replay"] == graphs and d["replay_trace"] == 0, deltas
+    # the second step compiles the graphs that run fused (_execution/pending.py) once, the third nothing
+    assert deltas[1]["compile"] <= graphs // 2 and deltas[2]["compile"] == 0, deltas
 
 
 def test_graph_break_compiles_each_graph_once(dev):

@@ -35,42 +35,114 @@ def _assert_params_close(cpu, xla):
         torch.testing.assert_close(p_x.detach().cpu(), p_c.detach(), atol=2e-5, rtol=2e-5, msg=lambda m: f"{name}: {m}")
 
 
-def test_zoo_llama_model_compiled_launches_once_per_graph_and_reads_nothing_before_the_sync(dev):
-    """Model compiled, AdamW traced per op: from the third step on, each step
-    launches the forward's and the backward's replays and the user's sync
-    (3), and transfers nothing to the host before that sync (no sync inside
-    the step, no deferred check read there); losses and parameters equal CPU
-    eager's."""
+def _zoo_llama_steps(dev, compile_opt, between=None, steps=5):
+    """Five steps of the zoo's Llama, model torch.compile'd (and opt.step with
+    compile_opt), beside CPU eager: per step the counters from the forward's
+    call to before the user's sync and to after it, the losses (XLA's, CPU's)
+    and between(out)'s value, called on the forward's output before its
+    backward; then the parameters, both sides."""
     torch.manual_seed(0)
     model, kind = _model("llama")
     cpu = _deterministic(model)
     xla = copy.deepcopy(cpu).to(dev)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (cpu, xla)]
     compiled = torch.compile(xla, backend="torch_xla_core")
+    opt_step = torch.compile(opts[1].step, backend="torch_xla_core") if compile_opt else opts[1].step
     g = torch.Generator().manual_seed(1)
-    steps = []
-    for _ in range(5):
+    counts, losses, seen = [], [], []
+    for _ in range(steps):
         x = _inputs(kind, g)
-        ref = cpu(**x).loss
-        ref.backward()
+        ref = cpu(**x)
+        ref.loss.backward()
         opts[0].step()
-        opts[0].zero_grad()
+        opts[0].zero_grad(set_to_none=True)
         c0 = _counts()
-        loss = compiled(**_to(dev, x)).loss
-        loss.backward()
-        opts[1].step()
-        opts[1].zero_grad()
+        out = compiled(**_to(dev, x))
+        if between is not None:
+            seen.append((between(out), between(ref)))
+        out.loss.backward()
+        opt_step()
+        opts[1].zero_grad(set_to_none=True)
         c1 = _counts()
         txc.sync()
-        steps.append((_minus(c1, c0), _minus(_counts(), c0)))
-        torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-4, atol=1e-4)
-    for in_step, with_sync in steps[2:]:
-        assert in_step["transfer_to_host"] == 0, steps
-        assert in_step["execute"] == 2 and with_sync["execute"] == 3, steps  # forward, backward; the sync
-        assert with_sync["replay"] == 2 and with_sync["replay_trace"] == 0 and with_sync["compile"] == 0, steps
+        counts.append((_minus(c1, c0), _minus(_counts(), c0)))
+        losses.append((out.loss.detach().cpu(), ref.loss.detach()))
+    return counts, losses, seen, cpu, xla
+
+
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_zoo_llama_model_compiled_launches_once_per_step_and_reads_nothing_before_the_sync(fuse, dev, monkeypatch):
+    """Model compiled, AdamW traced per op: from the third step on, nothing is
+    launched inside the step (the forward's and the backward's replays are
+    left pending, TXC_FUSE_GRAPHS=0: launched one each), and the user's sync
+    launches them as one fused executable, then the per-op AdamW's graph;
+    nothing is transferred to the host before that sync (no sync inside the
+    step, no deferred check read there); losses and parameters equal CPU
+    eager's."""
+    monkeypatch.setenv("TXC_FUSE_GRAPHS", fuse)
+    counts, losses, _, cpu, xla = _zoo_llama_steps(dev, compile_opt=False)
+    for loss, ref in losses:
+        torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+    for in_step, with_sync in counts[2:]:
+        assert in_step["transfer_to_host"] == 0, counts
+        if fuse == "1":  # nothing in the step; at the sync the forward and backward fused, AdamW's graph
+            assert in_step["execute"] == 0 and with_sync["execute"] == 2, counts
+        else:  # the forward, the backward; AdamW's graph at the sync
+            assert in_step["execute"] == 2 and with_sync["execute"] == 3, counts
+        assert with_sync["replay"] == 2 and with_sync["replay_trace"] == 0 and with_sync["compile"] == 0, counts
     # Module.to left each parameter a view of its storage; the forward graph's first call gave each one of its
     # own (dynamo._own_parameters), so no step reads or writes them through view chains
     assert not [n for n, p in xla.named_parameters() if p._lt.is_view]
+    _assert_params_close(cpu, xla)
+
+
+def test_zoo_llama_compiled_opt_step_launches_once_per_step_bit_equal_to_unfused(dev, monkeypatch):
+    """Model and opt.step compiled: from the third step on, a step launches
+    once, the optimizer's replay with the forward's and the backward's that
+    were left pending (one fused executable), nothing at the user's sync,
+    and transfers nothing before it; losses and parameters are bit-equal to those of the same steps
+    launched one graph at a time (TXC_FUSE_GRAPHS=0: 3 launches), and equal
+    CPU eager's."""
+    runs = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("TXC_FUSE_GRAPHS", fuse)
+        torch._dynamo.reset()
+        runs[fuse] = _zoo_llama_steps(dev, compile_opt=True)
+    counts, losses, _, cpu, xla = runs["1"]
+    for in_step, with_sync in counts[2:]:
+        assert in_step["execute"] == 1 and with_sync["execute"] == 1, counts  # forward + backward + optimizer
+        assert in_step["transfer_to_host"] == 0 and with_sync["replay"] == 3, counts  # (checks: read at the sync)
+        assert with_sync["replay_trace"] == 0 and with_sync["compile"] == 0, counts
+    for in_step, with_sync in runs["0"][0][2:]:
+        assert in_step["execute"] == 3, runs["0"][0]
+    for (loss, ref), (loss0, _) in zip(losses, runs["0"][1]):
+        assert torch.equal(loss, loss0)
+        torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+    for p, p0 in zip(xla.parameters(), runs["0"][4].parameters()):
+        assert torch.equal(p.detach().cpu(), p0.detach().cpu())
+    _assert_params_close(cpu, xla)
+
+
+@pytest.mark.parametrize("read", ["item", "traced"])
+def test_zoo_llama_forward_output_read_between_the_graphs(read, dev):
+    """A forward's output read before the backward ("item": loss.item(), the
+    forward's pending launch runs alone first, then the backward's and the
+    optimizer's fused; "traced": an op on the logits, pending until the
+    user's sync, after the step's one fused launch): the values equal CPU
+    eager's, as do the losses and parameters."""
+    if read == "item":
+        between = lambda out: out.loss.item()  # noqa: E731
+    else:
+        between = lambda out: (out.logits * 2).sum()  # noqa: E731
+    counts, losses, seen, cpu, xla = _zoo_llama_steps(dev, compile_opt=True, between=between)
+    for got, ref in seen:
+        torch.testing.assert_close(torch.as_tensor(got).cpu(), torch.as_tensor(ref).detach(), rtol=1e-4, atol=1e-4)
+    for loss, ref in losses:
+        torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-4)
+    for in_step, _ in counts[2:]:
+        # item: the forward alone (at the read), then the backward and the optimizer fused; traced: all fused
+        assert in_step["execute"] == (2 if read == "item" else 1), counts
+        assert in_step["replay_trace"] == 0 and in_step["compile"] == 0, counts
     _assert_params_close(cpu, xla)
 
 

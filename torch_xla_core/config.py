@@ -160,6 +160,9 @@ _DECLARED = [
             "0 turns it off", minimum=0),
     Setting("TXC_DONATE", "bool", True, "0 turns buffer donation off (by default a step's old parameters and "
             "optimizer state are overwritten in place when nothing else reads them)"),
+    Setting("TXC_FUSE_GRAPHS", "bool", True, "0 launches each torch.compile graph's replay at once; by default a "
+            "graph whose outputs only the next graph reads waits and runs fused with it, one launch "
+            "(torch_xla_core/_execution/pending.py)"),
     Setting("TXC_REPLAY", "bool", True, "0 makes txc.compile trace every call instead of replaying (same "
             "numerics; for comparison)"),
     # debugging

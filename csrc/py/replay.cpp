@@ -208,13 +208,13 @@ py::tuple signature(py::list tensors, py::handle xla_type, bool views) {
     bool view_entry = false;
     std::vector<int64_t> ops;
     if (is_data(v)) {
-      key = buffer_of(v);
+      key = py_data_raw(*v);  // (identity: a placeholder is not resolved)
     } else if (lt.is_view()) {
       // a lone view gets a storage of its own before binding (replay/_recording.py own_storage), unless views are read
       // through their chains (a dynamo graph's inputs: the forward's saved views of its outputs)
       bool lone = !views && lt.storage().use_count() == 1 && py::cast<bool>(t.attr("is_contiguous")());
       const NodePtr& root = lt.storage()->value;
-      key = is_data(root) ? static_cast<const void*>(buffer_of(root)) : static_cast<const void*>(lt.storage().get());
+      key = is_data(root) ? static_cast<const void*>(py_data_raw(*root)) : static_cast<const void*>(lt.storage().get());
       for (NodePtr n = v; n != root; n = n->operands.at(0))  // the view ops, from t back to its storage
         if (n->op != alias_op()) ops.push_back(n->op);
       view_entry = (!ops.empty() || v->dims != root->dims) && !lone;
@@ -283,9 +283,19 @@ std::vector<int64_t> views_among(py::list items, py::handle xla_type, const std:
   return out;
 }
 
-int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots) {
-  for (int64_t i : slots)
-    if (!data_exclusive(lazy_of_wrapper(tensors[size_t(i)]))) return i;
+// The first of `slots` whose tensor's buffer someone else holds (-1: none),
+// not counting one reference per item of `held` (the parameters of a pending
+// launch that the replay's own launch will run fused with: _execution/pending.py).
+int64_t first_shared(py::list tensors, const std::vector<int64_t>& slots, py::list held) {
+  for (int64_t i : slots) {
+    LazyTensor& lt = lazy_of_wrapper(tensors[size_t(i)]);
+    if (data_exclusive(lt)) continue;
+    if (held.empty() || lt.is_view() || lt.storage()->value.use_count() != 1) return i;
+    PyObject* b = py_data_raw(*lt.storage()->value);
+    Py_ssize_t refs = 1;
+    for (py::handle h : held) refs += h.ptr() == b;
+    if (!b || Py_REFCNT(b) != refs) return i;
+  }
   return -1;
 }
 
@@ -536,7 +546,7 @@ class ReplayPlan {
   static bool released(PyObject* t) {
     if (t == Py_None || !is_wrapper(t)) return false;
     const NodePtr& v = lazy_of_wrapper(t).value();
-    return is_data(v) && buffer_of(v) == Py_None;
+    return is_data(v) && py_data_raw(*v) == Py_None;
   }
   // Whether the grad tensor `old` that the last step left can hold this
   // step's grad (output o) in place of a new tensor, because nothing could
@@ -603,7 +613,7 @@ void bind_replay(py::module_& m) {
   m.def("replay_ready", &ready, py::arg("tensors"), py::arg("views") = false);
   m.def("replay_unready", &unready, py::arg("items"), py::arg("xla_type"), py::arg("views") = false);
   m.def("replay_views", &views_among, py::arg("items"), py::arg("xla_type"), py::arg("slots"));
-  m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"));
+  m.def("replay_exclusive", &first_shared, py::arg("tensors"), py::arg("slots"), py::arg("held") = py::list());
   py::class_<ReplayPlan>(m, "ReplayPlan", "What a replay binds and writes (csrc/py/replay.cpp)")
       .def(py::init<py::list, const std::vector<std::pair<int64_t, int64_t>>&, py::list, py::list, py::list,
                     const std::vector<int64_t>&>(),

@@ -59,7 +59,7 @@ import time
 import torch
 
 from .. import _C, config, metrics
-from . import spmd as _spmd, compile_cache, growth, recompiles
+from . import spmd as _spmd, compile_cache, growth, pending as _pending, recompiles
 from .._tracing import checks as _checks, random as _random, tensor as _tensor
 from .._runtime import peers, runtime
 
@@ -390,6 +390,7 @@ def sync(lts=None, wait=False, read_checks=True) -> None:
     for a later sync or value read (a replay inside a step launching what
     traced ops computed before it)."""
     with _lock:
+        _pending.flush()  # a replay's launch left pending (pending.py) runs first: a sync computes everything
         if read_checks:
             _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
         with metrics.timed("sync"):

@@ -37,6 +37,13 @@ executable, and later calls only bind buffers and execute:
   Anything else pending (clip_grad_norm_'s scaled grads) is launched first
   without waiting. Deferred checks are left to the user's sync or value
   read (replay.Compiled's inner).
+- Two graphs, one launch: a graph whose replay only writes its outputs
+  (the forward) leaves its launch pending, its outputs' tensors holding
+  placeholders, and the next graph whose inputs they are (the backward)
+  runs one executable of both (_execution/pending.py; TXC_FUSE_GRAPHS=0
+  turns it off). Anything else reading those outputs launches the forward
+  alone first. A training step then launches twice: forward and backward
+  together, then the optimizer (compiled, or per op at the user's sync).
 - torch.compile(opt.step): an Adam-family optimizer over xla parameters
   gets capturable=True and a device lr before dynamo traces it (as
   txc.compile does), so its graph replays and an LR scheduler stepping

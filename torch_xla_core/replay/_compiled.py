@@ -14,9 +14,9 @@ import weakref
 import torch
 
 from .. import _C, config, metrics
-from .._execution import executor
+from .._execution import executor, pending as _pending
 from .._runtime import dtypes as _dtypes
-from .._tracing import random as _random, tensor as _tensor
+from .._tracing import checks as _checks, random as _random, tensor as _tensor
 from .._tracing.tensor import XlaTensor
 from . import _schedulers
 from ._lift import lift_optimizer
@@ -145,7 +145,7 @@ class Compiled:
                 if b is None:
                     return self._refuse(sig, "an input is a view of another tensor", args, kwargs)
                 slots[id(b)] = i
-        session = Session(slots, rng.data)
+        session = Session(slots, rng.data, keep_text=self._inner)
         c0 = metrics.counters().get("execute", 0)
         with executor.recording(session):
             out = self._call_fn(args, kwargs)
@@ -304,6 +304,11 @@ class Compiled:
         rec.flat = flat_kind(tpl)
         grads = self._donated_grads(session, pre, others, rec, transitional)
         rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret, [i for i, _ in grads])
+        rec.fuse = None
+        if self._inner and len(rec.segments) == 1 and not rec.reads:  # (a dynamo graph's: its text is kept)
+            simple = not (rec.inplace or others or rec.rng_out is not None or rec.donated or rec.segments[0].donates
+                          or rec.schedulers)
+            rec.fuse = "defer" if simple else "join"
         results = {idx: r.value[0] for idx, r in enumerate(session.reads) if r.returned}
         _grad_refs()  # (its probe runs ops: here, not in a replay)
         return (None if transitional else rec), outs, results
@@ -398,9 +403,16 @@ class Compiled:
                 for t in tensors:  # the nodes of inputs that may be donated (a parameter a saved activation read)
                     if t is not None and t._lt.is_view:
                         t._lt.hash  # (reading its value rebuilds the chain over the storage's new buffer)
+        if not self._inner:
+            _pending.flush()  # (a dynamo graph's launch left pending: only the next dynamo graph joins it)
         for rec in recs:
-            if _C.replay_exclusive(tensors, rec.donated) >= 0:
-                return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
+            # (a buffer the pending launch also holds may be donated: it runs first, or fused with this one)
+            if _C.replay_exclusive(tensors, rec.donated, _pending.held() if rec.fuse else []) >= 0:
+                if not _pending.pending():
+                    return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
+                _pending.flush()
+                if _C.replay_exclusive(tensors, rec.donated) >= 0:
+                    return None, "a donated buffer is held elsewhere (e.g. a copy of the model)"
             try:
                 return self._run_segments(rec, w, st), None
             except _GuardMiss:
@@ -449,12 +461,27 @@ class Compiled:
         def checks(_):  # (after write: outs holds every segment's outputs)
             return [(_C.from_data(outs[k], _dtypes.code(torch.bool), []), msg, exc) for k, msg, exc in rec.checks]
 
+        # a dynamo graph's replay: left pending itself (joined to the pending launch where its outputs feed ours),
+        # or run fused with the pending launch (_execution/pending.py)
+        fuse = rec.fuse if not self._wait and _pending.enabled() and not executor.multi_device() else None
+        first, routing = None, ()
+        if fuse is not None and _pending.pending():
+            first, routing = _pending.bind(rec.segments[0].plan, tensors, st.data)
+            if not routing:
+                _pending.flush()
+        if fuse == "defer":
+            outs.extend(_pending.defer(rec.segments[0], first if first is not None else
+                                       rec.segments[0].plan.params(tensors, st.data, outs), routing))
+            if rec.checks:
+                _checks.computed(checks(None))
+            metrics.counter_add("replay")
+            return returned(rec, tensors, outs, {})
         for s, seg in enumerate(rec.segments):
             while ri < len(reads) and reads[ri].after == s:
                 if value(reads[ri]) != reads[ri].value:
                     raise _GuardMiss
                 ri += 1
-            params = seg.plan.params(tensors, st.data, outs)
+            params = seg.plan.params(tensors, st.data, outs) if first is None else first
             if s == last:
                 bound.append(params)
             release = s == last and not rec.trailing_guard
@@ -466,7 +493,7 @@ class Compiled:
                 # holds is kept to take its new value
                 with plain_getters():  # (its reads of the old grads: requires_grad, is_contiguous())
                     given = rec.plan.release(tensors, w.kinds, _grad_refs())
-                donating = self._grad_exe(rec) if given else None
+                donating = self._grad_exe(rec) if given and not routing else None  # (a fused launch: its own)
                 if donating is not None:
                     params.extend(given)
                     exe = donating
@@ -475,7 +502,10 @@ class Compiled:
                       else executor.Launch(exe, params))
             del params  # (the inputs' buffers: donated ones must not stay referenced past the launch)
             try:
-                o, _ = executor.run_recorded(launch, wait=self._wait and s == last, read_checks=not self._inner)
+                if routing:
+                    o = _pending.launch(launch, seg, routing)
+                else:
+                    o, _ = executor.run_recorded(launch, wait=self._wait and s == last, read_checks=not self._inner)
             except BaseException:
                 if release:
                     rec.plan.unrelease(tensors, w.kinds, w.owners)

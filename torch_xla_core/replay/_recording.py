@@ -78,11 +78,14 @@ class Recording:
     """One recorded path of a step: its segments (syncs) and the values it
     read between them, the LR schedulers stepped after it, the input slots
     its segments donate, the last segment's executable that takes the old
-    grads donated (grad_exe: its Future, or None), where each output goes (plan, inplace, specs), what
-    it returns (ret; flat: a flat tuple or list of tensors), and which
-    outputs are the RNG state and the deferred checks."""
+    grads donated (grad_exe: its Future, or None), where each output goes
+    (plan, inplace, specs), what it returns (ret; flat: a flat tuple or list
+    of tensors), which outputs are the RNG state and the deferred checks,
+    and how its replay may take part in a fused launch (fuse: None, "join":
+    run fused with the launch left pending before it, "defer": also leave
+    its own pending; _execution/pending.py)."""
     __slots__ = ("segments", "reads", "schedulers", "donated", "trailing_guard", "inplace", "ret", "flat",
-                 "rng_out", "checks", "specs", "plan", "grad_exe")
+                 "rng_out", "checks", "specs", "plan", "grad_exe", "fuse")
 
 
 def flatten(out, leaves):

@@ -44,11 +44,14 @@ class Refused(Exception):
 class Segment:
     """One sync of a recorded step: its executable, the plan that binds its
     parameters (slots, constants, the RNG state, earlier segments' outputs),
-    how many outputs it has and whether it donates input buffers."""
-    __slots__ = ("exe", "plan", "n", "donated", "donates")
+    how many outputs it has, whether it donates input buffers, and its
+    StableHLO (text: kept for a dynamo graph's recording, whose replay may
+    run fused with the next graph's, _execution/pending.py; else None)."""
+    __slots__ = ("exe", "plan", "n", "donated", "donates", "text")
 
-    def __init__(self, exe, plan, n, donated, donates):
+    def __init__(self, exe, plan, n, donated, donates, text=None):
         self.exe, self.plan, self.n, self.donated, self.donates = exe, plan, n, donated, donates
+        self.text = text
 
 
 class Read:
@@ -73,8 +76,9 @@ class Session:
     """The recording of one call (see the module docstring). slots: id of each
     input buffer -> its input slot; rng_in: the RNG state's buffer at entry."""
 
-    def __init__(self, slots, rng_in):
+    def __init__(self, slots, rng_in, keep_text=False):
         self.slots, self.rng_in = slots, rng_in
+        self.keep_text = keep_text        # each segment keeps its StableHLO (Segment.text)
         self.segments = []
         self.outs, self.out_of = [], {}   # every segment's outputs in order; id(buffer) -> index
         self.used = set()                 # outputs that a later segment reads
@@ -128,7 +132,8 @@ class Session:
         self.bound.update(v for kind, v in binds if kind == "slot")
         self.last_plan = p
         donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
-        self.segments.append(Segment(exe, _C.ReplayPlan(binds, [], [], []), len(outs), donated, bool(p.key.aliases)))
+        self.segments.append(Segment(exe, _C.ReplayPlan(binds, [], [], []), len(outs), donated, bool(p.key.aliases),
+                                     p.stablehlo() if self.keep_text else None))
 
     # -- host reads (_tensor.materialize) --------------------------------------
     def read(self, t):

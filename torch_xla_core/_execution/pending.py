@@ -1,0 +1,268 @@
+"""Pending launches: a step's torch.compile graphs as one launch (issue 43).
+
+A dynamo step calls its graphs one after the other (forward, backward,
+optimizer), each replayed by a replay.Compiled of its own. A replay whose
+recording is simple (one segment; no in-place writes, RNG output, host
+reads, donation or LR schedulers: replay/_compiled.py's rec.fuse) does
+not launch: defer() keeps its segment and bound parameters as the pending
+chain and returns Placeholders for its outputs, which the replay makes
+its tensors over (their data leaves hold them: csrc/py/data.h).
+
+The next inner replay whose parameters hold placeholders of that chain
+(bind() leaves them as they are while it binds) joins it: a simple one
+defers too (the chain grows), any other runs one executable of the chain
+and itself (launch()): the segments' StableHLO as private functions of one
+module whose main routes outputs into the parameters they feed and returns
+the outputs of all (fused(); compiled once per segments and routings).
+The chain's outputs then fill its placeholders: a placeholder's leaf takes
+its buffer when it is next read. Anything else that reads a placeholder's
+buffer (a value read, a sync of traced ops over it, a replay binding it
+otherwise) resolves it, which first launches the chain alone (flush()), as
+does every sync (executor.sync) and every replay that does not join it.
+One "execute" per launch, fused or not. TXC_FUSE_GRAPHS=0 turns deferring
+off."""
+from .. import _C, config, metrics
+from .._runtime import runtime
+from . import executor
+
+__all__ = ["Placeholder", "enabled", "pending", "defer", "bind", "launch", "flush"]
+
+_current = None   # the chain whose launch is pending, or None
+_holding = None   # the chain whose placeholders bind() leaves as they are
+_fused = {}       # (first segment, second segment, routing) -> fused executable
+
+
+class Placeholder:
+    """Output k of a chain: what the data leaves of that output hold until
+    they are read (then its buffer)."""
+    __slots__ = ("chain", "k")
+
+    def __init__(self, chain, k):
+        self.chain, self.k = chain, k
+
+    def __del__(self):  # nobody will read output k: the chain lets go of its buffer
+        outs = self.chain.outs
+        if outs is not None:
+            outs[self.k] = None
+
+
+class _Chain:
+    """Pending launches: their segments (replay/_session.py Segment), each
+    one's binds (per parameter: a >= 0, the fused launch's parameter a;
+    -1 - k, the chain's output k, counted over the segments before it), the
+    fused launch's parameters (each buffer once); outs: the outputs of all
+    once launched."""
+    __slots__ = ("segs", "binds", "params", "index", "n", "outs", "error")
+
+    def __init__(self):
+        self.segs, self.binds, self.params, self.index = [], [], [], {}
+        self.n, self.outs, self.error = 0, None, None
+
+    def bound(self, params, routing) -> tuple:
+        """The binds of a segment's parameters (routing: bind()'s), its
+        buffers added to the chain's parameters."""
+        routed = dict(routing)
+        binds = []
+        for j, p in enumerate(params):
+            k = routed.get(j)
+            if k is not None:
+                binds.append(-1 - k)
+                continue
+            a = self.index.get(id(p))
+            if a is None:
+                a = self.index[id(p)] = len(self.params)
+                self.params.append(p)
+            binds.append(a)
+        return tuple(binds)
+
+    def add(self, seg, params, routing):
+        self.binds.append(self.bound(params, routing))
+        self.segs.append(seg)
+        base, self.n = self.n, self.n + seg.n
+        return [Placeholder(self, base + k) for k in range(seg.n)]
+
+
+def enabled() -> bool:
+    """Whether replays may defer their launch (TXC_FUSE_GRAPHS)."""
+    return config.get("TXC_FUSE_GRAPHS")
+
+
+def pending() -> bool:
+    """Whether a launch is pending."""
+    return _current is not None
+
+
+def defer(seg, params, routing=()) -> list:
+    """Leaves seg's launch on params pending: joined to the pending chain
+    where `routing` (bind()) says the chain's outputs feed it, else as a new
+    chain (the one pending before launched first); returns a placeholder
+    per output."""
+    global _current
+    if not routing:
+        flush()
+        _current = _Chain()
+    return _current.add(seg, params, routing)
+
+
+def bind(plan, tensors, rng):
+    """plan.params(...) with the placeholders of the pending chain left in
+    place: (params, routing), routing ((j, k), ...) where parameter j is
+    the chain's output k (params[j] is None there)."""
+    global _holding
+    _holding = _current
+    try:
+        params = plan.params(tensors, rng)
+    finally:
+        _holding = None
+    routing = tuple((j, p.k) for j, p in enumerate(params) if type(p) is Placeholder)
+    for j, _ in routing:
+        params[j] = None
+    return params, routing
+
+
+def held() -> list:
+    """The buffers the pending chain holds (its parameters), or []."""
+    return _current.params if _current is not None else []
+
+
+def launch(last, seg, routing):
+    """Launches the pending chain fused with `last`, the executor.Launch of
+    segment `seg` on the parameters bind() gave (routing: those the chain's
+    outputs feed, None in last.params); last.write and last.checks get
+    last's own outputs, which it returns."""
+    global _current
+    chain = _current
+    _current = None
+    n = chain.n
+    binds = chain.bound(last.params, routing)
+    exe = fused(chain.segs + [seg], chain.binds + [binds])
+    params, chain.params, chain.index = chain.params, None, None
+
+    def write(outs):
+        chain.outs = list(outs[:n])
+        if last.write is not None:
+            last.write(outs[n:])
+    checks = (lambda outs: last.checks(outs[n:])) if last.checks is not None else None
+    try:
+        o, _ = executor.run_recorded(executor.Launch(exe, params, write, checks), read_checks=False)
+    except BaseException as e:
+        chain.error = e
+        raise
+    return o[n:]
+
+
+def flush() -> None:
+    """Launches the pending chain alone, if there is one."""
+    global _current
+    chain = _current
+    if chain is None:
+        return
+    _current = None
+    if len(chain.segs) == 1:
+        exe, params = chain.segs[0].exe, [chain.params[a] for a in chain.binds[0]]
+    else:
+        exe, params = fused(chain.segs, chain.binds), chain.params
+    chain.params = chain.index = None
+    try:
+        o, _ = executor.run_recorded(executor.Launch(exe, params), read_checks=False)
+    except BaseException as e:
+        chain.error = e
+        raise
+    chain.outs = list(o)
+
+
+def _resolve(p):
+    """A placeholder's buffer, for a data leaf that holds it (csrc/py/data.h):
+    the chain launched first if it has not been; p itself while bind() holds
+    its chain. (The chain keeps the buffer until p is gone: other leaves may
+    hold p too, a returned tensor and a deferred check of one output.)"""
+    chain = p.chain
+    if chain is _holding:
+        return p
+    if chain.outs is None:
+        if chain is not _current:
+            raise RuntimeError(f"this tensor's value was never computed: its graph's launch failed ({chain.error})")
+        flush()
+    return chain.outs[p.k]
+
+
+_C.set_pending(Placeholder, _resolve)
+
+
+def fused(segs, binds):
+    """The executable of segments `segs` as one (binds: _Chain's): its
+    outputs all of theirs in turn. Compiled once per (segments, binds)."""
+    key = (tuple(segs), tuple(binds))
+    exe = _fused.get(key)
+    if exe is None:
+        text = fused_text([s.text for s in segs], binds)
+        with metrics.timed("compile"):
+            exe = runtime.compile_text(text)
+        metrics.counter_add("compile")
+        _fused[key] = exe
+    return exe
+
+
+def fused_text(texts, binds) -> str:
+    """One StableHLO module from several (see fused()): each module's
+    functions made private under a prefix (s0_, s1_, ...), and a main that
+    calls them in turn, parameter j of module s bound to main's parameter
+    binds[s][j] (>= 0) or to output -1 - binds[s][j] of the modules before.
+    The last module's donated parameters (tf.aliasing_output) stay donated,
+    aliasing its outputs' new positions."""
+    from jax._src.interpreters import mlir as jmlir  # lazy: only when graphs are fused
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import func
+
+    with jmlir.make_ir_context(), ir.Location.unknown():
+        out = ir.Module.create()
+        mains = []  # (name, function type, arg attrs) per module
+        for s, text in enumerate(texts):
+            m = ir.Module.parse(text)
+            if s == 0:
+                attrs = m.operation.attributes
+                for i in range(len(attrs)):
+                    out.operation.attributes[attrs[i].name] = attrs[i].attr
+            for op in list(m.body.operations):
+                if "sym_name" not in op.attributes:
+                    continue
+                old = ir.StringAttr(op.attributes["sym_name"]).value
+                new = f"s{s}_{old}"
+                ir.SymbolTable.replace_all_symbol_uses(old, new, m.operation)
+                op.attributes["sym_name"] = ir.StringAttr.get(new)
+                if old == "main":
+                    ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                    arg_attrs = (list(ir.ArrayAttr(op.attributes["arg_attrs"])) if "arg_attrs" in op.attributes
+                                 else [None] * len(ftype.inputs))
+                    mains.append((new, ftype, arg_attrs))
+                    for a in ("arg_attrs", "res_attrs"):
+                        if a in op.attributes:
+                            del op.attributes[a]
+                op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+            for op in list(m.body.operations):
+                out.body.append(op)
+        n_args = 1 + max((a for b in binds for a in b), default=-1)
+        inputs, arg_attrs = [None] * n_args, [{} for _ in range(n_args)]
+        n_before = sum(len(t.results) for _, t, _ in mains[:-1])
+        for s, (_, ftype, attrs) in enumerate(mains):
+            for j, a in enumerate(binds[s]):
+                if a < 0:
+                    continue
+                inputs[a] = ftype.inputs[j]
+                if s == len(mains) - 1 and attrs[j] is not None and "tf.aliasing_output" in ir.DictAttr(attrs[j]):
+                    k = ir.IntegerAttr(ir.DictAttr(attrs[j])["tf.aliasing_output"]).value
+                    arg_attrs[a]["tf.aliasing_output"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
+                                                                             n_before + k)
+        results = [t for _, ftype, _ in mains for t in ftype.results]
+        with ir.InsertionPoint(out.body):
+            main = func.FuncOp("main", ir.FunctionType.get(inputs, results))
+            main.attributes["sym_visibility"] = ir.StringAttr.get("public")
+            main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(d) for d in arg_attrs])
+            entry = main.add_entry_block()
+        with ir.InsertionPoint(entry):
+            args, values = list(entry.arguments), []
+            for s, (name, ftype, _) in enumerate(mains):
+                operands = [args[a] if a >= 0 else values[-1 - a] for a in binds[s]]
+                values.extend(func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(name), operands).results)
+            func.ReturnOp(values)
+        return str(out)
