@@ -59,20 +59,20 @@ class _Chain:
         self.n, self.outs, self.error = 0, None, None
 
     def bound(self, params, routing) -> tuple:
-        """The binds of a segment's parameters (routing: bind()'s), its
-        buffers added to the chain's parameters."""
+        """The binds of a segment's parameters (routing: bind()'s; those
+        parameters are None), its buffers added to the chain's parameters."""
         routed = dict(routing)
-        binds = []
+        index, chained = self.index, self.params
+        binds = [0] * len(params)
         for j, p in enumerate(params):
-            k = routed.get(j)
-            if k is not None:
-                binds.append(-1 - k)
+            if p is None:
+                binds[j] = -1 - routed[j]
                 continue
-            a = self.index.get(id(p))
+            a = index.get(id(p))
             if a is None:
-                a = self.index[id(p)] = len(self.params)
-                self.params.append(p)
-            binds.append(a)
+                a = index[id(p)] = len(chained)
+                chained.append(p)
+            binds[j] = a
         return tuple(binds)
 
     def add(self, seg, params, routing):
