@@ -230,3 +230,28 @@ def test_whole_step_with_compiled_autograd_replays_like_cpu(dev):
     for d in deltas[2:]:
         assert d["replay"] >= 3 and d["replay_trace"] == 0 and d["compile"] == 0, deltas
         assert d["transfer_to_host"] == 0, deltas
+
+
+def test_graph_fed_its_own_output_fuses_two_calls_at_most(dev):
+    """A compiled function fed its own output call after call with nothing
+    read between (an RNN's state): a call's replay is left pending, the next
+    one runs fused with it, the one after starts anew (a chain holds a graph
+    once: _execution/pending.py may_join), so one compile of the pair and
+    none after; the values equal CPU's."""
+    w = torch.randn(8, 8, generator=torch.Generator().manual_seed(4)) * 0.3
+
+    def f(h, w):
+        return torch.tanh(h @ w)
+
+    cf = torch.compile(f, backend="torch_xla_core")
+    h_c = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
+    h_x, w_x = h_c.to(dev), w.to(dev)
+    deltas = []
+    for _ in range(8):
+        c0 = _counts()
+        h_c, h_x = f(h_c, w), cf(h_x, w_x)
+        deltas.append(_minus(_counts(), c0))
+    torch.testing.assert_close(h_x.cpu(), h_c)
+    assert all(d["replay"] == 1 for d in deltas[1:]), deltas
+    assert [d["execute"] for d in deltas[2:6]] in ([1, 0, 1, 0], [0, 1, 0, 1]), deltas
+    assert sum(d["compile"] for d in deltas[3:]) == 0, deltas

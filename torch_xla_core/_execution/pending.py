@@ -10,8 +10,8 @@ its tensors over (their data leaves hold them: csrc/py/data.h).
 
 The next inner replay whose parameters hold placeholders of that chain
 (bind() leaves them as they are while it binds) joins it: a simple one
-defers too (the chain grows), any other runs one executable of the chain
-and itself (launch()): the segments' StableHLO as private functions of one
+defers too (the chain grows, up to MAX_SEGMENTS - 1), any other, or the
+last, runs one executable of the chain and itself (launch()): the segments' StableHLO as private functions of one
 module whose main routes outputs into the parameters they feed and returns
 the outputs of all (fused(); compiled once per segments and routings).
 The chain's outputs then fill its placeholders: a placeholder's leaf takes
@@ -25,8 +25,9 @@ from .. import _C, config, metrics
 from .._runtime import runtime
 from . import executor
 
-__all__ = ["Placeholder", "enabled", "pending", "defer", "bind", "launch", "flush"]
+__all__ = ["MAX_SEGMENTS", "Placeholder", "enabled", "pending", "held", "may_join", "defer", "bind", "launch", "flush"]
 
+MAX_SEGMENTS = 3  # a chain's segments at most (a training step's forward, backward and optimizer)
 _current = None   # the chain whose launch is pending, or None
 _holding = None   # the chain whose placeholders bind() leaves as they are
 _fused = {}       # (first segment, second segment, routing) -> fused executable
@@ -90,6 +91,14 @@ def enabled() -> bool:
 def pending() -> bool:
     """Whether a launch is pending."""
     return _current is not None
+
+
+def may_join(seg) -> bool:
+    """Whether seg may join the pending chain deferred (else it launches
+    fused with it): the chain is short of MAX_SEGMENTS and does not hold seg
+    already (a graph fed its own outputs call after call, an RNN's state,
+    would grow the chain, and compile a new executable, on every call)."""
+    return len(_current.segs) < MAX_SEGMENTS - 1 and seg not in _current.segs
 
 
 def defer(seg, params, routing=()) -> list:

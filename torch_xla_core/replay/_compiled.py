@@ -469,7 +469,7 @@ class Compiled:
             first, routing = _pending.bind(rec.segments[0].plan, tensors, st.data)
             if not routing:
                 _pending.flush()
-        if fuse == "defer":
+        if fuse == "defer" and (not routing or _pending.may_join(rec.segments[0])):
             outs.extend(_pending.defer(rec.segments[0], first if first is not None else
                                        rec.segments[0].plan.params(tensors, st.data, outs), routing))
             if rec.checks:
