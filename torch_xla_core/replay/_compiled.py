@@ -302,10 +302,14 @@ class Compiled:
             shapes = ", ".join(f"{outs[k].dtype} {list(outs[k].shape)}" for k in lost[:4])
             raise Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
         rec.flat = flat_kind(tpl)
+        key = session.last_plan.key if session.last_plan is not None else None
         grads = self._donated_grads(session, pre, others, rec, transitional)
         rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret, [i for i, _ in grads])
         rec.fuse = None
-        if self._inner and len(rec.segments) == 1 and not rec.reads:  # (a dynamo graph's: its text is kept)
+        # (a dynamo graph's: its text is kept; not one with collectives across processes or partitioned over a
+        # mesh, whose compile options the fused executable does not carry: _execution/pending.py)
+        if (self._inner and len(rec.segments) == 1 and not rec.reads and key is not None
+                and key.replicas is None and key.spmd is None):
             simple = not (rec.inplace or others or rec.rng_out is not None or rec.donated or rec.segments[0].donates
                           or rec.schedulers)
             rec.fuse = "defer" if simple else "join"
