@@ -59,7 +59,8 @@ import time
 import torch
 
 from .. import _C, config, metrics
-from . import spmd as _spmd, compile_cache, growth, pending as _pending, recompiles
+from . import spmd as _spmd, compile_cache, growth, recompiles
+from .progress import Progress as _Progress
 from .._tracing import checks as _checks, random as _random, tensor as _tensor
 from .._runtime import peers, runtime
 
@@ -270,14 +271,10 @@ def _bind(p: Plan) -> list:
 
 
 def donating_variant(p: Plan, outputs) -> concurrent.futures.Future:
-    """The executable of p's graph with one more parameter per output in
-    `outputs`, appended after its own, read by nothing and donated to that
-    output: the buffer the output replaces is written in place (a replayed
-    step's old grads, torch_xla_core/replay/_compiled.py). Its compile is
-    started when a step is recorded and runs in the background (the
-    replays run the recorded executable until it is done: a recording does
-    not wait for a second compile); not a recompile of the user's call site.
-    Returns its Future (done at once when it is cached)."""
+    """The Future of p's executable with one more parameter per output in
+    `outputs` (after its own), read by nothing and donated to that output:
+    a replayed step's old grads, written in place (replay/_compiled.py).
+    Compiled in the background (not a recompile of the user's call site)."""
     got = _start(Plan(p.cut, p.key._replace(unread=tuple(outputs)), p.checks), explain=False)
     if isinstance(got, concurrent.futures.Future):
         return got
@@ -287,8 +284,7 @@ def donating_variant(p: Plan, outputs) -> concurrent.futures.Future:
 
 
 def wait_compiles():
-    """Waits for the compiles in flight: those started ahead of their use
-    (donating_variant) as well as any other thread's."""
+    """Waits for the compiles in flight (donating_variant's, any thread's)."""
     with _cache_lock:
         pending = list(_inflight.values())
     concurrent.futures.wait(pending)
@@ -353,34 +349,8 @@ def executable(p: Plan, explain: bool = True):
             return executable(p, explain)
 
 
-class _Progress:
-    """A line on stderr while a compile runs longer than TXC_COMPILE_PROGRESS
-    seconds (default 2; 0 turns it off): which graph, how many ops, elapsed
-    time; rewritten in place on a terminal, every 10 s otherwise."""
-
-    def __init__(self, p: Plan):
-        self.p, self.t0, self.shown = p, time.perf_counter(), None
-        self.after = config.get("TXC_COMPILE_PROGRESS")
-
-    def _line(self, elapsed, state):
-        return (f"torch_xla_core: {state} graph {self.p.key.graph:016x} ({self.p.cut.num_nodes} ops, "
-                f"{self.p.cut.num_outputs} outputs): {elapsed:.1f} s")
-
-    def tick(self):
-        elapsed = time.perf_counter() - self.t0
-        if self.after <= 0 or elapsed < self.after:
-            return
-        tty = sys.stderr.isatty()
-        if self.shown is None or (tty and elapsed - self.shown >= 0.5) or elapsed - self.shown >= 10:
-            sys.stderr.write(("\r" if tty else "") + self._line(elapsed, "compiling") + ("" if tty else "\n"))
-            sys.stderr.flush()
-            self.shown = elapsed
-
-    def done(self):
-        if self.shown is not None:
-            elapsed = time.perf_counter() - self.t0
-            sys.stderr.write(("\r" if sys.stderr.isatty() else "") + self._line(elapsed, "compiled") + "\n")
-            sys.stderr.flush()
+_before_sync = []  # fn() called at each sync's start: pending.py's flush (before_sync)
+before_sync = _before_sync.append
 
 
 def sync(lts=None, wait=False, read_checks=True) -> None:
@@ -390,7 +360,8 @@ def sync(lts=None, wait=False, read_checks=True) -> None:
     for a later sync or value read (a replay inside a step launching what
     traced ops computed before it)."""
     with _lock:
-        _pending.flush()  # a replay's launch left pending (pending.py) runs first: a sync computes everything
+        for fn in _before_sync:  # (pending.flush: a replay's launch left pending runs first)
+            fn()
         if read_checks:
             _checks.verify(block=wait)  # checks computed by earlier syncs that did not wait (the ready ones)
         with metrics.timed("sync"):

@@ -196,6 +196,7 @@ def _resolve(p):
 
 
 _C.set_pending(Placeholder, _resolve)
+executor.before_sync(flush)  # a sync computes everything: the pending launch runs first
 
 
 def fused(segs, binds):
@@ -220,8 +221,8 @@ def fused_text(texts, binds) -> str:
     The last module's donated parameters (tf.aliasing_output) stay donated,
     aliasing its outputs' new positions."""
     from jax._src.interpreters import mlir as jmlir  # lazy: only when graphs are fused
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import func
+    from jaxlib.mlir import ir  # lazy: as above
+    from jaxlib.mlir.dialects import func  # lazy: as above
 
     with jmlir.make_ir_context(), ir.Location.unknown():
         out = ir.Module.create()
