@@ -302,8 +302,9 @@ class Compiled:
             shapes = ", ".join(f"{outs[k].dtype} {list(outs[k].shape)}" for k in lost[:4])
             raise Refused(f"it wrote {len(lost)} tensor(s) {_LOST}: {shapes}")
         rec.flat = flat_kind(tpl)
-        key = session.last_plan.key if session.last_plan is not None else None
-        grads = self._donated_grads(session, pre, others, rec, transitional)
+        p, session.last_plan = session.last_plan, None  # (its cut holds the traced graph)
+        key = p.key if p is not None else None
+        grads = self._donated_grads(p, session, pre, others, rec, transitional)
         rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret, [i for i, _ in grads])
         rec.fuse = None
         # (a dynamo graph's: its text is kept; not one with collectives across processes or partitioned over a
@@ -318,8 +319,9 @@ class Compiled:
         return (None if transitional else rec), outs, results
 
     @staticmethod
-    def _donated_grads(session, pre, others, rec, transitional):
-        """The grads a replay hands to its last executable to write the new
+    def _donated_grads(p, session, pre, others, rec, transitional):
+        """The grads a replay hands to its last executable (p: the last
+        segment's executor Plan) to write the new
         ones into, as (input slot, output) pairs, and that executable
         (rec.grad_exe, executor.donating_variant: one unread parameter per old
         grad, donated to its new value; a Future: compiled in the background). The old grads that zero_grad let go
@@ -331,8 +333,6 @@ class Compiled:
         given (one held elsewhere: ReplayPlan.release) runs the recorded
         executable, releasing them as before. None for a transitional step (not kept)."""
         rec.grad_exe = None
-        p = session.last_plan
-        session.last_plan = None  # (its cut holds the traced graph)
         if p is None or transitional or rec.trailing_guard or not config.get("TXC_DONATE"):
             return []
         first = sum(seg.n for seg in session.segments[:-1])  # the last segment's first output
