@@ -37,9 +37,12 @@ def test_a_save_killed_at_random_moments_loses_nothing(tmp_path, mode):
     # killed mid-write: a temporary file or directory left, the old checkpoint at the path (a temporary left
     # with the new one there: killed after the commit, while removing the old directory it exchanged)
     mid_write = [k for k in kills if k["temp_left"] and k["result"] == "old"]
-    # the kills are spread over the save: some mid-write, and some after the commit or before the write
+    # the delays are spread over the save: some kills mid-write, and some attempts outside the write (killed
+    # before the temporary file or after the commit, or the save done first). Not all among the killed ones: the
+    # span homes in on the write, and on a loaded host every kill may land in it (20 of 20 in one CI run)
     assert len(mid_write) >= 0.2 * len(kills), out
-    assert len(mid_write) < len(kills), out
+    outside = [k for k in out["kills"] if not (k["killed"] and k["temp_left"] and k["result"] == "old")]
+    assert outside, out
     assert len(out["temps_at_end"]) <= 1  # each save removed what the killed one before it left
 
 
