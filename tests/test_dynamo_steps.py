@@ -255,3 +255,38 @@ def test_graph_fed_its_own_output_fuses_two_calls_at_most(dev):
     assert all(d["replay"] == 1 for d in deltas[1:]), deltas
     assert [d["execute"] for d in deltas[2:6]] in ([1, 0, 1, 0], [0, 1, 0, 1]), deltas
     assert sum(d["compile"] for d in deltas[3:]) == 0, deltas
+
+
+def test_a_fused_launch_compiles_through_the_executor_and_its_persistent_cache(dev, tmp_path, monkeypatch):
+    """The executable of graphs fused into one launch takes the executor's
+    compile path (_execution/fusion.py): TXC_DUMP_DIR holds its module (each
+    graph a private function, a main calling them in turn) named -fused2,
+    and the persistent compile cache keeps it, so after the in-memory caches
+    and dynamo are reset the same calls compile nothing; the values equal
+    CPU's both times."""
+    from torch_xla_core._execution import executor
+
+    monkeypatch.setenv("TXC_COMPILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TXC_DUMP_DIR", str(tmp_path / "dump"))
+    w = torch.randn(8, 8, generator=torch.Generator().manual_seed(4)) * 0.3
+
+    def f(h, w):
+        return torch.tanh(h @ w)
+
+    compiles = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        executor.clear_cache()
+        cf = torch.compile(f, backend="torch_xla_core")
+        h_c = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
+        h_x, w_x = h_c.to(dev), w.to(dev)
+        c0 = _counts()
+        for _ in range(6):
+            h_c, h_x = f(h_c, w), cf(h_x, w_x)
+        torch.testing.assert_close(h_x.cpu(), h_c)
+        compiles.append(_minus(_counts(), c0)["compile"])
+    fused = [p for p in (tmp_path / "dump").iterdir() if p.name.endswith("-fused2.mlir")]
+    assert len(fused) == 1, sorted(p.name for p in (tmp_path / "dump").iterdir())
+    text = fused[0].read_text()
+    assert "func.func private @s0_main" in text and "func.func private @s1_main" in text and "call @s1_main" in text
+    assert compiles[0] >= 2 and compiles[1] == 0, compiles  # the graph and the pair; then both from the cache

@@ -64,18 +64,19 @@ from .progress import Progress as _Progress
 from .._tracing import checks as _checks, random as _random, tensor as _tensor
 from .._runtime import peers, runtime
 
-class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas unread",
-                                 defaults=(None, None, ()))):
+class Key(collections.namedtuple("Key", "graph precision device platform aliases memory spmd replicas unread fused",
+                                 defaults=(None, None, (), 0))):
     """What identifies a compiled executable: the graph's hash, the float32
     matmul precision, the device index, the platform, the donated
-    (parameter, output) pairs, the memory kinds of the parameters and
-    outputs that live outside device memory (GraphCut.memory_kinds(): () when
-    all are on the device; see torch_xla_core/_features/offload.py), and for a graph
-    partitioned over a mesh its device assignment and parameter shardings
-    (_spmd.Spmd; None for one device), and for a graph with collectives
-    across processes the device of each replica, one per process
-    (runtime.replica_devices; None otherwise), and the outputs that extra
-    parameters read by nothing are donated to (donating_variant; () otherwise)."""
+    (parameter, output) pairs, the memory kinds of the parameters and outputs
+    that live outside device memory (GraphCut.memory_kinds(): () when all are
+    on the device; see _features/offload.py), for a graph partitioned over a
+    mesh its device assignment and parameter shardings (_spmd.Spmd; None for
+    one device), for a graph with collectives across processes the device of
+    each replica, one per process (runtime.replica_devices; None otherwise),
+    the outputs that extra parameters read by nothing are donated to
+    (donating_variant; () otherwise), and for graphs compiled as one
+    (_execution/fusion.py) how many (their keys hashed into graph; else 0)."""
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
@@ -208,7 +209,7 @@ def _dump(key, text):
     if d:
         os.makedirs(d, exist_ok=True)
         name = f"graph-{key.graph:016x}-{key.precision}-xla{key.device}" + ("-donated" if key.aliases else "") + \
-            (f"-unread{len(key.unread)}" if key.unread else "")
+            (f"-unread{len(key.unread)}" if key.unread else "") + (f"-fused{key.fused}" if key.fused else "")
         if key.spmd is not None:
             name += f"-spmd{len(key.spmd.device_ids)}-{hash(key.spmd) & 0xffffffff:08x}"
         with open(os.path.join(d, name + ".mlir"), "w") as f:

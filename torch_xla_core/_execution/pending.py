@@ -13,7 +13,8 @@ The next inner replay whose parameters hold placeholders of that chain
 defers too (the chain grows, up to MAX_SEGMENTS - 1), any other, or the
 last, runs one executable of the chain and itself (launch()): the segments' StableHLO as private functions of one
 module whose main routes outputs into the parameters they feed and returns
-the outputs of all (fused(); compiled once per segments and routings).
+the outputs of all (fusion.py; compiled by the executor once per segments
+and routings, kept by the last segment).
 The chain's outputs then fill its placeholders: a placeholder's leaf takes
 its buffer when it is next read. Anything else that reads a placeholder's
 buffer (a value read, a sync of traced ops over it, a replay binding it
@@ -21,16 +22,14 @@ otherwise) resolves it, which first launches the chain alone (flush()), as
 does every sync (executor.sync) and every replay that does not join it.
 One "execute" per launch, fused or not. TXC_FUSE_GRAPHS=0 turns deferring
 off."""
-from .. import _C, config, metrics
-from .._runtime import runtime
-from . import executor
+from .. import _C, config
+from . import executor, fusion
 
 __all__ = ["MAX_SEGMENTS", "Placeholder", "enabled", "pending", "held", "may_join", "defer", "bind", "launch", "flush"]
 
 MAX_SEGMENTS = 3  # a chain's segments at most (a training step's forward, backward and optimizer)
 _current = None   # the chain whose launch is pending, or None
 _holding = None   # the chain whose placeholders bind() leaves as they are
-_fused = {}       # (first segment, second segment, routing) -> fused executable
 
 
 class Placeholder:
@@ -201,78 +200,12 @@ executor.before_sync(flush)  # a sync computes everything: the pending launch ru
 
 def fused(segs, binds):
     """The executable of segments `segs` as one (binds: _Chain's): its
-    outputs all of theirs in turn. Compiled once per (segments, binds)."""
-    key = (tuple(segs), tuple(binds))
-    exe = _fused.get(key)
+    outputs all of theirs in turn. Compiled by the executor (its cache, the
+    persistent cache, the segments' compile options: fusion.ChainPlan) once
+    per (segments, binds); the last segment keeps it, as a recording keeps
+    each segment's executable."""
+    memo, key = segs[-1].chains, (tuple(segs[:-1]), tuple(binds))
+    exe = memo.get(key)
     if exe is None:
-        text = fused_text([s.text for s in segs], binds)
-        with metrics.timed("compile"):
-            exe = runtime.compile_text(text)
-        metrics.counter_add("compile")
-        _fused[key] = exe
+        exe = memo[key] = executor.executable(fusion.plan(segs, binds), explain=False)
     return exe
-
-
-def fused_text(texts, binds) -> str:
-    """One StableHLO module from several (see fused()): each module's
-    functions made private under a prefix (s0_, s1_, ...), and a main that
-    calls them in turn, parameter j of module s bound to main's parameter
-    binds[s][j] (>= 0) or to output -1 - binds[s][j] of the modules before.
-    The last module's donated parameters (tf.aliasing_output) stay donated,
-    aliasing its outputs' new positions."""
-    from jax._src.interpreters import mlir as jmlir  # lazy: only when graphs are fused
-    from jaxlib.mlir import ir  # lazy: as above
-    from jaxlib.mlir.dialects import func  # lazy: as above
-
-    with jmlir.make_ir_context(), ir.Location.unknown():
-        out = ir.Module.create()
-        mains = []  # (name, function type, arg attrs) per module
-        for s, text in enumerate(texts):
-            m = ir.Module.parse(text)
-            if s == 0:
-                attrs = m.operation.attributes
-                for i in range(len(attrs)):
-                    out.operation.attributes[attrs[i].name] = attrs[i].attr
-            for op in list(m.body.operations):
-                if "sym_name" not in op.attributes:
-                    continue
-                old = ir.StringAttr(op.attributes["sym_name"]).value
-                new = f"s{s}_{old}"
-                ir.SymbolTable.replace_all_symbol_uses(old, new, m.operation)
-                op.attributes["sym_name"] = ir.StringAttr.get(new)
-                if old == "main":
-                    ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-                    arg_attrs = (list(ir.ArrayAttr(op.attributes["arg_attrs"])) if "arg_attrs" in op.attributes
-                                 else [None] * len(ftype.inputs))
-                    mains.append((new, ftype, arg_attrs))
-                    for a in ("arg_attrs", "res_attrs"):
-                        if a in op.attributes:
-                            del op.attributes[a]
-                op.attributes["sym_visibility"] = ir.StringAttr.get("private")
-            for op in list(m.body.operations):
-                out.body.append(op)
-        n_args = 1 + max((a for b in binds for a in b), default=-1)
-        inputs, arg_attrs = [None] * n_args, [{} for _ in range(n_args)]
-        n_before = sum(len(t.results) for _, t, _ in mains[:-1])
-        for s, (_, ftype, attrs) in enumerate(mains):
-            for j, a in enumerate(binds[s]):
-                if a < 0:
-                    continue
-                inputs[a] = ftype.inputs[j]
-                if s == len(mains) - 1 and attrs[j] is not None and "tf.aliasing_output" in ir.DictAttr(attrs[j]):
-                    k = ir.IntegerAttr(ir.DictAttr(attrs[j])["tf.aliasing_output"]).value
-                    arg_attrs[a]["tf.aliasing_output"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
-                                                                             n_before + k)
-        results = [t for _, ftype, _ in mains for t in ftype.results]
-        with ir.InsertionPoint(out.body):
-            main = func.FuncOp("main", ir.FunctionType.get(inputs, results))
-            main.attributes["sym_visibility"] = ir.StringAttr.get("public")
-            main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(d) for d in arg_attrs])
-            entry = main.add_entry_block()
-        with ir.InsertionPoint(entry):
-            args, values = list(entry.arguments), []
-            for s, (name, ftype, _) in enumerate(mains):
-                operands = [args[a] if a >= 0 else values[-1 - a] for a in binds[s]]
-                values.extend(func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(name), operands).results)
-            func.ReturnOp(values)
-        return str(out)

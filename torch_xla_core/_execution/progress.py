@@ -11,13 +11,14 @@ class Progress:
     seconds (default 2; 0 turns it off): which graph, how many ops, elapsed
     time; rewritten in place on a terminal, every 10 s otherwise."""
 
-    def __init__(self, p):  # (an executor.Plan)
+    def __init__(self, p):  # (an executor.Plan, or a fusion.ChainPlan)
         self.p, self.t0, self.shown = p, time.perf_counter(), None
         self.after = config.get("TXC_COMPILE_PROGRESS")
 
     def _line(self, elapsed, state):
-        return (f"torch_xla_core: {state} graph {self.p.key.graph:016x} ({self.p.cut.num_nodes} ops, "
-                f"{self.p.cut.num_outputs} outputs): {elapsed:.1f} s")
+        cut = self.p.cut  # (None for graphs compiled as one: _execution/fusion.py)
+        what = f"{cut.num_nodes} ops, {cut.num_outputs} outputs" if cut is not None else f"{self.p.key.fused} graphs"
+        return f"torch_xla_core: {state} graph {self.p.key.graph:016x} ({what}): {elapsed:.1f} s"
 
     def tick(self):
         elapsed = time.perf_counter() - self.t0

@@ -307,10 +307,11 @@ class Compiled:
         grads = self._donated_grads(p, session, pre, others, rec, transitional)
         rec.plan = _C.ReplayPlan([], rec.inplace, others, rec.specs, ret, [i for i, _ in grads])
         rec.fuse = None
-        # (a dynamo graph's: its text is kept; not one with collectives across processes or partitioned over a
-        # mesh, whose compile options the fused executable does not carry: _execution/pending.py)
-        if (self._inner and len(rec.segments) == 1 and not rec.reads and key is not None
-                and key.replicas is None and key.spmd is None):
+        # (a dynamo graph's: its text is kept; not one partitioned over a mesh, or with parameters or outputs
+        # outside device memory, whose launch or signature the fused executable does not carry:
+        # _execution/pending.py, fusion.py)
+        if self._inner and len(rec.segments) == 1 and not rec.reads and key is not None and key.spmd is None \
+                and not key.memory:
             simple = not (rec.inplace or others or rec.rng_out is not None or rec.donated or rec.segments[0].donates
                           or rec.schedulers)
             rec.fuse = "defer" if simple else "join"

@@ -44,14 +44,16 @@ class Refused(Exception):
 class Segment:
     """One sync of a recorded step: its executable, the plan that binds its
     parameters (slots, constants, the RNG state, earlier segments' outputs),
-    how many outputs it has, whether it donates input buffers, and its
-    StableHLO (text: kept for a dynamo graph's recording, whose replay may
-    run fused with the next graph's, _execution/pending.py; else None)."""
-    __slots__ = ("exe", "plan", "n", "donated", "donates", "text")
+    how many outputs it has, whether it donates input buffers, its
+    executor Key, and its StableHLO (text: kept for a dynamo graph's
+    recording, whose replay may run fused with the graphs before it,
+    _execution/pending.py; else None); chains: those fused executables,
+    (earlier segments, binds) -> executable."""
+    __slots__ = ("exe", "plan", "n", "donated", "donates", "key", "text", "chains")
 
-    def __init__(self, exe, plan, n, donated, donates, text=None):
+    def __init__(self, exe, plan, n, donated, donates, key, text=None):
         self.exe, self.plan, self.n, self.donated, self.donates = exe, plan, n, donated, donates
-        self.text = text
+        self.key, self.text, self.chains = key, text, {}
 
 
 class Read:
@@ -133,7 +135,7 @@ class Session:
         self.last_plan = p
         donated = [binds[i][1] for i, _ in p.key.aliases if binds[i][0] == "slot"]
         self.segments.append(Segment(exe, _C.ReplayPlan(binds, [], [], []), len(outs), donated, bool(p.key.aliases),
-                                     p.stablehlo() if self.keep_text else None))
+                                     p.key, p.stablehlo() if self.keep_text else None))
 
     # -- host reads (_tensor.materialize) --------------------------------------
     def read(self, t):
