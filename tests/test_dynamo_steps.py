@@ -290,3 +290,50 @@ def test_a_fused_launch_compiles_through_the_executor_and_its_persistent_cache(d
     text = fused[0].read_text()
     assert "func.func private @s0_main" in text and "func.func private @s1_main" in text and "call @s1_main" in text
     assert compiles[0] >= 2 and compiles[1] == 0, compiles  # the graph and the pair; then both from the cache
+
+
+def _function_results(path) -> dict:
+    """Each function of a dumped StableHLO module: name -> its result count."""
+    from jax._src.interpreters import mlir as jmlir
+    from jaxlib.mlir import ir
+
+    with jmlir.make_ir_context():
+        m = ir.Module.parse(path.read_text())
+        return {ir.StringAttr(op.attributes["sym_name"]).value:
+                len(ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).results)
+                for op in m.body.operations if "function_type" in op.attributes}
+
+
+def test_a_fused_launch_returns_only_values_someone_holds(dev, tmp_path, monkeypatch):
+    """A compiled forward and its backward run as one launch at the user's
+    sync. By then autograd has freed the activations the forward saved for
+    the backward, so the fused executable does not return them (their
+    placeholders died before the launch: _execution/pending.py): its main
+    returns the loss and the grads only, and XLA frees the rest inside the
+    program. Losses and grads equal CPU's every step."""
+    monkeypatch.setenv("TXC_DUMP_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    net_x = copy.deepcopy(net).to(dev)
+
+    def loss_of(m, x):
+        return m(x).pow(2).mean()
+
+    cf = torch.compile(loss_of, backend="torch_xla_core")
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(16, 8, generator=g)
+        ref = loss_of(net, x)
+        ref.backward()
+        loss = cf(net_x, x.to(dev))
+        loss.backward()
+        txc.sync()
+        torch.testing.assert_close(loss.cpu(), ref.detach())
+        for p_c, p_x in zip(net.parameters(), net_x.parameters()):
+            torch.testing.assert_close(p_x.grad.cpu(), p_c.grad)
+            p_c.grad = p_x.grad = None
+    fused = [p for p in tmp_path.iterdir() if p.name.endswith("-fused2.mlir")]
+    assert len(fused) == 1, sorted(p.name for p in tmp_path.iterdir())
+    n = _function_results(fused[0])
+    assert n["s1_main"] == 4 and n["s0_main"] > 1 + 1, n  # the grads; the loss and the saved activations
+    assert n["main"] == 1 + n["s1_main"], n  # the loss and the grads: no activation

@@ -16,34 +16,39 @@ from . import executor
 __all__ = ["ChainPlan", "plan", "module"]
 
 
-class ChainPlan(collections.namedtuple("ChainPlan", "key texts binds")):
+class ChainPlan(collections.namedtuple("ChainPlan", "key texts binds dead")):
     """executor.executable's plan of a chain: its Key, each graph's
-    StableHLO, each graph's binds (pending._Chain's)."""
+    StableHLO, each graph's binds (pending._Chain's), the outputs it leaves
+    out (nobody reads them: dead placeholders)."""
     cut = None  # (no traced graph behind it: the progress line counts graphs)
 
     def stablehlo(self) -> str:
-        return module(self.texts, self.binds)
+        return module(self.texts, self.binds, self.dead)
 
 
-def plan(segs, binds) -> ChainPlan:
+def plan(segs, binds, dead=frozenset()) -> ChainPlan:
     """The ChainPlan of segments `segs` (replay/_session.py Segment: each
-    one's Key and text) routed by `binds`."""
+    one's Key and text) routed by `binds`, without the outputs `dead`."""
     keys = [s.key for s in segs]
-    digest = hashlib.blake2b(repr((keys, tuple(binds))).encode(), digest_size=8).digest()
+    dead = tuple(sorted(dead))
+    digest = hashlib.blake2b(repr((keys, tuple(binds), dead)).encode(), digest_size=8).digest()
     first = keys[0]
     replicas = next((k.replicas for k in keys if k.replicas is not None), None)
     key = executor.Key(int.from_bytes(digest, "little"), first.precision, first.device, first.platform, (), (),
                        None, replicas, (), len(keys))
-    return ChainPlan(key, tuple(s.text for s in segs), tuple(binds))
+    return ChainPlan(key, tuple(s.text for s in segs), tuple(binds), dead)
 
 
-def module(texts, binds) -> str:
+def module(texts, binds, dead=()) -> str:
     """One StableHLO module from several (see the module docstring): each module's
     functions made private under a prefix (s0_, s1_, ...), and a main that
     calls them in turn, parameter j of module s bound to main's parameter
     binds[s][j] (>= 0) or to output -1 - binds[s][j] of the modules before.
-    The last module's donated parameters (tf.aliasing_output) stay donated,
-    aliasing its outputs' new positions."""
+    It returns every module's outputs in turn, but those whose index (over
+    all) is in `dead`: XLA frees those values inside the program once the
+    graphs after have read them. The last module's donated parameters
+    (tf.aliasing_output) stay donated, aliasing its outputs' new positions
+    (not donated where that output is left out)."""
     from jax._src.interpreters import mlir as jmlir  # lazy: only when graphs are fused
     from jaxlib.mlir import ir  # lazy: as above
     from jaxlib.mlir.dialects import func  # lazy: as above
@@ -79,6 +84,9 @@ def module(texts, binds) -> str:
             for op in list(m.body.operations):
                 out.body.append(op)
         n_args = 1 + max((a for b in binds for a in b), default=-1)
+        total = sum(len(t.results) for _, t, _ in mains)
+        kept = [i for i in range(total) if i not in dead]
+        at = {i: p for p, i in enumerate(kept)}  # an output's index over all -> its position in main's results
         inputs, arg_attrs = [None] * n_args, [{} for _ in range(n_args)]
         n_before = sum(len(t.results) for _, t, _ in mains[:-1])
         for s, (_, ftype, attrs) in enumerate(mains):
@@ -87,10 +95,12 @@ def module(texts, binds) -> str:
                     continue
                 inputs[a] = ftype.inputs[j]
                 if s == len(mains) - 1 and attrs[j] is not None and "tf.aliasing_output" in ir.DictAttr(attrs[j]):
-                    k = ir.IntegerAttr(ir.DictAttr(attrs[j])["tf.aliasing_output"]).value
-                    arg_attrs[a]["tf.aliasing_output"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
-                                                                             n_before + k)
+                    k = n_before + ir.IntegerAttr(ir.DictAttr(attrs[j])["tf.aliasing_output"]).value
+                    if k in at:
+                        arg_attrs[a]["tf.aliasing_output"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
+                                                                                 at[k])
         results = [t for _, ftype, _ in mains for t in ftype.results]
+        results = [results[i] for i in kept]
         with ir.InsertionPoint(out.body):
             main = func.FuncOp("main", ir.FunctionType.get(inputs, results))
             main.attributes["sym_visibility"] = ir.StringAttr.get("public")
@@ -101,5 +111,5 @@ def module(texts, binds) -> str:
             for s, (name, ftype, _) in enumerate(mains):
                 operands = [args[a] if a >= 0 else values[-1 - a] for a in binds[s]]
                 values.extend(func.CallOp(list(ftype.results), ir.FlatSymbolRefAttr.get(name), operands).results)
-            func.ReturnOp(values)
+            func.ReturnOp([values[i] for i in kept])
         return str(out)

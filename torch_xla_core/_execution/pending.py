@@ -40,23 +40,40 @@ class Placeholder:
     def __init__(self, chain, k):
         self.chain, self.k = chain, k
 
-    def __del__(self):  # nobody will read output k: the chain lets go of its buffer
-        outs = self.chain.outs
-        if outs is not None:
-            outs[self.k] = None
+    def __del__(self):  # nobody will read output k: the chain lets go of its buffer, or never makes it
+        chain = self.chain
+        if chain.outs is not None:
+            chain.outs[self.k] = None
+        else:
+            chain.dead.add(self.k)
 
 
 class _Chain:
     """Pending launches: their segments (replay/_session.py Segment), each
     one's binds (per parameter: a >= 0, the fused launch's parameter a;
     -1 - k, the chain's output k, counted over the segments before it), the
-    fused launch's parameters (each buffer once); outs: the outputs of all
-    once launched."""
-    __slots__ = ("segs", "binds", "params", "index", "n", "outs", "error")
+    fused launch's parameters (each buffer once); dead: the outputs whose
+    placeholders died before the launch (a forward's activations, freed by
+    autograd once the backward joined: the fused executable does not return
+    them); outs: the outputs of all once launched (None where dead)."""
+    __slots__ = ("segs", "binds", "params", "index", "n", "dead", "outs", "error")
 
     def __init__(self):
         self.segs, self.binds, self.params, self.index = [], [], [], {}
-        self.n, self.outs, self.error = 0, None, None
+        self.n, self.dead, self.outs, self.error = 0, set(), None, None
+
+    def spread(self, outs, dead) -> list:
+        """outs of a launch that left out the outputs `dead`, at their
+        places (None there, and where the placeholder died since)."""
+        if not self.dead:
+            return list(outs)
+        full, it, gone = [None] * self.n, iter(outs), self.dead
+        for k in range(self.n):
+            if k not in dead:
+                v = next(it)
+                if k not in gone:
+                    full[k] = v
+        return full
 
     def bound(self, params, routing) -> tuple:
         """The binds of a segment's parameters (routing: bind()'s; those
@@ -141,13 +158,14 @@ def launch(last, seg, routing):
     global _current
     chain = _current
     _current = None
-    n = chain.n
     binds = chain.bound(last.params, routing)
-    exe = fused(chain.segs + [seg], chain.binds + [binds])
+    dead = frozenset(chain.dead)  # (those that die from here on are dropped once launched)
+    n = chain.n - len(dead)
+    exe = fused(chain.segs + [seg], chain.binds + [binds], dead)
     params, chain.params, chain.index = chain.params, None, None
 
     def write(outs):
-        chain.outs = list(outs[:n])
+        chain.outs = chain.spread(outs[:n], dead)
         if last.write is not None:
             last.write(outs[n:])
     checks = (lambda outs: last.checks(outs[n:])) if last.checks is not None else None
@@ -166,17 +184,19 @@ def flush() -> None:
     if chain is None:
         return
     _current = None
-    if len(chain.segs) == 1:
+    dead = frozenset()
+    if len(chain.segs) == 1:  # (its recorded executable: all its outputs)
         exe, params = chain.segs[0].exe, [chain.params[a] for a in chain.binds[0]]
     else:
-        exe, params = fused(chain.segs, chain.binds), chain.params
+        dead = frozenset(chain.dead)
+        exe, params = fused(chain.segs, chain.binds, dead), chain.params
     chain.params = chain.index = None
     try:
         o, _ = executor.run_recorded(executor.Launch(exe, params), read_checks=False)
     except BaseException as e:
         chain.error = e
         raise
-    chain.outs = list(o)
+    chain.outs = chain.spread(o, dead)
 
 
 def _resolve(p):
@@ -198,14 +218,14 @@ _C.set_pending(Placeholder, _resolve)
 executor.before_sync(flush)  # a sync computes everything: the pending launch runs first
 
 
-def fused(segs, binds):
+def fused(segs, binds, dead):
     """The executable of segments `segs` as one (binds: _Chain's): its
-    outputs all of theirs in turn. Compiled by the executor (its cache, the
-    persistent cache, the segments' compile options: fusion.ChainPlan) once
-    per (segments, binds); the last segment keeps it, as a recording keeps
-    each segment's executable."""
-    memo, key = segs[-1].chains, (tuple(segs[:-1]), tuple(binds))
+    outputs all of theirs in turn, but those in `dead`. Compiled by the
+    executor (its cache, the persistent cache, the segments' compile
+    options: fusion.ChainPlan) once per (segments, binds, dead); the last
+    segment keeps it, as a recording keeps each segment's executable."""
+    memo, key = segs[-1].chains, (tuple(segs[:-1]), tuple(binds), dead)
     exe = memo.get(key)
     if exe is None:
-        exe = memo[key] = executor.executable(fusion.plan(segs, binds), explain=False)
+        exe = memo[key] = executor.executable(fusion.plan(segs, binds, dead), explain=False)
     return exe
