@@ -62,6 +62,16 @@ class _Chain:
         self.segs, self.binds, self.params, self.index = [], [], [], {}
         self.n, self.dead, self.outs, self.error = 0, set(), None, None
 
+    def left_out(self, last=None) -> frozenset:
+        """The outputs the launch of this chain (with `last`) leaves out: the
+        dead ones; none where a graph holds collectives across processes
+        (Key.replicas: every process must launch the same program, and a
+        placeholder freed by the garbage collector dies at a different
+        moment in each)."""
+        if last is not None and last.key.replicas is not None or any(s.key.replicas is not None for s in self.segs):
+            return frozenset()
+        return frozenset(self.dead)
+
     def spread(self, outs, dead) -> list:
         """outs of a launch that left out the outputs `dead`, at their
         places (None there, and where the placeholder died since)."""
@@ -159,7 +169,7 @@ def launch(last, seg, routing):
     chain = _current
     _current = None
     binds = chain.bound(last.params, routing)
-    dead = frozenset(chain.dead)  # (those that die from here on are dropped once launched)
+    dead = chain.left_out(seg)  # (those that die from here on are dropped once launched)
     n = chain.n - len(dead)
     exe = fused(chain.segs + [seg], chain.binds + [binds], dead)
     params, chain.params, chain.index = chain.params, None, None
@@ -188,7 +198,7 @@ def flush() -> None:
     if len(chain.segs) == 1:  # (its recorded executable: all its outputs)
         exe, params = chain.segs[0].exe, [chain.params[a] for a in chain.binds[0]]
     else:
-        dead = frozenset(chain.dead)
+        dead = chain.left_out()
         exe, params = fused(chain.segs, chain.binds, dead), chain.params
     chain.params = chain.index = None
     try:
