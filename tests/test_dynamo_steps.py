@@ -337,3 +337,45 @@ def test_a_fused_launch_returns_only_values_someone_holds(dev, tmp_path, monkeyp
     n = _function_results(fused[0])
     assert n["s1_main"] == 4 and n["s0_main"] > 1 + 1, n  # the grads; the loss and the saved activations
     assert n["main"] == 1 + n["s1_main"], n  # the loss and the grads: no activation
+
+
+def test_a_fused_executable_that_fails_to_build_falls_back_to_one_launch_per_graph(dev, monkeypatch):
+    """Where the fused module fails to build or compile (a jaxlib MLIR or XLA
+    error), the step runs anyway: a RuntimeWarning says so once, the
+    "fuse_failed" counter counts it, that chain's graphs launch one by one
+    and no later replay defers (as TXC_FUSE_GRAPHS=0); losses and grads
+    equal CPU's throughout."""
+    from torch_xla_core._execution import fusion, pending
+
+    monkeypatch.setattr(pending, "_failed", None)  # (restored after: other tests fuse again)
+
+    def broken(*_):
+        raise RuntimeError("no fused module today")
+    monkeypatch.setattr(fusion, "module", broken)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    net_x = copy.deepcopy(net).to(dev)
+
+    def loss_of(m, x):
+        return m(x).pow(2).mean()
+
+    cf = torch.compile(loss_of, backend="torch_xla_core")
+    g = torch.Generator().manual_seed(1)
+    c_start, deltas = txc.metrics.counters().get("fuse_failed", 0), []
+    with pytest.warns(RuntimeWarning, match="as one launch failed .*no fused module today") as caught:
+        for _ in range(5):
+            x = torch.randn(16, 8, generator=g)
+            ref = loss_of(net, x)
+            ref.backward()
+            c0 = _counts()
+            loss = cf(net_x, x.to(dev))
+            loss.backward()
+            txc.sync()
+            deltas.append(_minus(_counts(), c0))
+            torch.testing.assert_close(loss.cpu(), ref.detach())
+            for p_c, p_x in zip(net.parameters(), net_x.parameters()):
+                torch.testing.assert_close(p_x.grad.cpu(), p_c.grad)
+                p_c.grad = p_x.grad = None
+    assert sum("as one launch failed" in str(w.message) for w in caught) == 1
+    assert txc.metrics.counters().get("fuse_failed", 0) == c_start + 1
+    assert all(d["replay"] == 2 and d["execute"] == 2 for d in deltas[2:]), deltas  # forward, backward: apart

@@ -22,7 +22,9 @@ otherwise) resolves it, which first launches the chain alone (flush()), as
 does every sync (executor.sync) and every replay that does not join it.
 One "execute" per launch, fused or not. TXC_FUSE_GRAPHS=0 turns deferring
 off."""
-from .. import _C, config
+import warnings
+
+from .. import _C, config, metrics
 from . import executor, fusion
 
 __all__ = ["MAX_SEGMENTS", "Placeholder", "enabled", "pending", "held", "may_join", "defer", "bind", "launch", "flush"]
@@ -30,6 +32,7 @@ __all__ = ["MAX_SEGMENTS", "Placeholder", "enabled", "pending", "held", "may_joi
 MAX_SEGMENTS = 3  # a chain's segments at most (a training step's forward, backward and optimizer)
 _current = None   # the chain whose launch is pending, or None
 _holding = None   # the chain whose placeholders bind() leaves as they are
+_failed = None    # the error of a fused executable that failed to build or compile: no replay defers since
 
 
 class Placeholder:
@@ -110,8 +113,9 @@ class _Chain:
 
 
 def enabled() -> bool:
-    """Whether replays may defer their launch (TXC_FUSE_GRAPHS)."""
-    return config.get("TXC_FUSE_GRAPHS")
+    """Whether replays may defer their launch (TXC_FUSE_GRAPHS; not after
+    a fused executable failed to build or compile)."""
+    return _failed is None and config.get("TXC_FUSE_GRAPHS")
 
 
 def pending() -> bool:
@@ -173,6 +177,8 @@ def launch(last, seg, routing):
     n = chain.n - len(dead)
     exe = fused(chain.segs + [seg], chain.binds + [binds], dead)
     params, chain.params, chain.index = chain.params, None, None
+    if exe is None:
+        return _apart(chain, params, last, binds)
 
     def write(outs):
         chain.outs = chain.spread(outs[:n], dead)
@@ -201,6 +207,9 @@ def flush() -> None:
         dead = chain.left_out()
         exe, params = fused(chain.segs, chain.binds, dead), chain.params
     chain.params = chain.index = None
+    if exe is None:
+        _apart(chain, params)
+        return
     try:
         o, _ = executor.run_recorded(executor.Launch(exe, params), read_checks=False)
     except BaseException as e:
@@ -237,5 +246,44 @@ def fused(segs, binds, dead):
     memo, key = segs[-1].chains, (tuple(segs[:-1]), tuple(binds), dead)
     exe = memo.get(key)
     if exe is None:
-        exe = memo[key] = executor.executable(fusion.plan(segs, binds, dead), explain=False)
+        try:
+            exe = executor.executable(fusion.plan(segs, binds, dead), explain=False)
+        except Exception as e:  # noqa: BLE001  (said once; the graphs then launch one by one: _apart)
+            _give_up(e)
+            return None
+        memo[key] = exe
     return exe
+
+
+def _give_up(e) -> None:
+    """A fused executable failed to build or compile (an XLA or jaxlib MLIR
+    error): said once, counted ("fuse_failed"), and no replay defers its
+    launch from then on."""
+    global _failed
+    _failed = e
+    metrics.counter_add("fuse_failed")
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    warnings.warn(f"torch_xla_core: running a step's torch.compile graphs as one launch failed ({type(e).__name__}: "
+                  f"{first}); each graph launches on its own from now on, as with TXC_FUSE_GRAPHS=0 (the values are "
+                  f"the same). Please report it.", RuntimeWarning, stacklevel=2)
+
+
+def _apart(chain, params, last=None, binds=None):
+    """Runs the chain's segments one launch each, then `last` on `binds`
+    (launch()'s), where their fused executable failed: chain.outs all
+    theirs; returns last's outputs."""
+    outs = []
+    try:
+        for seg, b in zip(chain.segs, chain.binds):
+            o, _ = executor.run_recorded(executor.Launch(seg.exe, [params[a] if a >= 0 else outs[-1 - a] for a in b]),
+                                         read_checks=False)
+            outs.extend(o)
+        chain.outs = chain.spread(outs, frozenset())
+        if last is None:
+            return None
+        o, _ = executor.run_recorded(last._replace(params=[params[a] if a >= 0 else outs[-1 - a] for a in binds]),
+                                     read_checks=False)
+    except BaseException as e:
+        chain.error = e
+        raise
+    return o
