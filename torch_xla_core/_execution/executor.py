@@ -26,8 +26,7 @@ assigns the results back to the tensors' storages. It owns:
 - out of memory: torch.OutOfMemoryError naming the graph's largest buffers
   and the aten ops that made them (nothing is marked failed: free memory and
   retry);
-- TXC_COMPILE_PROGRESS=S: a compile longer than S seconds (default 2) shows a
-  progress line on stderr (graph, ops, elapsed); 0 turns it off.
+- a long compile's progress line (_execution/progress.py, TXC_COMPILE_PROGRESS);
 - recompiles: each compile is attributed to the user's frame that synced
   and explained on request (torch_xla_core/_execution/recompiles.py, TXC_DEBUG=recompiles);
 - devices: a graph runs on the device its values are on (Key.device; a
@@ -80,14 +79,17 @@ class Key(collections.namedtuple("Key", "graph precision device platform aliases
 
 
 class Plan(collections.namedtuple("Plan", "cut key checks")):
-    """A sync about to run: the cut, its cache key, the deferred checks it computes."""
+    """A sync about to run: the cut, its key, the deferred checks it computes."""
 
-    def stablehlo(self) -> str:
-        k = self.key
-        if k.spmd is not None:
-            return self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
-        return self.cut.lower(k.precision, list(k.aliases), num_replicas=len(k.replicas) if k.replicas else 1,
-                              unread=list(k.unread))
+    def stablehlo(self) -> str:  # (lowered once: a recording keeps the text compiled)
+        k, text = self.key, self.__dict__.get("text")
+        if text is None and k.spmd is not None:
+            text = self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
+        elif text is None:
+            text = self.cut.lower(k.precision, list(k.aliases), num_replicas=len(k.replicas) if k.replicas else 1,
+                                  unread=list(k.unread))
+        self.__dict__["text"] = text
+        return text
 
 
 _lock = threading.RLock()     # one sync at a time
@@ -374,16 +376,13 @@ def sync(lts=None, wait=False, read_checks=True) -> None:
 
 @contextlib.contextmanager
 def recording(session):
-    """The one hook of a txc.compile recording (torch_xla_core/replay/):
-    while it is under way, session sees every sync (session.grab: the
-    executable, its parameters and outputs), every value read on the host
-    (session.read: _tracing/tensor.py's materialize) and upload
-    (session.upload: from_cpu), every backward pass outside a scan body's
-    trace (session.backward: _ops/engine.py), every LR scheduler step
-    (session.scheduler_step: replay/_schedulers.py) and the tensors the
-    "xla" backend's collectives write (session.collective_wrote:
-    distributed/backend.py). They ask recording_session(). Process-wide,
-    not per thread: autograd and DDP's reducer may run on other threads."""
+    """The one hook of a txc.compile recording (torch_xla_core/replay/): while it is under way, session
+    sees every sync (session.grab: the executable, its parameters and outputs), every value read on the
+    host (session.read: _tracing/tensor.py's materialize) and upload (session.upload: from_cpu), every
+    backward pass outside a scan body's trace (session.backward: _ops/engine.py), every LR scheduler step
+    (session.scheduler_step: replay/_schedulers.py) and the tensors the "xla" backend's collectives write
+    (session.collective_wrote: distributed/backend.py); they ask recording_session(). Process-wide:
+    autograd and DDP's reducer may run on other threads."""
     global _session
     saved, _session = _session, session
     try:
