@@ -304,14 +304,10 @@ def _function_results(path) -> dict:
                 for op in m.body.operations if "function_type" in op.attributes}
 
 
-def test_a_fused_launch_returns_only_values_someone_holds(dev, tmp_path, monkeypatch):
-    """A compiled forward and its backward run as one launch at the user's
-    sync. By then autograd has freed the activations the forward saved for
-    the backward, so the fused executable does not return them (their
-    placeholders died before the launch: _execution/pending.py): its main
-    returns the loss and the grads only, and XLA frees the rest inside the
-    program. Losses and grads equal CPU's every step."""
-    monkeypatch.setenv("TXC_DUMP_DIR", str(tmp_path))
+def _mlp_forward_backward_steps(dev, steps=5) -> list:
+    """A small MLP's loss torch.compile'd, then loss.backward() and the
+    user's sync, `steps` times beside CPU eager: losses and grads equal
+    CPU's every step; the counters of each step."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     net_x = copy.deepcopy(net).to(dev)
@@ -321,17 +317,33 @@ def test_a_fused_launch_returns_only_values_someone_holds(dev, tmp_path, monkeyp
 
     cf = torch.compile(loss_of, backend="torch_xla_core")
     g = torch.Generator().manual_seed(1)
-    for _ in range(5):
+    deltas = []
+    for _ in range(steps):
         x = torch.randn(16, 8, generator=g)
         ref = loss_of(net, x)
         ref.backward()
+        c0 = _counts()
         loss = cf(net_x, x.to(dev))
         loss.backward()
         txc.sync()
+        deltas.append(_minus(_counts(), c0))
         torch.testing.assert_close(loss.cpu(), ref.detach())
         for p_c, p_x in zip(net.parameters(), net_x.parameters()):
             torch.testing.assert_close(p_x.grad.cpu(), p_c.grad)
             p_c.grad = p_x.grad = None
+    return deltas
+
+
+def test_a_fused_launch_returns_only_values_someone_holds(dev, tmp_path, monkeypatch):
+    """A compiled forward and its backward run as one launch at the user's
+    sync. By then autograd has freed the activations the forward saved for
+    the backward, so the fused executable does not return them (their
+    placeholders died before the launch: _execution/pending.py): its main
+    returns the loss and the grads only, and XLA frees the rest inside the
+    program. Losses and grads equal CPU's every step."""
+    monkeypatch.setenv("TXC_DUMP_DIR", str(tmp_path))
+    deltas = _mlp_forward_backward_steps(dev)
+    assert all(d["replay"] == 2 and d["execute"] == 1 for d in deltas[2:]), deltas
     fused = [p for p in tmp_path.iterdir() if p.name.endswith("-fused2.mlir")]
     assert len(fused) == 1, sorted(p.name for p in tmp_path.iterdir())
     n = _function_results(fused[0])
@@ -352,30 +364,9 @@ def test_a_fused_executable_that_fails_to_build_falls_back_to_one_launch_per_gra
     def broken(*_):
         raise RuntimeError("no fused module today")
     monkeypatch.setattr(fusion, "module", broken)
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-    net_x = copy.deepcopy(net).to(dev)
-
-    def loss_of(m, x):
-        return m(x).pow(2).mean()
-
-    cf = torch.compile(loss_of, backend="torch_xla_core")
-    g = torch.Generator().manual_seed(1)
-    c_start, deltas = txc.metrics.counters().get("fuse_failed", 0), []
+    c_start = txc.metrics.counters().get("fuse_failed", 0)
     with pytest.warns(RuntimeWarning, match="as one launch failed .*no fused module today") as caught:
-        for _ in range(5):
-            x = torch.randn(16, 8, generator=g)
-            ref = loss_of(net, x)
-            ref.backward()
-            c0 = _counts()
-            loss = cf(net_x, x.to(dev))
-            loss.backward()
-            txc.sync()
-            deltas.append(_minus(_counts(), c0))
-            torch.testing.assert_close(loss.cpu(), ref.detach())
-            for p_c, p_x in zip(net.parameters(), net_x.parameters()):
-                torch.testing.assert_close(p_x.grad.cpu(), p_c.grad)
-                p_c.grad = p_x.grad = None
+        deltas = _mlp_forward_backward_steps(dev)
     assert sum("as one launch failed" in str(w.message) for w in caught) == 1
     assert txc.metrics.counters().get("fuse_failed", 0) == c_start + 1
     assert all(d["replay"] == 2 and d["execute"] == 2 for d in deltas[2:]), deltas  # forward, backward: apart
