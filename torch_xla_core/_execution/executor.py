@@ -83,12 +83,11 @@ class Plan(collections.namedtuple("Plan", "cut key checks")):
 
     def stablehlo(self) -> str:  # (lowered once: a recording keeps the text compiled)
         k, text = self.key, self.__dict__.get("text")
-        if text is None and k.spmd is not None:
-            text = self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
-        elif text is None:
-            text = self.cut.lower(k.precision, list(k.aliases), num_replicas=len(k.replicas) if k.replicas else 1,
-                                  unread=list(k.unread))
-        self.__dict__["text"] = text
+        if text is None:
+            text = self.__dict__["text"] = (
+                self.cut.lower(k.precision, list(k.aliases), len(k.spmd.device_ids), list(k.spmd.params))
+                if k.spmd is not None else self.cut.lower(k.precision, list(k.aliases), unread=list(k.unread),
+                                                          num_replicas=len(k.replicas) if k.replicas else 1))
         return text
 
 

@@ -65,13 +65,13 @@ class _Chain:
         self.segs, self.binds, self.params, self.index = [], [], [], {}
         self.n, self.dead, self.outs, self.error = 0, set(), None, None
 
-    def left_out(self, last=None) -> frozenset:
-        """The outputs the launch of this chain (with `last`) leaves out: the
+    def left_out(self, seg=None) -> frozenset:
+        """The outputs the launch of this chain (with segment `seg`) leaves out: the
         dead ones; none where a graph holds collectives across processes
         (Key.replicas: every process must launch the same program, and a
         placeholder freed by the garbage collector dies at a different
         moment in each)."""
-        if last is not None and last.key.replicas is not None or any(s.key.replicas is not None for s in self.segs):
+        if seg is not None and seg.key.replicas is not None or any(s.key.replicas is not None for s in self.segs):
             return frozenset()
         return frozenset(self.dead)
 
@@ -273,16 +273,17 @@ def _apart(chain, params, last=None, binds=None):
     (launch()'s), where their fused executable failed: chain.outs all
     theirs; returns last's outputs."""
     outs = []
+
+    def bound(b):  # (a segment's binds: the chain's parameters, or outputs of the segments before)
+        return [params[a] if a >= 0 else outs[-1 - a] for a in b]
     try:
         for seg, b in zip(chain.segs, chain.binds):
-            o, _ = executor.run_recorded(executor.Launch(seg.exe, [params[a] if a >= 0 else outs[-1 - a] for a in b]),
-                                         read_checks=False)
+            o, _ = executor.run_recorded(executor.Launch(seg.exe, bound(b)), read_checks=False)
             outs.extend(o)
         chain.outs = chain.spread(outs, frozenset())
         if last is None:
             return None
-        o, _ = executor.run_recorded(last._replace(params=[params[a] if a >= 0 else outs[-1 - a] for a in binds]),
-                                     read_checks=False)
+        o, _ = executor.run_recorded(last._replace(params=bound(binds)), read_checks=False)
     except BaseException as e:
         chain.error = e
         raise

@@ -42,8 +42,11 @@ executable, and later calls only bind buffers and execute:
   placeholders, and the next graph whose inputs they are (the backward)
   runs one executable of both (_execution/pending.py; TXC_FUSE_GRAPHS=0
   turns it off). Anything else reading those outputs launches the forward
-  alone first. A training step then launches twice: forward and backward
-  together, then the optimizer (compiled, or per op at the user's sync).
+  alone first, and the chain holds up to three graphs. A training step
+  then launches once with a compiled opt.step (forward, backward and
+  optimizer together) or a whole step under compiled autograd, and twice
+  with an eager optimizer (forward and backward together, then its per-op
+  graph at the user's sync).
 - torch.compile(opt.step): an Adam-family optimizer over xla parameters
   gets capturable=True and a device lr before dynamo traces it (as
   txc.compile does), so its graph replays and an LR scheduler stepping
